@@ -1,0 +1,52 @@
+# ttmirror — two commands matter on a fresh machine: `make demo` and `make test`.
+SHELL := /bin/bash
+.DEFAULT_GOAL := help
+
+VENV   := .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.installed
+
+# A working python3.12: the one on PATH (pyenv shims honour .python-version), else pyenv's 3.12.1.
+PYTHON312 ?= $(shell for c in python3.12 "$$HOME/.pyenv/versions/3.12.1/bin/python3.12" /usr/local/bin/python3.12 /usr/bin/python3.12; do \
+	if "$$c" -c 'import sys; assert sys.version_info[:2] == (3, 12)' >/dev/null 2>&1; then echo "$$c"; break; fi; done)
+
+.PHONY: help demo test lint typecheck bench-check setup system-deps clean
+
+help:
+	@echo "make demo         check the model at default bounds, write graphs to out/"
+	@echo "make test         the whole test suite (what CI runs)"
+	@echo "make bench-check  explorer speed at two bounds"
+	@echo "make lint         ruff + mypy"
+
+setup: $(STAMP) system-deps
+
+$(STAMP): pyproject.toml
+	@if [ -z "$(PYTHON312)" ]; then echo "error: Python 3.12 not found (install it, or pyenv install 3.12.1)" >&2; exit 2; fi
+	@test -x $(PY) || "$(PYTHON312)" -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e '.[dev]'
+	@touch $(STAMP)
+
+# Graphviz's dot renders SVG graphs; Debian's package provides it.
+system-deps:
+	@command -v dot >/dev/null 2>&1 || { \
+		echo "installing graphviz (dot)"; \
+		SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
+		$$SUDO apt-get update -qq && $$SUDO apt-get install -y -qq graphviz >/dev/null; }
+
+demo: setup
+	$(VENV)/bin/ttmirror demo --out out
+
+test: setup
+	$(VENV)/bin/ruff check .
+	$(PY) -m pytest -q
+
+lint: setup
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/mypy model ttmirror
+
+bench-check: setup
+	$(PY) benchmarks/bench_check.py
+
+clean:
+	rm -rf out .pytest_cache .ruff_cache .mypy_cache

@@ -1,0 +1,1 @@
+"""The formal model of device-mirrored sampled token ids (pure Python: no torch, no ttnn, no I/O)."""
