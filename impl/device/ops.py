@@ -1,0 +1,261 @@
+"""Device ops of the emulated device. Numerics come from ttnn's own golden functions.
+
+Each op is planned at call time (output allocated, addresses fixed) and its effect runs when its
+command completes, reading and writing DRAM at those addresses. `sampling` is the exception to the
+goldens: its golden is a stub, so it uses the seeded sampler in `sampling.py`. Goldens return
+values; in-place and `output_tensor=` semantics are applied here, as the runtime notes require.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+import ttnn
+
+from .commands import Program
+from .device import EmulatedMeshDevice
+from .sampling import sample_rows
+from .tensors import DeviceTensor, torch_dtype
+
+Compute = Callable[[list[torch.Tensor]], torch.Tensor]
+Bound = dict[str, Any]
+
+# Captured at import, before routing replaces the module attributes.
+GOLDEN: dict[str, Callable[..., Any]] = {
+    name: ttnn.get_golden_function(getattr(ttnn, name))
+    for name in ("argmax", "gather", "where", "embedding", "typecast", "copy", "plus_one", "fill", "add", "slice", "concat")
+}
+_ARCH = "wormhole_b0"  # the typecast golden asks the chip for its arch; off chip we name one
+_output_shapes: dict[object, tuple[int, ...]] = {}
+
+
+def _spec(t: DeviceTensor) -> tuple[object, ...]:
+    return (t._shape, t.dtype, t.layout)
+
+
+def _device_of(tensors: Sequence[DeviceTensor]) -> EmulatedMeshDevice:
+    return tensors[0].device()
+
+
+def _launch(
+    cq: int,
+    name: str,
+    *,
+    inputs: Sequence[DeviceTensor],
+    compute: Compute,
+    out_dtype: ttnn.DataType,
+    out_layout: ttnn.Layout,
+    output: DeviceTensor | None,
+    key: tuple[object, ...],
+    device: EmulatedMeshDevice | None = None,
+) -> DeviceTensor:
+    device = device or _device_of(inputs if inputs else [output])  # type: ignore[list-item]
+    cache_key = (name, tuple(_spec(t) for t in inputs), key, out_dtype, out_layout)
+    shape = _output_shapes.get(cache_key)
+    if shape is None:
+        # The output spec is what compiling the program decides; values do not matter.
+        probe = [torch.zeros(t._shape, dtype=torch_dtype(t.dtype)) for t in inputs]
+        shape = _output_shapes[cache_key] = tuple(compute(probe).shape)
+    if output is None:
+        output = device.allocate(shape, out_dtype, out_layout)
+    elif output.volume() != int(torch.Size(shape).numel()):
+        raise RuntimeError(f"{name}: output_tensor has shape {output.shape}, the op produces {list(shape)}")
+    regions = [t.region for t in inputs]
+    out_region = output.region
+    view = device.view
+
+    def body() -> None:
+        result = compute([view(r) for r in regions])
+        view(out_region).copy_(result.reshape(out_region.shape).to(out_region.dtype))
+
+    reads = tuple(t.buffer for t in inputs)
+    device.launch(Program(name, reads, (output.buffer,), body, cache_key), cq)
+    return output
+
+
+def argmax(bound: Bound, cq: int) -> DeviceTensor:
+    x = bound["input_tensor"]
+    dim, keepdim = bound.get("dim"), bool(bound.get("keepdim", False))
+    golden = GOLDEN["argmax"]
+    return _launch(
+        cq, "argmax", inputs=[x], compute=lambda v: golden(v[0], dim=dim, keepdim=keepdim),
+        out_dtype=ttnn.uint32, out_layout=ttnn.ROW_MAJOR_LAYOUT, output=bound.get("output_tensor"),
+        key=(dim, keepdim),
+    )
+
+
+def sampling(bound: Bound, cq: int) -> DeviceTensor:
+    values = bound["input_values_tensor"]
+    device = values.device()
+    if device.sampling_identity is None:
+        raise RuntimeError(
+            "emulated ttnn.sampling needs each row's (request, position): bind them with "
+            "routing.bind_sampling_identity(device, request_ids, positions) (a no-op on a chip)"
+        )
+    requests, positions = device.sampling_identity
+    seed = int(bound.get("seed") or 0)
+    output = bound.get("output_tensor")
+    inputs = [values, bound["input_indices_tensor"], bound["k"], bound["p"], bound["temp"], requests, positions]
+
+    def compute(v: list[torch.Tensor]) -> torch.Tensor:
+        return sample_rows(v[0], v[1], v[2], v[3], v[4], seed=seed, requests=v[5], positions=v[6])
+
+    return _launch(
+        cq, "sampling", inputs=inputs, compute=compute,
+        out_dtype=output.dtype if output is not None else ttnn.uint32, out_layout=ttnn.ROW_MAJOR_LAYOUT,
+        output=output, key=(seed,),
+    )
+
+
+def gather(bound: Bound, cq: int) -> DeviceTensor:
+    x, dim, index = bound["input"], int(bound["dim"]), bound["index"]
+    golden = GOLDEN["gather"]
+    return _launch(
+        cq, "gather", inputs=[x, index], compute=lambda v: golden(v[0], dim, v[1]),
+        out_dtype=x.dtype, out_layout=x.layout, output=bound.get("out"), key=(dim,),
+    )
+
+
+def where(bound: Bound, cq: int) -> DeviceTensor:
+    operands = [bound["predicate"], bound["true_value"], bound["false_value"]]
+    tensors = [o for o in operands if isinstance(o, DeviceTensor)]
+    branches = [o for o in operands[1:] if isinstance(o, DeviceTensor)]
+    golden = GOLDEN["where"]
+
+    def compute(v: list[torch.Tensor]) -> torch.Tensor:
+        it = iter(v)
+        args = [next(it) if isinstance(o, DeviceTensor) else o for o in operands]
+        return golden(*args)
+
+    scalars = tuple(o for o in operands if not isinstance(o, DeviceTensor))
+    return _launch(
+        cq, "where", inputs=tensors, compute=compute, out_dtype=(branches or tensors)[0].dtype,
+        out_layout=operands[0].layout, output=bound.get("output_tensor"), key=scalars,
+    )
+
+
+def embedding(bound: Bound, cq: int) -> DeviceTensor:
+    ids, weight = bound["input_tensor"], bound["weight"]
+    dtype = bound.get("dtype") or weight.dtype
+    layout = bound.get("layout") or ttnn.ROW_MAJOR_LAYOUT
+    golden = GOLDEN["embedding"]
+    return _launch(
+        cq, "embedding", inputs=[ids, weight], compute=lambda v: golden(v[0], v[1]),
+        out_dtype=dtype, out_layout=layout, output=bound.get("output_tensor"), key=(),
+    )
+
+
+def typecast(bound: Bound, cq: int) -> DeviceTensor:
+    x = bound["input_tensor"]
+    out_dtype = bound.get("output_dtype") or bound["dtype"]
+    golden = GOLDEN["typecast"]
+
+    def compute(v: list[torch.Tensor]) -> torch.Tensor:
+        return golden(v[0], dtype=out_dtype, _ttnn_input_dtype=x.dtype, _ttnn_is_host=False, _ttnn_arch_name=_ARCH)
+
+    return _launch(
+        cq, "typecast", inputs=[x], compute=compute, out_dtype=out_dtype, out_layout=x.layout,
+        output=bound.get("output_tensor"), key=(),
+    )
+
+
+def copy(bound: Bound, cq: int) -> DeviceTensor:
+    source, target = bound["input_a"], bound["input_b"]
+    like = torch.empty(0, dtype=torch_dtype(target.dtype))
+    golden = GOLDEN["copy"]
+    return _launch(
+        cq, "copy", inputs=[source], compute=lambda v: golden(v[0], like),
+        out_dtype=target.dtype, out_layout=target.layout, output=target, key=(),
+    )
+
+
+def plus_one(bound: Bound, cq: int) -> DeviceTensor:
+    x = bound["input_tensor"]
+    skip = bool(bound.get("skip_negative_entries", False))
+    golden = GOLDEN["plus_one"]
+    device, region = x.device(), x.region
+
+    def body() -> None:
+        golden(device.view(region), skip_negative_entries=skip)  # the golden works in place
+
+    key = ("plus_one", (_spec(x),), skip)
+    device.launch(Program("plus_one", (x.buffer,), (x.buffer,), body, key), cq)
+    return x
+
+
+def fill(bound: Bound, cq: int) -> DeviceTensor:
+    x, value = bound["input_tensor"], bound["fill_value"]
+    shape, dtype = x._shape, torch_dtype(x.dtype)
+    golden = GOLDEN["fill"]
+    # fill reads only its input's spec, not its values: no read of the input buffer.
+    return _launch(
+        cq, "fill", inputs=[], compute=lambda v: golden(torch.empty(shape, dtype=dtype), value),
+        out_dtype=x.dtype, out_layout=x.layout, output=bound.get("output_tensor"), key=(shape, value),
+        device=x.device(),
+    )
+
+
+def add(bound: Bound, cq: int) -> DeviceTensor:
+    a, b = bound["input_tensor_a"], bound["input_tensor_b"]
+    tensors = [o for o in (a, b) if isinstance(o, DeviceTensor)]
+    output = bound.get("output_tensor")
+    dtype = bound.get("dtype")
+    golden = GOLDEN["add"]
+    extra = {
+        "_ttnn_input_tensor_a_dtype": getattr(a, "dtype", None),
+        "_ttnn_input_tensor_b_dtype": getattr(b, "dtype", None),
+        "_ttnn_output_tensor_dtype": getattr(output, "dtype", None),
+    }
+
+    def compute(v: list[torch.Tensor]) -> torch.Tensor:
+        it = iter(v)
+        args = [next(it) if isinstance(o, DeviceTensor) else o for o in (a, b)]
+        return golden(*args, dtype=dtype, **extra)
+
+    scalars = tuple(o for o in (a, b) if not isinstance(o, DeviceTensor))
+    return _launch(
+        cq, "add", inputs=tensors, compute=compute, out_dtype=dtype or tensors[0].dtype,
+        out_layout=tensors[0].layout, output=output, key=(scalars, dtype),
+    )
+
+
+def slice_(bound: Bound, cq: int) -> DeviceTensor:
+    x = bound["input_tensor"]
+    start = tuple(bound.get("slice_start", bound.get("starts")))
+    end = tuple(bound.get("slice_end", bound.get("ends")))
+    step_arg = bound.get("slice_step", bound.get("steps"))
+    step = tuple(step_arg) if step_arg is not None else None
+    golden = GOLDEN["slice"]
+    return _launch(
+        cq, "slice", inputs=[x], compute=lambda v: golden(v[0], start, end, step),
+        out_dtype=x.dtype, out_layout=x.layout, output=bound.get("output_tensor"), key=(start, end, step),
+    )
+
+
+def concat(bound: Bound, cq: int) -> DeviceTensor:
+    tensors = list(bound["tensors"])
+    dim, groups = int(bound.get("dim", 0)), int(bound.get("groups", 1))
+    golden = GOLDEN["concat"]
+    return _launch(
+        cq, "concat", inputs=tensors, compute=lambda v: golden(v, dim, groups),
+        out_dtype=tensors[0].dtype, out_layout=tensors[0].layout, output=bound.get("output_tensor"),
+        key=(dim, groups),
+    )
+
+
+OPS: dict[str, Callable[[Bound, int], DeviceTensor]] = {
+    "argmax": argmax,
+    "sampling": sampling,
+    "gather": gather,
+    "where": where,
+    "embedding": embedding,
+    "typecast": typecast,
+    "copy": copy,
+    "plus_one": plus_one,
+    "fill": fill,
+    "add": add,
+    "slice": slice_,
+    "concat": concat,
+}

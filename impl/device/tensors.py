@@ -1,0 +1,175 @@
+"""Tensors of the emulated device, and in-place access to real ttnn host tensors.
+
+Host tensors are real `ttnn.Tensor` host tensors (ROW_MAJOR: a TILE host tensor needs a chip to
+size its tiles). Device tensors are `DeviceTensor`, which quacks like a device `ttnn.Tensor` for
+what the TT code uses; anything it does not emulate raises AttributeError rather than guessing.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import torch
+import ttnn
+
+from .allocator import Buffer
+
+if TYPE_CHECKING:
+    from .device import EmulatedMeshDevice
+
+TILE = 32
+_COORD = ttnn.MeshCoordinate(0, 0)
+
+
+def torch_dtype(dtype: ttnn.DataType) -> torch.dtype:
+    return ttnn.ttnn_dtype_to_torch_dtype(dtype)
+
+
+@dataclass(frozen=True)
+class Region:
+    """Where a tensor's elements live in DRAM: what a captured command keeps instead of a tensor."""
+
+    address: int
+    nbytes: int
+    dtype: torch.dtype
+    shape: tuple[int, ...]
+
+
+def storage_bytes(shape: tuple[int, ...], dtype: ttnn.DataType, layout: ttnn.Layout) -> int:
+    """Bytes a tensor occupies on the chip: TILE pads the last two dimensions to 32."""
+    dims = list(shape) or [1]
+    if layout == ttnn.TILE_LAYOUT:
+        dims[-1] = -(-dims[-1] // TILE) * TILE
+        if len(dims) > 1:
+            dims[-2] = -(-dims[-2] // TILE) * TILE
+    return math.prod(dims) * torch_dtype(dtype).itemsize
+
+
+class DeviceTensor:
+    """A tensor in the emulated device's DRAM. Elements are stored row-major from its address."""
+
+    def __init__(
+        self,
+        device: EmulatedMeshDevice,
+        buffer: Buffer,
+        shape: tuple[int, ...],
+        dtype: ttnn.DataType,
+        layout: ttnn.Layout,
+        memory_config: ttnn.MemoryConfig | None = None,
+    ) -> None:
+        self._device = device
+        self._buffer = buffer
+        self._shape = shape
+        self._dtype = dtype
+        self._layout = layout
+        self._memory_config = memory_config or ttnn.DRAM_MEMORY_CONFIG
+        self._released = False
+        buffer.handles += 1
+
+    # --- what a device ttnn.Tensor answers ---
+    @property
+    def shape(self) -> ttnn.Shape:
+        return ttnn.Shape(list(self._shape))
+
+    @property
+    def logical_shape(self) -> ttnn.Shape:
+        return self.shape
+
+    @property
+    def dtype(self) -> ttnn.DataType:
+        return self._dtype
+
+    @property
+    def layout(self) -> ttnn.Layout:
+        return self._layout
+
+    def get_dtype(self) -> ttnn.DataType:
+        return self._dtype
+
+    def get_layout(self) -> ttnn.Layout:
+        return self._layout
+
+    def storage_type(self) -> ttnn.StorageType:
+        return ttnn.StorageType.DEVICE
+
+    def device(self) -> EmulatedMeshDevice:
+        return self._device
+
+    def memory_config(self) -> ttnn.MemoryConfig:
+        return self._memory_config
+
+    def is_allocated(self) -> bool:
+        return not self._released and self._buffer.allocated
+
+    def buffer_address(self) -> int:
+        return self._buffer.address
+
+    def volume(self) -> int:
+        return math.prod(self._shape)
+
+    def element_size(self) -> int:
+        return torch_dtype(self._dtype).itemsize
+
+    def cpu(self, *args: Any, **kwargs: Any) -> ttnn.Tensor:
+        return self._device.tensor_cpu(self, args, kwargs)
+
+    def deallocate(self, *args: Any, **kwargs: Any) -> None:
+        self._device.tensor_deallocate(self, args, kwargs)
+
+    def to_torch(self, *args: Any, **kwargs: Any) -> torch.Tensor:
+        raise RuntimeError("Tensor.to_torch: the tensor must be on host (call .cpu() first)")
+
+    # --- emulator side ---
+    @property
+    def buffer(self) -> Buffer:
+        return self._buffer
+
+    @property
+    def region(self) -> Region:
+        dtype = torch_dtype(self._dtype)
+        return Region(self._buffer.address, self.volume() * dtype.itemsize, dtype, self._shape)
+
+    def release_handle(self) -> bool:
+        """Drop this handle's reference; True when it was the buffer's last one."""
+        if self._released:
+            return False
+        self._released = True
+        self._buffer.handles -= 1
+        return self._buffer.handles == 0
+
+    def __del__(self) -> None:
+        # The destructor frees only the last reference, as ttnn's reference-counted tensors do.
+        try:
+            if not self._released and self.release_handle() and self._buffer.allocated:
+                self._device.free_on_last_reference(self._buffer)
+        except Exception:  # noqa: BLE001 - interpreter shutdown or a closed device
+            pass
+
+    def __repr__(self) -> str:
+        state = "" if self.is_allocated() else ", deallocated"
+        return (
+            f"ttnn.Tensor(<emulated device tensor {self._buffer.label}>, shape={self.shape}, "
+            f"dtype={self._dtype}, layout={self._layout}{state})"
+        )
+
+
+class HostReadback(ttnn.Tensor):
+    """The real host tensor a non-blocking readback returns; weak-referenceable (a plain
+    ttnn.Tensor is not), so the device can tell when the host drops it before synchronising."""
+
+
+def host_bytes(tensor: ttnn.Tensor) -> torch.Tensor:
+    """A writable uint8 view of a ROW_MAJOR host tensor's storage (shared through DLPack)."""
+    shard = tensor.host_buffer().get_shard(_COORD)
+    return torch.from_dlpack(shard)
+
+
+def new_host_tensor(shape: tuple[int, ...], dtype: ttnn.DataType, cls: type = ttnn.Tensor) -> ttnn.Tensor:
+    """A ROW_MAJOR host tensor of the given spec, zero-filled."""
+    return cls(torch.zeros(shape, dtype=torch_dtype(dtype)), dtype)
+
+
+def as_shape(shape: Any) -> tuple[int, ...]:
+    return tuple(int(d) for d in shape)
