@@ -89,5 +89,11 @@ class HazardLog:
             hazard, self._deferred[:] = self._deferred[0], []
         raise HazardError(hazard)
 
+    def take_deferred(self) -> list[Hazard]:
+        """Hand over (and forget) the hazards waiting to be raised."""
+        with self._lock:
+            taken, self._deferred[:] = list(self._deferred), []
+        return taken
+
     def of_kind(self, kind: HazardKind) -> list[Hazard]:
         return [h for h in self.hazards if h.kind == kind]
