@@ -137,6 +137,7 @@ def test_allocation_after_capture_alive_at_replay_is_reported(device: EmulatedMe
     with pytest.raises(HazardError, match="trace-unsafe-allocation") as caught:
         ttnn.execute_trace(device, trace, cq_id=0, blocking=False)
     assert caught.value.hazard.buffers == (late.buffer.label,)
+    ttnn.release_trace(device, trace)
 
 
 def test_allocation_before_capture_or_freed_before_replay_is_fine(device: EmulatedMeshDevice) -> None:
