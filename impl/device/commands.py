@@ -26,10 +26,10 @@ class Command:
     waits: bool = False  # a wait_for_event barrier: ready only once `event` completed
     trace: int | None = None  # replayed from this trace
     done: bool = False
+    label: str = field(init=False)
 
-    @property
-    def label(self) -> str:
-        return f"{self.name}#{self.id}"
+    def __post_init__(self) -> None:
+        self.label = f"{self.name}#{self.id}"
 
     def ready(self) -> bool:
         return not self.waits or (self.event is not None and self.event.done)

@@ -103,6 +103,7 @@ class EmulatedMeshDevice:
             queue.popleft()
             if head.body is not None:
                 head.body()
+                head.body = None  # release the views it captured
             head.done = True
             self.completion_log.append(head.label)
             self.condition.notify_all()
@@ -167,7 +168,7 @@ class EmulatedMeshDevice:
                             queues=(cq,),
                         )
                     )
-                hazards += self.ordering.access(buffer, command.label, cq, index, clock, write=write)
+                hazards += self.ordering.access(buffer, command, cq, index, clock, write=write)
         self.queues[cq].append(command)
         return command, hazards
 

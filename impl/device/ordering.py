@@ -14,6 +14,7 @@ command still in flight on the other queue may touch those bytes (the allocator 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from .allocator import Buffer
 from .hazards import Hazard, HazardKind
@@ -23,10 +24,10 @@ Clock = tuple[int, ...]
 
 @dataclass(frozen=True)
 class Access:
-    command: str
+    command: Any  # the Command (labels are only rendered when a race is reported)
     cq: int
     index: int  # 1-based position on its CQ
-    buffer: str
+    buffer: Buffer
 
 
 @dataclass
@@ -93,12 +94,12 @@ class OrderingTracker:
 
     # --- accesses ---
     def access(
-        self, buffer: Buffer, command: str, cq: int, index: int, clock: Clock, *, write: bool
+        self, buffer: Buffer, command: Any, cq: int, index: int, clock: Clock, *, write: bool
     ) -> list[Hazard]:
         history: History = buffer.history
         if history is None:
             history = buffer.history = History()
-        me = Access(command, cq, index, buffer.label)
+        me = Access(command, cq, index, buffer)
         hazards = []
         for prior in history.writes.values():
             if not _ordered(prior, cq, clock):
@@ -138,18 +139,14 @@ class OrderingTracker:
 
 
 def _race(kind: HazardKind, prior: Access, me: Access) -> Hazard:
-    what = {
-        HazardKind.READ_AFTER_WRITE: "reads",
-        HazardKind.WRITE_AFTER_READ: "writes",
-        HazardKind.WRITE_AFTER_WRITE: "writes",
-    }[kind]
-    done = "written" if kind is not HazardKind.WRITE_AFTER_READ else "read"
-    buffers = tuple(dict.fromkeys((me.buffer, prior.buffer)))
+    what = "reads" if kind is HazardKind.READ_AFTER_WRITE else "writes"
+    done = "read" if kind is HazardKind.WRITE_AFTER_READ else "written"
+    mine, theirs = me.buffer.label, prior.buffer.label
     return Hazard(
         kind,
-        f"{me.command} on CQ{me.cq} {what} {me.buffer}, {done} by {prior.command} on CQ{prior.cq} "
-        f"({prior.buffer}) with no event ordering the two",
-        buffers=buffers,
-        commands=(prior.command, me.command),
+        f"{me.command.label} on CQ{me.cq} {what} {mine}, {done} by {prior.command.label} on CQ{prior.cq} "
+        f"({theirs}) with no event ordering the two",
+        buffers=tuple(dict.fromkeys((mine, theirs))),
+        commands=(prior.command.label, me.command.label),
         queues=(prior.cq, me.cq),
     )

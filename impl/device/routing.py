@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import contextlib
 import threading
-import weakref
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -41,14 +40,14 @@ class Settings:
 
 
 settings = Settings()
-_devices: weakref.WeakSet[EmulatedMeshDevice] = weakref.WeakSet()
+_open: list[EmulatedMeshDevice] = []  # devices opened through ttnn.open_mesh_device, until closed
 _originals: dict[str, Any] = {}
 _method_originals: dict[str, Any] = {}
 _cq_stack = threading.local()
 
 
 def open_devices() -> list[EmulatedMeshDevice]:
-    return [d for d in _devices if not d.closed]
+    return list(_open)
 
 
 def current_cq() -> int:
@@ -97,7 +96,7 @@ class RoutedCall:
         self.__doc__ = getattr(original, "__doc__", None)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        for device in list(_devices):
+        for device in _open:
             device.hazards.raise_deferred()
         bound = self._signature.bind(args, kwargs)
         return self._handler(self._original, bound, args, kwargs)
@@ -121,13 +120,19 @@ def _open_mesh_device(original: Callable[..., Any], b: dict[str, Any], args: tup
         scheduler=settings.scheduler(),
         hazard_mode=settings.hazard_mode,
     )
-    _devices.add(device)
+    _open.append(device)
     return device
 
 
 def _close_mesh_device(original: Callable[..., Any], b: dict[str, Any], args: tuple, kwargs: dict) -> Any:
     device = b["mesh_device"]
-    return device.close() if isinstance(device, EmulatedMeshDevice) else original(*args, **kwargs)
+    if not isinstance(device, EmulatedMeshDevice):
+        return original(*args, **kwargs)
+    if device in _open:
+        _open.remove(device)
+    device.close()
+    device.hazards.raise_deferred()  # what was found while closing must not be lost
+    return None
 
 
 def _allocate_tensor_on_device(original: Callable[..., Any], b: dict[str, Any], args: tuple, kwargs: dict) -> Any:
@@ -362,6 +367,7 @@ def uninstall() -> None:
     """Restore the real ttnn attributes and close the emulated devices still open."""
     for device in open_devices():
         device.close()
+    _open.clear()
     for name, original in _originals.items():
         setattr(ttnn, name, original)
     for method, original in _method_originals.items():

@@ -11,7 +11,7 @@ import importlib.metadata
 import inspect
 import re
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 TTNN_VERSION = importlib.metadata.version("ttnn")
@@ -29,10 +29,10 @@ class Overload:
     required: frozenset[str]
     var_positional: bool = False
     var_keyword: bool = False
+    names: frozenset[str] = field(init=False, compare=False)
 
-    @property
-    def names(self) -> frozenset[str]:
-        return frozenset(self.positional) | frozenset(self.keyword_only)
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "names", frozenset(self.positional) | frozenset(self.keyword_only))
 
     def render(self, name: str) -> str:
         parts = [p if p in self.required else f"{p}=…" for p in self.positional]

@@ -23,8 +23,14 @@ TILE = 32
 _COORD = ttnn.MeshCoordinate(0, 0)
 
 
+_TORCH_DTYPES: dict[int, torch.dtype] = {}
+
+
 def torch_dtype(dtype: ttnn.DataType) -> torch.dtype:
-    return ttnn.ttnn_dtype_to_torch_dtype(dtype)
+    found = _TORCH_DTYPES.get(dtype.value)
+    if found is None:
+        found = _TORCH_DTYPES[dtype.value] = ttnn.ttnn_dtype_to_torch_dtype(dtype)
+    return found
 
 
 @dataclass(frozen=True)
@@ -67,6 +73,12 @@ class DeviceTensor:
         self._memory_config = memory_config or ttnn.DRAM_MEMORY_CONFIG
         self._released = False
         buffer.handles += 1
+        element = torch_dtype(dtype)
+        self.region = Region(buffer.address, math.prod(shape) * element.itemsize, element, shape)
+        # What the program cache and output-shape cache key on: plain values hash fast.
+        self.spec_key = (shape, dtype.value, layout.value)
+        self._view: torch.Tensor | None = None
+        self._flat: torch.Tensor | None = None
 
     # --- what a device ttnn.Tensor answers ---
     @property
@@ -127,9 +139,18 @@ class DeviceTensor:
         return self._buffer
 
     @property
-    def region(self) -> Region:
-        dtype = torch_dtype(self._dtype)
-        return Region(self._buffer.address, self.volume() * dtype.itemsize, dtype, self._shape)
+    def data(self) -> torch.Tensor:
+        """A typed view of this tensor's DRAM bytes (DRAM never moves, so it stays valid)."""
+        if self._view is None:
+            self._view = self._device.view(self.region)
+        return self._view
+
+    @property
+    def flat(self) -> torch.Tensor:
+        """The same bytes as a 1-D typed view."""
+        if self._flat is None:
+            self._flat = self.data.reshape(-1)
+        return self._flat
 
     def release_handle(self) -> bool:
         """Drop this handle's reference; True when it was the buffer's last one."""
