@@ -16,18 +16,27 @@ import time
 
 import torch
 import ttnn
-
 from ttmirror.impl.device import EmulatedMeshDevice, routing
 
 ROWS, VOCAB = 32, 64
 
 
 def emulated_round(device: EmulatedMeshDevice, ops: int) -> tuple[float, int]:
-    logits = ttnn.from_torch(torch.randn(1, 1, ROWS, VOCAB, dtype=torch.bfloat16), dtype=ttnn.bfloat16,
-                             layout=ttnn.TILE_LAYOUT, device=device)
-    tokens = ttnn.allocate_tensor_on_device(ttnn.Shape([1, 1, ROWS]), ttnn.uint32, ttnn.ROW_MAJOR_LAYOUT, device)
-    positions = ttnn.from_torch(torch.zeros(1, ROWS, dtype=torch.int32), dtype=ttnn.int32, device=device)
-    mirror = ttnn.allocate_tensor_on_device(ttnn.Shape([1, 1, ROWS]), ttnn.uint32, ttnn.ROW_MAJOR_LAYOUT, device)
+    logits = ttnn.from_torch(
+        torch.randn(1, 1, ROWS, VOCAB, dtype=torch.bfloat16),
+        dtype=ttnn.bfloat16,
+        layout=ttnn.TILE_LAYOUT,
+        device=device,
+    )
+    tokens = ttnn.allocate_tensor_on_device(
+        ttnn.Shape([1, 1, ROWS]), ttnn.uint32, ttnn.ROW_MAJOR_LAYOUT, device
+    )
+    positions = ttnn.from_torch(
+        torch.zeros(1, ROWS, dtype=torch.int32), dtype=ttnn.int32, device=device
+    )
+    mirror = ttnn.allocate_tensor_on_device(
+        ttnn.Shape([1, 1, ROWS]), ttnn.uint32, ttnn.ROW_MAJOR_LAYOUT, device
+    )
     ttnn.synchronize_device(device)
     before = len(device.completion_log)
     start = time.perf_counter()
@@ -62,7 +71,10 @@ def handshake_round(device: EmulatedMeshDevice, iterations: int) -> tuple[float,
     """Commands/s of the canonical two-queue loop (events included), for context."""
     rows = 4
     inp, work, out = (
-        ttnn.allocate_tensor_on_device(ttnn.Shape([1, rows]), ttnn.int32, ttnn.ROW_MAJOR_LAYOUT, device) for _ in range(3)
+        ttnn.allocate_tensor_on_device(
+            ttnn.Shape([1, rows]), ttnn.int32, ttnn.ROW_MAJOR_LAYOUT, device
+        )
+        for _ in range(3)
     )
     host = ttnn.from_torch(torch.ones(1, rows, dtype=torch.int32), dtype=ttnn.int32)
     ttnn.copy(inp, work)
@@ -118,8 +130,14 @@ def main() -> None:
 
     emulated = statistics.median(emulated_rates)
     golden = statistics.median(golden_rates)
-    print(f"tensors: logits [1,1,{ROWS},{VOCAB}] bf16 TILE, tokens [1,1,{ROWS}] uint32, positions [1,{ROWS}] int32")
-    print(f"emulated ops (argmax, plus_one, copy): {emulated:,.0f} commands/s (median of {args.rounds})")
+    print(
+        f"tensors: logits [1,1,{ROWS},{VOCAB}] bf16 TILE, tokens [1,1,{ROWS}] uint32, "
+        f"positions [1,{ROWS}] int32"
+    )
+    print(
+        f"emulated ops (argmax, plus_one, copy): {emulated:,.0f} commands/s "
+        f"(median of {args.rounds})"
+    )
     print(f"golden functions called directly:      {golden:,.0f} calls/s")
     print(f"two-queue handshake incl. events:      {handshake_rate:,.0f} commands/s")
     print(f"target >= 20,000 commands/s: {'met' if emulated >= 20_000 else 'NOT met'}")

@@ -97,6 +97,8 @@ class DramAllocator:
         """Live buffers that share bytes with [address, address + size)."""
         return [b for b in self._live.values() if b.overlaps(address, size)]
 
-    def view(self, address: int, nbytes: int, dtype: torch.dtype, shape: tuple[int, ...]) -> torch.Tensor:
+    def view(
+        self, address: int, nbytes: int, dtype: torch.dtype, shape: tuple[int, ...]
+    ) -> torch.Tensor:
         """A typed, writable view of DRAM bytes (no copy)."""
         return self.memory[address : address + nbytes].view(dtype).view(shape)

@@ -76,7 +76,7 @@ class EmulatedMeshDevice:
         self.scheduler: Scheduler = scheduler or ManualScheduler()
         self.scheduler.attach(self)
 
-    # --- what a ttnn.MeshDevice answers ---------------------------------------------------------
+    # --- what a ttnn.MeshDevice answers ----------------------------------------------------------
     @property
     def shape(self) -> ttnn.MeshShape:
         return ttnn.MeshShape(1, 1)
@@ -88,9 +88,11 @@ class EmulatedMeshDevice:
         return len(self.program_cache)
 
     def __repr__(self) -> str:
-        return f"EmulatedMeshDevice(1x1, {self.num_command_queues} CQs, {self.allocator.size} B DRAM)"
+        return (
+            f"EmulatedMeshDevice(1x1, {self.num_command_queues} CQs, {self.allocator.size} B DRAM)"
+        )
 
-    # --- advancing the device (the caller's and the schedulers' API) -------------------------------
+    # --- advancing the device (the caller's and the schedulers' API) -----------------------------
     def step(self, cq_id: int) -> Command:
         """Complete the next command on `cq_id`; raises if the queue is empty or its head waits."""
         with self.condition:
@@ -137,7 +139,7 @@ class EmulatedMeshDevice:
                     self.complete_through(head.event.record)
                 self.step(command.cq)
 
-    # --- enqueueing ---------------------------------------------------------------------------------
+    # --- enqueueing ------------------------------------------------------------------------------
     def _enqueue(
         self,
         cq: int,
@@ -151,7 +153,9 @@ class EmulatedMeshDevice:
         trace: int | None = None,
     ) -> tuple[Command, list[Hazard]]:
         if not 0 <= cq < self.num_command_queues:
-            raise RuntimeError(f"cq_id {cq} out of range: the device was opened with {self.num_command_queues} CQs")
+            raise RuntimeError(
+                f"cq_id {cq} out of range: the device was opened with {self.num_command_queues} CQs"
+            )
         index, clock = self.ordering.stamp(cq)
         command = Command(next(self._ids), name, cq, index, clock, body, event, waits, trace)
         hazards: list[Hazard] = []
@@ -162,7 +166,8 @@ class EmulatedMeshDevice:
                     hazards.append(
                         Hazard(
                             HazardKind.USE_AFTER_FREE,
-                            f"{command.label} on CQ{cq} {verb} {buffer.label} after it was deallocated",
+                            f"{command.label} on CQ{cq} {verb} {buffer.label} "
+                            "after it was deallocated",
                             buffers=(buffer.label,),
                             commands=(command.label,),
                             queues=(cq,),
@@ -185,7 +190,7 @@ class EmulatedMeshDevice:
         self.ordering.host_knows(tuple(clock))
         readbacks.forget_synchronised(self)
 
-    # --- memory -------------------------------------------------------------------------------------
+    # --- memory ----------------------------------------------------------------------------------
     def allocate(
         self,
         shape: tuple[int, ...],
@@ -202,7 +207,7 @@ class EmulatedMeshDevice:
         return self.allocator.view(region.address, region.nbytes, region.dtype, region.shape)
 
     def deallocate(self, tensor: DeviceTensor, *, force: bool) -> None:
-        """`force` frees even while other handles refer to the buffer (ttnn.deallocate's default)."""
+        """`force` frees even while other handles share the buffer (ttnn.deallocate's default)."""
         with self.condition:
             last = tensor.release_handle()
             if (force or last) and tensor.buffer.allocated:
@@ -222,7 +227,8 @@ class EmulatedMeshDevice:
             self.hazards.report(
                 Hazard(
                     HazardKind.TRACE_BUFFER_FREED,
-                    f"{label} was deallocated while {self._traces[trace_id].label()} still uses it: "
+                    f"{label} was deallocated while {self._traces[trace_id].label()} "
+                    "still uses it: "
                     "replays read and write its address, whatever is allocated there next",
                     buffers=(label,),
                     queues=(self._traces[trace_id].cq,),
@@ -230,7 +236,7 @@ class EmulatedMeshDevice:
                 can_raise=can_raise,
             )
 
-    # --- transfers ------------------------------------------------------------------------------------
+    # --- transfers -------------------------------------------------------------------------------
     def write(self, host: ttnn.Tensor, tensor: DeviceTensor, cq: int) -> None:
         """copy_host_to_device_tensor: the host data is copied into the CQ at enqueue."""
         _check_same_spec(host, tensor, "copy_host_to_device_tensor")
@@ -242,7 +248,11 @@ class EmulatedMeshDevice:
             self._write_bytes(tensor, source, cq, "copy_host_to_device_tensor")
 
     def upload(
-        self, host: ttnn.Tensor, layout: ttnn.Layout, cq: int, memory_config: ttnn.MemoryConfig | None = None
+        self,
+        host: ttnn.Tensor,
+        layout: ttnn.Layout,
+        cq: int,
+        memory_config: ttnn.MemoryConfig | None = None,
     ) -> DeviceTensor:
         """from_torch(device=) / to_device: allocate, then write the host tensor on `cq`."""
         with self.condition:
@@ -266,7 +276,13 @@ class EmulatedMeshDevice:
         self._report(hazards)
 
     def read(
-        self, tensor: DeviceTensor, *, cq: int, blocking: bool, into: ttnn.Tensor | None = None, name: str = "read"
+        self,
+        tensor: DeviceTensor,
+        *,
+        cq: int,
+        blocking: bool,
+        into: ttnn.Tensor | None = None,
+        name: str = "read",
     ) -> ttnn.Tensor:
         """A device-to-host copy on `cq`. Non-blocking: the host tensor holds garbage until the
         command completes, and may be read only once the host has synchronised with it."""
@@ -275,7 +291,9 @@ class EmulatedMeshDevice:
                 raise RuntimeError(READS_IN_CAPTURE)
             shape = tuple(int(d) for d in tensor.shape)
             if into is None:
-                into = new_host_tensor(shape, tensor.dtype, ttnn.Tensor if blocking else HostReadback)
+                into = new_host_tensor(
+                    shape, tensor.dtype, ttnn.Tensor if blocking else HostReadback
+                )
             else:
                 _check_same_spec(into, tensor, "copy_device_to_host_tensor")
             region = tensor.region
@@ -327,7 +345,8 @@ class EmulatedMeshDevice:
         self.hazards.report(
             Hazard(
                 HazardKind.DROPPED_READBACK,
-                f"the host tensor of non-blocking {command.label} on CQ{command.cq} was dropped before "
+                f"the host tensor of non-blocking {command.label} on CQ{command.cq} "
+                "was dropped before "
                 "the host synchronised with the read: the copy lands in freed host memory",
                 commands=(command.label,),
                 queues=(command.cq,),
@@ -335,7 +354,7 @@ class EmulatedMeshDevice:
             can_raise=False,
         )
 
-    # --- events ---------------------------------------------------------------------------------------
+    # --- events ----------------------------------------------------------------------------------
     def record_event(self, cq: int) -> MeshEvent:
         with self.condition:
             if self._capture_on(cq):
@@ -350,7 +369,9 @@ class EmulatedMeshDevice:
 
     def wait_for_event(self, cq: int, event: MeshEvent) -> None:
         if not isinstance(event, MeshEvent):
-            raise TypeError(f"wait_for_event: expected a MeshEvent of the emulated device, got {event!r}")
+            raise TypeError(
+                f"wait_for_event: expected a MeshEvent of the emulated device, got {event!r}"
+            )
         with self.condition:
             if self._capture_on(cq):
                 raise RuntimeError(EVENTS_IN_CAPTURE)
@@ -374,7 +395,7 @@ class EmulatedMeshDevice:
                 self.ordering.host_drains(q)
             readbacks.forget_synchronised(self)
 
-    # --- programs -------------------------------------------------------------------------------------
+    # --- programs --------------------------------------------------------------------------------
     def launch(self, program: Program, cq: int) -> None:
         """Enqueue a device op, or record it when `cq` is capturing a trace."""
         with self.condition:
@@ -388,15 +409,17 @@ class EmulatedMeshDevice:
                 trace.programs.append(program)
                 return
             self.program_cache.add(program.cache_key)
-            _, hazards = self._enqueue(cq, program.name, reads=program.reads, writes=program.writes, body=program.body)
+            _, hazards = self._enqueue(
+                cq, program.name, reads=program.reads, writes=program.writes, body=program.body
+            )
             self.scheduler.enqueued(self)
             self._report(hazards)
 
     def bind_sampling_identity(self, requests: DeviceTensor, positions: DeviceTensor) -> None:
-        """Device tensors giving, per sampling row, the request it holds and the position sampled."""
+        """Device tensors giving, per sampling row, its request and the position it samples."""
         self.sampling_identity = (requests, positions)
 
-    # --- traces -----------------------------------------------------------------------------------------
+    # --- traces ----------------------------------------------------------------------------------
     def begin_trace_capture(self, cq: int) -> MeshTraceId:
         with self.condition:
             if self._capture_on(cq):
@@ -452,7 +475,9 @@ class EmulatedMeshDevice:
     def _trace(self, trace_id: MeshTraceId) -> Trace:
         trace = self._traces.get(int(trace_id))
         if trace is None or trace.released:
-            raise RuntimeError(f"Trace with id {int(trace_id)} does not exist (released or never captured)")
+            raise RuntimeError(
+                f"Trace with id {int(trace_id)} does not exist (released or never captured)"
+            )
         return trace
 
     def _at_address(self, buffer: Buffer) -> Buffer:
@@ -467,12 +492,17 @@ class EmulatedMeshDevice:
         own = trace.buffers
         hazards = []
         for buffer in self.allocator.live:
-            if buffer.serial >= trace.end_serial and buffer not in own and buffer.serial not in trace.warned:
+            if (
+                buffer.serial >= trace.end_serial
+                and buffer not in own
+                and buffer.serial not in trace.warned
+            ):
                 trace.warned.add(buffer.serial)
                 hazards.append(
                     Hazard(
                         HazardKind.TRACE_UNSAFE_ALLOCATION,
-                        f"{buffer.label} was allocated after {trace.label()} was captured and is alive "
+                        f"{buffer.label} was allocated after {trace.label()} was captured "
+                        "and is alive "
                         "at its replay: the replay may write over it",
                         buffers=(buffer.label,),
                         queues=(trace.cq,),
@@ -480,18 +510,27 @@ class EmulatedMeshDevice:
                 )
         return hazards
 
-    # --- methods of device tensors (signature-checked like the real ttnn.Tensor methods) ----------------
-    def tensor_cpu(self, tensor: DeviceTensor, args: Sequence[Any], kwargs: dict[str, Any]) -> ttnn.Tensor:
+    # --- methods of device tensors (signature-checked like the real ttnn.Tensor methods) ---------
+    def tensor_cpu(
+        self, tensor: DeviceTensor, args: Sequence[Any], kwargs: dict[str, Any]
+    ) -> ttnn.Tensor:
         self.hazards.raise_deferred()
         bound = _TENSOR_CPU.bind(args, kwargs)
-        return self.read(tensor, cq=_cq(bound.get("cq_id")), blocking=bool(bound.get("blocking", True)), name="cpu")
+        return self.read(
+            tensor,
+            cq=_cq(bound.get("cq_id")),
+            blocking=bool(bound.get("blocking", True)),
+            name="cpu",
+        )
 
-    def tensor_deallocate(self, tensor: DeviceTensor, args: Sequence[Any], kwargs: dict[str, Any]) -> None:
+    def tensor_deallocate(
+        self, tensor: DeviceTensor, args: Sequence[Any], kwargs: dict[str, Any]
+    ) -> None:
         self.hazards.raise_deferred()
         bound = _TENSOR_DEALLOCATE.bind(args, kwargs)
         self.deallocate(tensor, force=bool(bound.get("force", False)))
 
-    # --- lifetime ---------------------------------------------------------------------------------------
+    # --- lifetime --------------------------------------------------------------------------------
     def close(self) -> None:
         if self.closed:
             return
@@ -504,7 +543,9 @@ class EmulatedMeshDevice:
 
 def _check_same_spec(host: ttnn.Tensor, device: DeviceTensor, op: str) -> None:
     if not isinstance(device, DeviceTensor):
-        raise TypeError(f"{op}: expected a device tensor of the emulated device, got {type(device).__name__}")
+        raise TypeError(
+            f"{op}: expected a device tensor of the emulated device, got {type(device).__name__}"
+        )
     if host.storage_type() != ttnn.StorageType.HOST:
         raise RuntimeError(f"{op}: the host tensor must be on host")
     if tuple(host.shape) != tuple(device.shape) or host.dtype != device.dtype:

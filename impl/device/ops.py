@@ -26,7 +26,19 @@ Bound = dict[str, Any]
 # Captured at import, before routing replaces the module attributes.
 GOLDEN: dict[str, Callable[..., Any]] = {
     name: ttnn.get_golden_function(getattr(ttnn, name))
-    for name in ("argmax", "gather", "where", "embedding", "typecast", "copy", "plus_one", "fill", "add", "slice", "concat")
+    for name in (
+        "argmax",
+        "gather",
+        "where",
+        "embedding",
+        "typecast",
+        "copy",
+        "plus_one",
+        "fill",
+        "add",
+        "slice",
+        "concat",
+    )
 }
 _ARCH = "wormhole_b0"  # the typecast golden asks the chip for its arch; off chip we name one
 _output_shapes: dict[object, tuple[int, ...]] = {}
@@ -67,7 +79,9 @@ def _launch(
     if output is None:
         output = device.allocate(shape, out_dtype, out_layout)
     elif output.volume() != math.prod(shape):
-        raise RuntimeError(f"{name}: output_tensor has shape {output.shape}, the op produces {list(shape)}")
+        raise RuntimeError(
+            f"{name}: output_tensor has shape {output.shape}, the op produces {list(shape)}"
+        )
     # Addresses are fixed now (a trace replays them): the body works on views of those bytes.
     views = [t.data for t in inputs]
     destination = output.flat
@@ -85,8 +99,13 @@ def argmax(bound: Bound, cq: int) -> DeviceTensor:
     dim, keepdim = bound.get("dim"), bool(bound.get("keepdim", False))
     golden = GOLDEN["argmax"]
     return _launch(
-        cq, "argmax", inputs=[x], compute=lambda v: golden(v[0], dim=dim, keepdim=keepdim),
-        out_dtype=ttnn.uint32, out_layout=ttnn.ROW_MAJOR_LAYOUT, output=bound.get("output_tensor"),
+        cq,
+        "argmax",
+        inputs=[x],
+        compute=lambda v: golden(v[0], dim=dim, keepdim=keepdim),
+        out_dtype=ttnn.uint32,
+        out_layout=ttnn.ROW_MAJOR_LAYOUT,
+        output=bound.get("output_tensor"),
         key=(dim, keepdim),
     )
 
@@ -102,15 +121,28 @@ def sampling(bound: Bound, cq: int) -> DeviceTensor:
     requests, positions = device.sampling_identity
     seed = int(bound.get("seed") or 0)
     output = bound.get("output_tensor")
-    inputs = [values, bound["input_indices_tensor"], bound["k"], bound["p"], bound["temp"], requests, positions]
+    inputs = [
+        values,
+        bound["input_indices_tensor"],
+        bound["k"],
+        bound["p"],
+        bound["temp"],
+        requests,
+        positions,
+    ]
 
     def compute(v: list[torch.Tensor]) -> torch.Tensor:
         return sample_rows(v[0], v[1], v[2], v[3], v[4], seed=seed, requests=v[5], positions=v[6])
 
     return _launch(
-        cq, "sampling", inputs=inputs, compute=compute,
-        out_dtype=output.dtype if output is not None else ttnn.uint32, out_layout=ttnn.ROW_MAJOR_LAYOUT,
-        output=output, key=(seed,),
+        cq,
+        "sampling",
+        inputs=inputs,
+        compute=compute,
+        out_dtype=output.dtype if output is not None else ttnn.uint32,
+        out_layout=ttnn.ROW_MAJOR_LAYOUT,
+        output=output,
+        key=(seed,),
     )
 
 
@@ -118,8 +150,14 @@ def gather(bound: Bound, cq: int) -> DeviceTensor:
     x, dim, index = bound["input"], int(bound["dim"]), bound["index"]
     golden = GOLDEN["gather"]
     return _launch(
-        cq, "gather", inputs=[x, index], compute=lambda v: golden(v[0], dim, v[1]),
-        out_dtype=x.dtype, out_layout=x.layout, output=bound.get("out"), key=(dim,),
+        cq,
+        "gather",
+        inputs=[x, index],
+        compute=lambda v: golden(v[0], dim, v[1]),
+        out_dtype=x.dtype,
+        out_layout=x.layout,
+        output=bound.get("out"),
+        key=(dim,),
     )
 
 
@@ -136,8 +174,14 @@ def where(bound: Bound, cq: int) -> DeviceTensor:
 
     scalars = tuple(o for o in operands if not isinstance(o, DeviceTensor))
     return _launch(
-        cq, "where", inputs=tensors, compute=compute, out_dtype=(branches or tensors)[0].dtype,
-        out_layout=operands[0].layout, output=bound.get("output_tensor"), key=scalars,
+        cq,
+        "where",
+        inputs=tensors,
+        compute=compute,
+        out_dtype=(branches or tensors)[0].dtype,
+        out_layout=operands[0].layout,
+        output=bound.get("output_tensor"),
+        key=scalars,
     )
 
 
@@ -147,8 +191,14 @@ def embedding(bound: Bound, cq: int) -> DeviceTensor:
     layout = bound.get("layout") or ttnn.ROW_MAJOR_LAYOUT
     golden = GOLDEN["embedding"]
     return _launch(
-        cq, "embedding", inputs=[ids, weight], compute=lambda v: golden(v[0], v[1]),
-        out_dtype=dtype, out_layout=layout, output=bound.get("output_tensor"), key=(),
+        cq,
+        "embedding",
+        inputs=[ids, weight],
+        compute=lambda v: golden(v[0], v[1]),
+        out_dtype=dtype,
+        out_layout=layout,
+        output=bound.get("output_tensor"),
+        key=(),
     )
 
 
@@ -158,11 +208,23 @@ def typecast(bound: Bound, cq: int) -> DeviceTensor:
     golden = GOLDEN["typecast"]
 
     def compute(v: list[torch.Tensor]) -> torch.Tensor:
-        return golden(v[0], dtype=out_dtype, _ttnn_input_dtype=x.dtype, _ttnn_is_host=False, _ttnn_arch_name=_ARCH)
+        return golden(
+            v[0],
+            dtype=out_dtype,
+            _ttnn_input_dtype=x.dtype,
+            _ttnn_is_host=False,
+            _ttnn_arch_name=_ARCH,
+        )
 
     return _launch(
-        cq, "typecast", inputs=[x], compute=compute, out_dtype=out_dtype, out_layout=x.layout,
-        output=bound.get("output_tensor"), key=(),
+        cq,
+        "typecast",
+        inputs=[x],
+        compute=compute,
+        out_dtype=out_dtype,
+        out_layout=x.layout,
+        output=bound.get("output_tensor"),
+        key=(),
     )
 
 
@@ -171,8 +233,14 @@ def copy(bound: Bound, cq: int) -> DeviceTensor:
     like = _empty_like_dtype(target.dtype)
     golden = GOLDEN["copy"]
     return _launch(
-        cq, "copy", inputs=[source], compute=lambda v: golden(v[0], like),
-        out_dtype=target.dtype, out_layout=target.layout, output=target, key=(),
+        cq,
+        "copy",
+        inputs=[source],
+        compute=lambda v: golden(v[0], like),
+        out_dtype=target.dtype,
+        out_layout=target.layout,
+        output=target,
+        key=(),
     )
 
 
@@ -196,8 +264,14 @@ def fill(bound: Bound, cq: int) -> DeviceTensor:
     golden = GOLDEN["fill"]
     # fill reads only its input's spec, not its values: no read of the input buffer.
     return _launch(
-        cq, "fill", inputs=[], compute=lambda v: golden(torch.empty(shape, dtype=dtype), value),
-        out_dtype=x.dtype, out_layout=x.layout, output=bound.get("output_tensor"), key=(shape, value),
+        cq,
+        "fill",
+        inputs=[],
+        compute=lambda v: golden(torch.empty(shape, dtype=dtype), value),
+        out_dtype=x.dtype,
+        out_layout=x.layout,
+        output=bound.get("output_tensor"),
+        key=(shape, value),
         device=x.device(),
     )
 
@@ -221,21 +295,34 @@ def add(bound: Bound, cq: int) -> DeviceTensor:
 
     scalars = tuple(o for o in (a, b) if not isinstance(o, DeviceTensor))
     return _launch(
-        cq, "add", inputs=tensors, compute=compute, out_dtype=dtype or tensors[0].dtype,
-        out_layout=tensors[0].layout, output=output, key=(scalars, dtype),
+        cq,
+        "add",
+        inputs=tensors,
+        compute=compute,
+        out_dtype=dtype or tensors[0].dtype,
+        out_layout=tensors[0].layout,
+        output=output,
+        key=(scalars, dtype),
     )
 
 
 def slice_(bound: Bound, cq: int) -> DeviceTensor:
     x = bound["input_tensor"]
-    start = tuple(bound.get("slice_start", bound.get("starts")))
-    end = tuple(bound.get("slice_end", bound.get("ends")))
+    # The overloads name the bounds slice_start/slice_end or starts/ends.
+    start = tuple(bound["slice_start"] if "slice_start" in bound else bound["starts"])
+    end = tuple(bound["slice_end"] if "slice_end" in bound else bound["ends"])
     step_arg = bound.get("slice_step", bound.get("steps"))
     step = tuple(step_arg) if step_arg is not None else None
     golden = GOLDEN["slice"]
     return _launch(
-        cq, "slice", inputs=[x], compute=lambda v: golden(v[0], start, end, step),
-        out_dtype=x.dtype, out_layout=x.layout, output=bound.get("output_tensor"), key=(start, end, step),
+        cq,
+        "slice",
+        inputs=[x],
+        compute=lambda v: golden(v[0], start, end, step),
+        out_dtype=x.dtype,
+        out_layout=x.layout,
+        output=bound.get("output_tensor"),
+        key=(start, end, step),
     )
 
 
@@ -244,8 +331,13 @@ def concat(bound: Bound, cq: int) -> DeviceTensor:
     dim, groups = int(bound.get("dim", 0)), int(bound.get("groups", 1))
     golden = GOLDEN["concat"]
     return _launch(
-        cq, "concat", inputs=tensors, compute=lambda v: golden(v, dim, groups),
-        out_dtype=tensors[0].dtype, out_layout=tensors[0].layout, output=bound.get("output_tensor"),
+        cq,
+        "concat",
+        inputs=tensors,
+        compute=lambda v: golden(v, dim, groups),
+        out_dtype=tensors[0].dtype,
+        out_layout=tensors[0].layout,
+        output=bound.get("output_tensor"),
         key=(dim, groups),
     )
 

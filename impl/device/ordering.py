@@ -64,7 +64,7 @@ class OrderingTracker:
         self.host_clock: list[int] = [0] * num_cqs
         self._graveyard: list[tuple[int, int, History]] = []  # (address, size, history)
 
-    # --- clocks ---
+    # --- clocks ----------------------------------------------------------------------------------
     def stamp(self, cq: int) -> tuple[int, Clock]:
         """Position and clock for a command being enqueued on `cq`."""
         clock = join(self._cq_clock[cq], self.host_clock)  # enqueued after what the host knows
@@ -92,7 +92,7 @@ class OrderingTracker:
     def host_has_seen(self, cq: int, index: int) -> bool:
         return self.host_clock[cq] >= index
 
-    # --- accesses ---
+    # --- accesses --------------------------------------------------------------------------------
     def access(
         self, buffer: Buffer, command: Any, cq: int, index: int, clock: Clock, *, write: bool
     ) -> list[Hazard]:
@@ -144,7 +144,8 @@ def _race(kind: HazardKind, prior: Access, me: Access) -> Hazard:
     mine, theirs = me.buffer.label, prior.buffer.label
     return Hazard(
         kind,
-        f"{me.command.label} on CQ{me.cq} {what} {mine}, {done} by {prior.command.label} on CQ{prior.cq} "
+        f"{me.command.label} on CQ{me.cq} {what} {mine}, "
+        f"{done} by {prior.command.label} on CQ{prior.cq} "
         f"({theirs}) with no event ordering the two",
         buffers=tuple(dict.fromkeys((mine, theirs))),
         commands=(prior.command.label, me.command.label),

@@ -35,7 +35,13 @@ _pending: dict[int, PendingReadback] = {}
 _lock = threading.Lock()
 
 
-def register(owner: Any, command: Command, host: ttnn.Tensor, *, on_drop: Callable[[PendingReadback], None] | None) -> None:
+def register(
+    owner: Any,
+    command: Command,
+    host: ttnn.Tensor,
+    *,
+    on_drop: Callable[[PendingReadback], None] | None,
+) -> None:
     key = id(host)
     if on_drop is not None:
         # Weakly held: dropping the tensor must be observable, not prevented.

@@ -108,10 +108,12 @@ class RoutedCall:
         return f"<routed {self._name} -> emulated device or {self._original!r}>"
 
 
-# --- handlers ---------------------------------------------------------------------------------------
+# --- handlers ------------------------------------------------------------------------------------
 
 
-def _open_mesh_device(original: Callable[..., Any], b: dict[str, Any], args: tuple, kwargs: dict) -> Any:
+def _open_mesh_device(
+    original: Callable[..., Any], b: dict[str, Any], args: tuple, kwargs: dict
+) -> Any:
     device = EmulatedMeshDevice(
         num_command_queues=int(b.get("num_command_queues", 1)),
         trace_region_size=int(b.get("trace_region_size", 0)),
@@ -124,7 +126,9 @@ def _open_mesh_device(original: Callable[..., Any], b: dict[str, Any], args: tup
     return device
 
 
-def _close_mesh_device(original: Callable[..., Any], b: dict[str, Any], args: tuple, kwargs: dict) -> Any:
+def _close_mesh_device(
+    original: Callable[..., Any], b: dict[str, Any], args: tuple, kwargs: dict
+) -> Any:
     device = b["mesh_device"]
     if not isinstance(device, EmulatedMeshDevice):
         return original(*args, **kwargs)
@@ -135,14 +139,18 @@ def _close_mesh_device(original: Callable[..., Any], b: dict[str, Any], args: tu
     return None
 
 
-def _allocate_tensor_on_device(original: Callable[..., Any], b: dict[str, Any], args: tuple, kwargs: dict) -> Any:
+def _allocate_tensor_on_device(
+    original: Callable[..., Any], b: dict[str, Any], args: tuple, kwargs: dict
+) -> Any:
     device = b["mesh_device"]
     if not isinstance(device, EmulatedMeshDevice):
         return original(*args, **kwargs)
     if "tensor_spec" in b:
         spec = b["tensor_spec"]
         return device.allocate(tuple(spec.shape), spec.dtype, spec.layout, spec.memory_config)
-    return device.allocate(tuple(int(d) for d in b["shape"]), b["dtype"], b["layout"], b.get("memory_config"))
+    return device.allocate(
+        tuple(int(d) for d in b["shape"]), b["dtype"], b["layout"], b.get("memory_config")
+    )
 
 
 def _deallocate(original: Callable[..., Any], b: dict[str, Any], args: tuple, kwargs: dict) -> Any:
@@ -152,19 +160,26 @@ def _deallocate(original: Callable[..., Any], b: dict[str, Any], args: tuple, kw
     return tensor.device().deallocate(tensor, force=bool(b.get("force", True)))
 
 
-def _copy_host_to_device_tensor(original: Callable[..., Any], b: dict[str, Any], args: tuple, kwargs: dict) -> Any:
+def _copy_host_to_device_tensor(
+    original: Callable[..., Any], b: dict[str, Any], args: tuple, kwargs: dict
+) -> Any:
     target = b["device_tensor"]
     if not isinstance(target, DeviceTensor):
         return original(*args, **kwargs)
     return target.device().write(b["host_tensor"], target, _cq(b.get("cq_id")))
 
 
-def _copy_device_to_host_tensor(original: Callable[..., Any], b: dict[str, Any], args: tuple, kwargs: dict) -> Any:
+def _copy_device_to_host_tensor(
+    original: Callable[..., Any], b: dict[str, Any], args: tuple, kwargs: dict
+) -> Any:
     source = b["device_tensor"]
     if not isinstance(source, DeviceTensor):
         return original(*args, **kwargs)
     source.device().read(
-        source, cq=_cq(b.get("cq_id")), blocking=bool(b.get("blocking", True)), into=b["host_tensor"],
+        source,
+        cq=_cq(b.get("cq_id")),
+        blocking=bool(b.get("blocking", True)),
+        into=b["host_tensor"],
         name="copy_device_to_host_tensor",
     )
     return None
@@ -175,7 +190,10 @@ def _from_device(original: Callable[..., Any], b: dict[str, Any], args: tuple, k
     if not isinstance(tensor, DeviceTensor):
         return original(*args, **kwargs)
     return tensor.device().read(
-        tensor, cq=_cq(b.get("queue_id")), blocking=bool(b.get("blocking", True)), name="from_device"
+        tensor,
+        cq=_cq(b.get("queue_id")),
+        blocking=bool(b.get("blocking", True)),
+        name="from_device",
     )
 
 
@@ -194,7 +212,11 @@ def _from_torch(original: Callable[..., Any], b: dict[str, Any], args: tuple, kw
     spec = b.get("spec")
     layout = (spec.layout if spec is not None else b.get("layout")) or ttnn.ROW_MAJOR_LAYOUT
     # The host conversion is real ttnn's (ROW_MAJOR: TILE host tensors need a chip); then upload.
-    host_kwargs = {k: v for k, v in kwargs.items() if k not in ("device", "layout", "memory_config", "cq_id", "spec")}
+    host_kwargs = {
+        k: v
+        for k, v in kwargs.items()
+        if k not in ("device", "layout", "memory_config", "cq_id", "spec")
+    }
     if spec is not None:
         host_kwargs["dtype"] = spec.dtype
     host = original(*args[:2], **host_kwargs, layout=ttnn.ROW_MAJOR_LAYOUT)
@@ -210,28 +232,36 @@ def _to_torch(original: Callable[..., Any], b: dict[str, Any], args: tuple, kwar
     return original(host, *args[1:], **rest)
 
 
-def _record_event(original: Callable[..., Any], b: dict[str, Any], args: tuple, kwargs: dict) -> Any:
+def _record_event(
+    original: Callable[..., Any], b: dict[str, Any], args: tuple, kwargs: dict
+) -> Any:
     device = b["mesh_device"]
     if not isinstance(device, EmulatedMeshDevice):
         return original(*args, **kwargs)
     return device.record_event(_cq(b.get("cq_id")))
 
 
-def _wait_for_event(original: Callable[..., Any], b: dict[str, Any], args: tuple, kwargs: dict) -> Any:
+def _wait_for_event(
+    original: Callable[..., Any], b: dict[str, Any], args: tuple, kwargs: dict
+) -> Any:
     event = b["mesh_event"]
     if not isinstance(event, MeshEvent):
         return original(*args, **kwargs)
     return event.device.wait_for_event(_cq(b.get("cq_id")), event)
 
 
-def _event_synchronize(original: Callable[..., Any], b: dict[str, Any], args: tuple, kwargs: dict) -> Any:
+def _event_synchronize(
+    original: Callable[..., Any], b: dict[str, Any], args: tuple, kwargs: dict
+) -> Any:
     event = b["mesh_event"]
     if not isinstance(event, MeshEvent):
         return original(*args, **kwargs)
     return event.device.event_synchronize(event)
 
 
-def _synchronize_device(original: Callable[..., Any], b: dict[str, Any], args: tuple, kwargs: dict) -> Any:
+def _synchronize_device(
+    original: Callable[..., Any], b: dict[str, Any], args: tuple, kwargs: dict
+) -> Any:
     device = b["device"]
     if not isinstance(device, EmulatedMeshDevice):
         return original(*args, **kwargs)
@@ -249,7 +279,9 @@ def _trace_call(method: str) -> Handler:
         if method == "end_trace_capture":
             return device.end_trace_capture(b["trace_id"], _cq(b.get("cq_id")))
         if method == "execute_trace":
-            return device.execute_trace(b["trace_id"], _cq(b.get("cq_id")), bool(b.get("blocking", True)))
+            return device.execute_trace(
+                b["trace_id"], _cq(b.get("cq_id")), bool(b.get("blocking", True))
+            )
         return device.release_trace(b["trace_id"])
 
     return handler
@@ -266,7 +298,9 @@ def _op(name: str) -> Handler:
     return handler
 
 
-def _command_queue_handler(original: Callable[..., Any], b: dict[str, Any], args: tuple, kwargs: dict) -> Any:
+def _command_queue_handler(
+    original: Callable[..., Any], b: dict[str, Any], args: tuple, kwargs: dict
+) -> Any:
     return _command_queue(b["cq_id"])
 
 
@@ -286,12 +320,17 @@ HANDLERS: dict[str, Handler] = {
     "event_synchronize": _event_synchronize,
     "synchronize_device": _synchronize_device,
     "command_queue": _command_queue_handler,
-    **{name: _trace_call(name) for name in ("begin_trace_capture", "end_trace_capture", "execute_trace", "release_trace")},
+    **{
+        name: _trace_call(name)
+        for name in ("begin_trace_capture", "end_trace_capture", "execute_trace", "release_trace")
+    },
     **{name: _op(name) for name in ops.OPS},
 }
 
 # Real signatures, read before anything is patched.
-SIGNATURES: dict[str, Signature] = {name: introspect(getattr(ttnn, name), f"ttnn.{name}") for name in HANDLERS}
+SIGNATURES: dict[str, Signature] = {
+    name: introspect(getattr(ttnn, name), f"ttnn.{name}") for name in HANDLERS
+}
 _TENSOR_TO = introspect_method(ttnn.Tensor, "to")
 _HOST_READS = ("to_torch", "to_numpy", "to_list", "item")
 
@@ -307,7 +346,9 @@ def _patched_to(original: Callable[..., Any]) -> Callable[..., Any]:
         bound = _TENSOR_TO.bind(args, kwargs)
         device = bound.get("device")
         if isinstance(device, EmulatedMeshDevice):
-            return device.upload(self, self.layout, _cq(bound.get("cq_id")), bound.get("mem_config"))
+            return device.upload(
+                self, self.layout, _cq(bound.get("cq_id")), bound.get("mem_config")
+            )
         return original(self, *args, **kwargs)
 
     to.__doc__ = original.__doc__
@@ -323,7 +364,7 @@ def _patched_host_read(original: Callable[..., Any]) -> Callable[..., Any]:
     return read
 
 
-# --- installing -------------------------------------------------------------------------------------
+# --- installing ----------------------------------------------------------------------------------
 
 
 def installed() -> bool:

@@ -23,7 +23,9 @@ def _splitmix64(x: int) -> int:
 
 def sampling_uniform(seed: int, request: int, position: int) -> float:
     """The uniform draw in [0, 1) for the token at `position` of `request` under `seed`."""
-    x = _splitmix64(_splitmix64(_splitmix64(seed & _MASK64) ^ (request & _MASK64)) ^ (position & _MASK64))
+    x = _splitmix64(
+        _splitmix64(_splitmix64(seed & _MASK64) ^ (request & _MASK64)) ^ (position & _MASK64)
+    )
     return (x >> 11) / float(1 << 53)
 
 

@@ -75,7 +75,9 @@ class ThreadedScheduler:
     def attach(self, device: EmulatedMeshDevice) -> None:
         self._device = device
         for cq in range(device.num_command_queues):
-            thread = threading.Thread(target=self._work, args=(cq,), name=f"emulated-CQ{cq}", daemon=True)
+            thread = threading.Thread(
+                target=self._work, args=(cq,), name=f"emulated-CQ{cq}", daemon=True
+            )
             self._threads.append(thread)
             thread.start()
 
@@ -88,7 +90,7 @@ class ThreadedScheduler:
                 if queue and queue[0].ready():
                     try:
                         device.step(cq)
-                    except BaseException as error:  # noqa: BLE001 - surfaced to the host thread
+                    except BaseException as error:
                         self.failure = error
                         device.condition.notify_all()
                         return

@@ -56,7 +56,11 @@ class Overload:
             if key not in self.names and not self.var_keyword:
                 return f"got an unexpected keyword argument '{key}'"
             bound[key] = value
-        missing = [p for p in (*self.positional, *self.keyword_only) if p in self.required and p not in bound]
+        missing = [
+            p
+            for p in (*self.positional, *self.keyword_only)
+            if p in self.required and p not in bound
+        ]
         if missing:
             return f"missing required argument '{missing[0]}'"
         return bound
@@ -64,7 +68,7 @@ class Overload:
 
 @dataclass(frozen=True)
 class Signature:
-    """All overloads of one ttnn callable, under the name a caller uses (e.g. `ttnn.from_device`)."""
+    """All overloads of one ttnn callable, named as a caller writes it (`ttnn.from_device`)."""
 
     name: str
     overloads: tuple[Overload, ...]
@@ -78,7 +82,9 @@ class Signature:
             if isinstance(bound, dict):
                 return bound
             reasons.append(bound)
-        unknown = [k for k in kwargs if not any(k in o.names or o.var_keyword for o in self.overloads)]
+        unknown = [
+            k for k in kwargs if not any(k in o.names or o.var_keyword for o in self.overloads)
+        ]
         reason = f"got an unexpected keyword argument '{unknown[0]}'" if unknown else reasons[0]
         forms = "; ".join(o.render(self.name) for o in self.overloads)
         raise TypeError(f"{self.name}() {reason}; ttnn {TTNN_VERSION} accepts {forms}")
@@ -155,7 +161,7 @@ def _strip_brackets(text: str) -> str:
 
 
 def parse_signature_lines(doc: str, func_name: str, *, drop_self: bool = False) -> list[Overload]:
-    """Overloads from nanobind signature lines `name(a: T, *, b: U = x) -> R` at a docstring's top."""
+    """Overloads from the nanobind signature lines `name(a: T, *, b: U = x) -> R` atop a doc."""
     overloads = []
     for line in doc.strip().splitlines():
         line = line.strip()
@@ -209,7 +215,9 @@ def parse_docstring_args(doc: str) -> Overload | None:
 
 
 def _from_python(func: Callable[..., Any]) -> Overload:
-    positional, keyword_only, required = [], [], set()
+    positional: list[str] = []
+    keyword_only: list[str] = []
+    required: set[str] = set()
     var_pos = var_kw = False
     for p in inspect.signature(func).parameters.values():
         if p.kind is inspect.Parameter.VAR_POSITIONAL:

@@ -80,7 +80,7 @@ class DeviceTensor:
         self._view: torch.Tensor | None = None
         self._flat: torch.Tensor | None = None
 
-    # --- what a device ttnn.Tensor answers ---
+    # --- what a device ttnn.Tensor answers -------------------------------------------------------
     @property
     def shape(self) -> ttnn.Shape:
         return ttnn.Shape(list(self._shape))
@@ -133,7 +133,7 @@ class DeviceTensor:
     def to_torch(self, *args: Any, **kwargs: Any) -> torch.Tensor:
         raise RuntimeError("Tensor.to_torch: the tensor must be on host (call .cpu() first)")
 
-    # --- emulator side ---
+    # --- emulator side ---------------------------------------------------------------------------
     @property
     def buffer(self) -> Buffer:
         return self._buffer
@@ -165,7 +165,7 @@ class DeviceTensor:
         try:
             if not self._released and self.release_handle() and self._buffer.allocated:
                 self._device.free_on_last_reference(self._buffer)
-        except Exception:  # noqa: BLE001 - interpreter shutdown or a closed device
+        except Exception:
             pass
 
     def __repr__(self) -> str:
@@ -187,7 +187,9 @@ def host_bytes(tensor: ttnn.Tensor) -> torch.Tensor:
     return torch.from_dlpack(shard)
 
 
-def new_host_tensor(shape: tuple[int, ...], dtype: ttnn.DataType, cls: type = ttnn.Tensor) -> ttnn.Tensor:
+def new_host_tensor(
+    shape: tuple[int, ...], dtype: ttnn.DataType, cls: type = ttnn.Tensor
+) -> ttnn.Tensor:
     """A ROW_MAJOR host tensor of the given spec, zero-filled."""
     return cls(torch.zeros(shape, dtype=torch_dtype(dtype)), dtype)
 

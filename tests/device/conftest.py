@@ -7,7 +7,6 @@ from collections.abc import Iterator
 import pytest
 import torch
 import ttnn
-
 from ttmirror.impl.device import EmulatedMeshDevice, routing
 
 DRAM = 1 << 20  # small DRAM keeps device creation cheap
@@ -21,7 +20,9 @@ def routed() -> Iterator[None]:
 
 @pytest.fixture
 def device(routed: None) -> Iterator[EmulatedMeshDevice]:
-    dev = ttnn.open_mesh_device(mesh_shape=ttnn.MeshShape(1, 1), num_command_queues=2, trace_region_size=1 << 20)
+    dev = ttnn.open_mesh_device(
+        mesh_shape=ttnn.MeshShape(1, 1), num_command_queues=2, trace_region_size=1 << 20
+    )
     assert isinstance(dev, EmulatedMeshDevice)
     yield dev
     ttnn.close_mesh_device(dev)
@@ -30,7 +31,9 @@ def device(routed: None) -> Iterator[EmulatedMeshDevice]:
 def host_ids(values: list[int], dtype: ttnn.DataType = ttnn.uint32) -> ttnn.Tensor:
     """A real ttnn host tensor [1, n] of token ids."""
     return ttnn.from_torch(
-        torch.tensor(values, dtype=torch.int32).reshape(1, -1), dtype=dtype, layout=ttnn.ROW_MAJOR_LAYOUT
+        torch.tensor(values, dtype=torch.int32).reshape(1, -1),
+        dtype=dtype,
+        layout=ttnn.ROW_MAJOR_LAYOUT,
     )
 
 
@@ -38,8 +41,12 @@ def values_of(host: ttnn.Tensor) -> list[int]:
     return [int(v) for v in ttnn.to_torch(host).reshape(-1).tolist()]
 
 
-def on_device(dev: EmulatedMeshDevice, values: list[int], dtype: ttnn.DataType = ttnn.uint32) -> ttnn.Tensor:
+def on_device(
+    dev: EmulatedMeshDevice, values: list[int], dtype: ttnn.DataType = ttnn.uint32
+) -> ttnn.Tensor:
     return ttnn.from_torch(
-        torch.tensor(values, dtype=torch.int32).reshape(1, -1), dtype=dtype, layout=ttnn.ROW_MAJOR_LAYOUT,
+        torch.tensor(values, dtype=torch.int32).reshape(1, -1),
+        dtype=dtype,
+        layout=ttnn.ROW_MAJOR_LAYOUT,
         device=dev,
     )

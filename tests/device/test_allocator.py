@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-
 from ttmirror.impl.device.allocator import ALIGNMENT, FILL_BYTE, DramAllocator
 
 
@@ -14,7 +13,9 @@ def test_first_fit_bottom_up_and_immediate_reuse() -> None:
     assert [a.address, b.address, c.address] == [0, 64, 128]
     dram.free(b)
     assert dram.allocate(32).address == 64  # the lowest hole that fits, at once
-    assert dram.allocate(64).address == 192  # 32 B left in the hole: too small, so first fit moves on
+    assert (
+        dram.allocate(64).address == 192
+    )  # 32 B left in the hole: too small, so first fit moves on
 
 
 def test_frees_coalesce_so_a_large_buffer_fits_again() -> None:
@@ -35,4 +36,9 @@ def test_contents_persist_after_free_and_show_through_reuse() -> None:
     dram.free(a)
     b = dram.allocate(16)
     assert b.address == a.address
-    assert dram.view(b.address, 16, torch.int32, (4,)).tolist() == [1, 2, 3, 4]  # stale, not cleared
+    assert dram.view(b.address, 16, torch.int32, (4,)).tolist() == [
+        1,
+        2,
+        3,
+        4,
+    ]  # stale, not cleared

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import torch
 import ttnn
-
 from ttmirror.impl.device import EmulatedMeshDevice, SeededScheduler, routing
 
 from .conftest import host_ids, on_device, values_of
@@ -41,7 +40,9 @@ def test_different_seeds_explore_different_orders(routed: None) -> None:
 
 def test_seeded_scheduler_advances_between_host_calls(routed: None) -> None:
     routing.install(scheduler=lambda: SeededScheduler(3, eagerness=0.9))
-    device: EmulatedMeshDevice = ttnn.open_mesh_device(mesh_shape=ttnn.MeshShape(1, 1), num_command_queues=2)
+    device: EmulatedMeshDevice = ttnn.open_mesh_device(
+        mesh_shape=ttnn.MeshShape(1, 1), num_command_queues=2
+    )
     t = ttnn.from_torch(torch.zeros((1, 4), dtype=torch.int32), dtype=ttnn.int32, device=device)
     for _ in range(20):
         ttnn.plus_one(t)

@@ -8,13 +8,14 @@ import gc
 import pytest
 import torch
 import ttnn
-
 from ttmirror.impl.device import EmulatedMeshDevice, HazardError, HazardKind
 
 WAITS = ("op_event", "write_event", "last_op_event", "read_event")
 
 
-def run_handshake(device: EmulatedMeshDevice, iterations: int, *, skip: str | None = None) -> list[int]:
+def run_handshake(
+    device: EmulatedMeshDevice, iterations: int, *, skip: str | None = None
+) -> list[int]:
     """The tt-metal 2-CQ trace loop: CQ1 writes input i + 1 while CQ0 runs step i, then reads
     step i's output. Step i's output is input i + 1; the host checks it one step later (depth 2).
     Returns output - input per step (1 when every step read the right data)."""
@@ -24,7 +25,9 @@ def run_handshake(device: EmulatedMeshDevice, iterations: int, *, skip: str | No
         return ttnn.from_torch(torch.full((1, rows), value, dtype=torch.int32), dtype=ttnn.int32)
 
     def allocate() -> ttnn.Tensor:
-        return ttnn.allocate_tensor_on_device(ttnn.Shape([1, rows]), ttnn.int32, ttnn.ROW_MAJOR_LAYOUT, device)
+        return ttnn.allocate_tensor_on_device(
+            ttnn.Shape([1, rows]), ttnn.int32, ttnn.ROW_MAJOR_LAYOUT, device
+        )
 
     inp, work, out = allocate(), allocate(), allocate()
     # Compile every op, then capture the model (work += 1) against the persistent `work`.

@@ -6,7 +6,6 @@ import gc
 
 import pytest
 import ttnn
-
 from ttmirror.impl.device import EmulatedMeshDevice, HazardError, HazardKind
 
 from .conftest import host_ids, on_device, values_of
@@ -18,7 +17,7 @@ def _synced_pair(device: EmulatedMeshDevice) -> tuple[ttnn.Tensor, ttnn.Tensor]:
     return a, b
 
 
-# --- cross-queue races ------------------------------------------------------------------------------
+# --- cross-queue races ---------------------------------------------------------------------------
 
 
 def test_read_after_write_across_queues_without_event(device: EmulatedMeshDevice) -> None:
@@ -88,12 +87,16 @@ def test_host_synchronisation_also_orders_queues(device: EmulatedMeshDevice) -> 
     assert device.hazards.total == 0
 
 
-def test_reused_address_inherits_the_freed_buffers_pending_reads(device: EmulatedMeshDevice) -> None:
+def test_reused_address_inherits_the_freed_buffers_pending_reads(
+    device: EmulatedMeshDevice,
+) -> None:
     a, b = _synced_pair(device)
     ttnn.copy(a, b)  # CQ0 will read a, not yet run
     address = a.buffer_address()
     ttnn.deallocate(a)  # the allocator does not wait for CQ0
-    c = ttnn.allocate_tensor_on_device(ttnn.Shape([1, 2]), ttnn.uint32, ttnn.ROW_MAJOR_LAYOUT, device)
+    c = ttnn.allocate_tensor_on_device(
+        ttnn.Shape([1, 2]), ttnn.uint32, ttnn.ROW_MAJOR_LAYOUT, device
+    )
     assert c.buffer_address() == address  # bottom-up first fit reuses it at once
     with pytest.raises(HazardError, match="write-after-read"):
         ttnn.copy_host_to_device_tensor(host_ids([7, 8]), c, cq_id=1)
@@ -104,17 +107,21 @@ def test_reused_address_after_the_reader_is_known_done(device: EmulatedMeshDevic
     ttnn.copy(a, b)
     done = ttnn.record_event(device, 0)
     ttnn.deallocate(a)
-    c = ttnn.allocate_tensor_on_device(ttnn.Shape([1, 2]), ttnn.uint32, ttnn.ROW_MAJOR_LAYOUT, device)
+    c = ttnn.allocate_tensor_on_device(
+        ttnn.Shape([1, 2]), ttnn.uint32, ttnn.ROW_MAJOR_LAYOUT, device
+    )
     ttnn.wait_for_event(1, done)
     ttnn.copy_host_to_device_tensor(host_ids([7, 8]), c, cq_id=1)
     assert values_of(ttnn.from_device(b)) == [1, 2]
     assert device.hazards.total == 0
 
 
-# --- use after free -----------------------------------------------------------------------------------
+# --- use after free ------------------------------------------------------------------------------
 
 
-def test_read_of_a_freed_buffer_is_reported_and_reads_the_reused_bytes(device: EmulatedMeshDevice) -> None:
+def test_read_of_a_freed_buffer_is_reported_and_reads_the_reused_bytes(
+    device: EmulatedMeshDevice,
+) -> None:
     device.hazards.mode = "count"
     a, b = _synced_pair(device)
     ttnn.deallocate(a)
@@ -133,7 +140,7 @@ def test_reading_before_the_free_is_fine(device: EmulatedMeshDevice) -> None:
     assert device.hazards.total == 0
 
 
-# --- non-blocking readbacks ------------------------------------------------------------------------------
+# --- non-blocking readbacks ----------------------------------------------------------------------
 
 
 def test_host_read_before_the_readback_event_sees_garbage(device: EmulatedMeshDevice) -> None:
@@ -163,7 +170,9 @@ def test_host_read_after_event_synchronize(device: EmulatedMeshDevice) -> None:
     assert device.hazards.total == 0
 
 
-def test_copy_device_to_host_tensor_non_blocking_follows_the_same_rule(device: EmulatedMeshDevice) -> None:
+def test_copy_device_to_host_tensor_non_blocking_follows_the_same_rule(
+    device: EmulatedMeshDevice,
+) -> None:
     t = on_device(device, [11, 12])
     host = host_ids([0, 0])
     ttnn.copy_device_to_host_tensor(t, host, blocking=False, cq_id=0)
@@ -173,7 +182,9 @@ def test_copy_device_to_host_tensor_non_blocking_follows_the_same_rule(device: E
     assert values_of(host) == [11, 12]
 
 
-def test_dropping_a_pending_readback_is_reported_at_the_next_call(device: EmulatedMeshDevice) -> None:
+def test_dropping_a_pending_readback_is_reported_at_the_next_call(
+    device: EmulatedMeshDevice,
+) -> None:
     t = on_device(device, [11, 12])
     host = t.cpu(blocking=False)
     event = ttnn.record_event(device, 0)

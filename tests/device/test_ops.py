@@ -5,13 +5,22 @@ from __future__ import annotations
 import pytest
 import torch
 import ttnn
-
-from ttmirror.impl.device import EmulatedMeshDevice, bind_sampling_identity, sampling_uniform, seeded_sample
+from ttmirror.impl.device import (
+    EmulatedMeshDevice,
+    bind_sampling_identity,
+    sampling_uniform,
+    seeded_sample,
+)
 
 from .conftest import on_device, values_of
 
 
-def _dev(device: EmulatedMeshDevice, data: torch.Tensor, dtype: ttnn.DataType, layout: ttnn.Layout = ttnn.ROW_MAJOR_LAYOUT) -> ttnn.Tensor:
+def _dev(
+    device: EmulatedMeshDevice,
+    data: torch.Tensor,
+    dtype: ttnn.DataType,
+    layout: ttnn.Layout = ttnn.ROW_MAJOR_LAYOUT,
+) -> ttnn.Tensor:
     return ttnn.from_torch(data, dtype=dtype, layout=layout, device=device)
 
 
@@ -20,8 +29,15 @@ def _host(t: ttnn.Tensor) -> torch.Tensor:
 
 
 def test_argmax_into_a_preallocated_uint32_output(device: EmulatedMeshDevice) -> None:
-    logits = _dev(device, torch.tensor([[[[0.1, 3.0, 2.0, -1.0], [5.0, 0.0, 0.0, 0.0]]]], dtype=torch.bfloat16), ttnn.bfloat16, ttnn.TILE_LAYOUT)
-    out = ttnn.allocate_tensor_on_device(ttnn.Shape([1, 1, 2]), ttnn.uint32, ttnn.ROW_MAJOR_LAYOUT, device)
+    logits = _dev(
+        device,
+        torch.tensor([[[[0.1, 3.0, 2.0, -1.0], [5.0, 0.0, 0.0, 0.0]]]], dtype=torch.bfloat16),
+        ttnn.bfloat16,
+        ttnn.TILE_LAYOUT,
+    )
+    out = ttnn.allocate_tensor_on_device(
+        ttnn.Shape([1, 1, 2]), ttnn.uint32, ttnn.ROW_MAJOR_LAYOUT, device
+    )
     result = ttnn.argmax(logits, dim=-1, output_tensor=out)
     assert result is out and out.dtype == ttnn.uint32
     assert _host(out).reshape(-1).tolist() == [1, 0]
@@ -87,20 +103,37 @@ def test_tensor_to_device_and_deallocate_semantics(device: EmulatedMeshDevice) -
     assert not t.is_allocated()
 
 
-# --- sampling ---------------------------------------------------------------------------------------
+# --- sampling ------------------------------------------------------------------------------------
 
 
-def _sampling_inputs(device: EmulatedMeshDevice, logits: torch.Tensor, k: int, p: float, temp: float) -> list[ttnn.Tensor]:
+def _sampling_inputs(
+    device: EmulatedMeshDevice, logits: torch.Tensor, k: int, p: float, temp: float
+) -> list[ttnn.Tensor]:
     rows, width = logits.shape
-    values = _dev(device, logits.reshape(1, 1, rows, width).to(torch.bfloat16), ttnn.bfloat16, ttnn.TILE_LAYOUT)
-    indices = _dev(device, torch.arange(width, dtype=torch.int32).repeat(rows, 1).reshape(1, 1, rows, width), ttnn.int32)
+    values = _dev(
+        device,
+        logits.reshape(1, 1, rows, width).to(torch.bfloat16),
+        ttnn.bfloat16,
+        ttnn.TILE_LAYOUT,
+    )
+    indices = _dev(
+        device,
+        torch.arange(width, dtype=torch.int32).repeat(rows, 1).reshape(1, 1, rows, width),
+        ttnn.int32,
+    )
     ks = _dev(device, torch.full((rows,), k, dtype=torch.int32), ttnn.uint32)
     ps = _dev(device, torch.full((rows,), p, dtype=torch.bfloat16), ttnn.bfloat16)
     temps = _dev(device, torch.full((rows,), temp, dtype=torch.bfloat16), ttnn.bfloat16)
     return [values, indices, ks, ps, temps]
 
 
-def _sample(device: EmulatedMeshDevice, logits: torch.Tensor, requests: list[int], positions: list[int], seed: int = 1) -> list[int]:
+def _sample(
+    device: EmulatedMeshDevice,
+    logits: torch.Tensor,
+    requests: list[int],
+    positions: list[int],
+    seed: int = 1,
+) -> list[int]:
     inputs = _sampling_inputs(device, logits, k=32, p=1.0, temp=1.0)
     req = _dev(device, torch.tensor(requests, dtype=torch.int32), ttnn.uint32)
     pos = _dev(device, torch.tensor(positions, dtype=torch.int32), ttnn.int32)
@@ -114,7 +147,9 @@ def test_sampling_depends_on_request_and_position_not_row(device: EmulatedMeshDe
     first = _sample(device, logits, requests=[7, 9], positions=[3, 4])
     swapped = _sample(device, logits, requests=[9, 7], positions=[4, 3])
     assert swapped == first[::-1]
-    later = [_sample(device, logits, requests=[7, 9], positions=[3 + s, 4 + s])[0] for s in range(1, 6)]
+    later = [
+        _sample(device, logits, requests=[7, 9], positions=[3 + s, 4 + s])[0] for s in range(1, 6)
+    ]
     assert len(set(later)) > 1  # the draw moves with the position
 
 
@@ -127,7 +162,11 @@ def test_sampling_without_identity_is_refused(device: EmulatedMeshDevice) -> Non
 def test_seeded_sample_follows_top_k_top_p_and_temperature() -> None:
     logits = torch.tensor([0.0, 5.0, 4.9, -3.0])
     idx = torch.tensor([10, 11, 12, 13])
-    draws = {seeded_sample(logits, idx, 2, 1.0, 1.0, seed=1, request=r, position=0) for r in range(64)}
+    draws = {
+        seeded_sample(logits, idx, 2, 1.0, 1.0, seed=1, request=r, position=0) for r in range(64)
+    }
     assert draws == {11, 12}  # top-2 only, both reachable
-    assert {seeded_sample(logits, idx, 4, 0.0, 1.0, seed=1, request=r, position=0) for r in range(16)} == {11}
+    assert {
+        seeded_sample(logits, idx, 4, 0.0, 1.0, seed=1, request=r, position=0) for r in range(16)
+    } == {11}
     assert sampling_uniform(1, 2, 3) == sampling_uniform(1, 2, 3) != sampling_uniform(1, 2, 4)

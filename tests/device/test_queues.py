@@ -6,7 +6,6 @@ from __future__ import annotations
 import pytest
 import torch
 import ttnn
-
 from ttmirror.impl.device import EmulatedMeshDevice
 
 from .conftest import host_ids, on_device, values_of
@@ -36,10 +35,14 @@ def test_each_queue_is_fifo(device: EmulatedMeshDevice) -> None:
     assert values_of(ttnn.from_device(t)) == [3, -1]
 
 
-def test_a_wait_for_event_blocks_its_queue_until_the_event_completes(device: EmulatedMeshDevice) -> None:
+def test_a_wait_for_event_blocks_its_queue_until_the_event_completes(
+    device: EmulatedMeshDevice,
+) -> None:
     src = on_device(device, [5])
     ttnn.synchronize_device(device)
-    dst = ttnn.allocate_tensor_on_device(ttnn.Shape([1, 1]), ttnn.uint32, ttnn.ROW_MAJOR_LAYOUT, device)
+    dst = ttnn.allocate_tensor_on_device(
+        ttnn.Shape([1, 1]), ttnn.uint32, ttnn.ROW_MAJOR_LAYOUT, device
+    )
     ttnn.copy_host_to_device_tensor(host_ids([9]), src, cq_id=1)
     written = ttnn.record_event(device, 1)
     ttnn.wait_for_event(0, written)
@@ -62,7 +65,9 @@ def test_without_the_event_the_copy_may_read_the_old_value(device: EmulatedMeshD
     device.hazards.mode = "count"
     src = on_device(device, [5])
     ttnn.synchronize_device(device)
-    dst = ttnn.allocate_tensor_on_device(ttnn.Shape([1, 1]), ttnn.uint32, ttnn.ROW_MAJOR_LAYOUT, device)
+    dst = ttnn.allocate_tensor_on_device(
+        ttnn.Shape([1, 1]), ttnn.uint32, ttnn.ROW_MAJOR_LAYOUT, device
+    )
     ttnn.copy_host_to_device_tensor(host_ids([9]), src, cq_id=1)
     ttnn.copy(src, dst)
     device.step(0)  # CQ0 runs before CQ1's write: nothing stops it
@@ -73,7 +78,9 @@ def test_without_the_event_the_copy_may_read_the_old_value(device: EmulatedMeshD
 
 def test_blocking_read_advances_exactly_what_it_must(device: EmulatedMeshDevice) -> None:
     a = on_device(device, [1])
-    b = ttnn.from_torch(torch.tensor([[2]], dtype=torch.int32), dtype=ttnn.uint32, device=device, cq_id=1)
+    b = ttnn.from_torch(
+        torch.tensor([[2]], dtype=torch.int32), dtype=ttnn.uint32, device=device, cq_id=1
+    )
     ttnn.plus_one(a)
     ttnn.plus_one(a)  # after the read below: must stay pending
     assert device.pending() == 4
@@ -83,7 +90,9 @@ def test_blocking_read_advances_exactly_what_it_must(device: EmulatedMeshDevice)
     assert device.pending(0) == 3 and device.pending(1) == 0  # CQ0 untouched
 
 
-def test_event_synchronize_completes_the_other_queue_it_waits_on(device: EmulatedMeshDevice) -> None:
+def test_event_synchronize_completes_the_other_queue_it_waits_on(
+    device: EmulatedMeshDevice,
+) -> None:
     t = on_device(device, [1])
     ttnn.synchronize_device(device)
     ttnn.copy_host_to_device_tensor(host_ids([40]), t, cq_id=1)
@@ -104,7 +113,9 @@ def test_event_synchronize_completes_the_other_queue_it_waits_on(device: Emulate
 
 def test_synchronize_device_drains_one_queue_or_all(device: EmulatedMeshDevice) -> None:
     a = on_device(device, [1])
-    b = ttnn.from_torch(torch.tensor([[2]], dtype=torch.int32), dtype=ttnn.uint32, device=device, cq_id=1)
+    b = ttnn.from_torch(
+        torch.tensor([[2]], dtype=torch.int32), dtype=ttnn.uint32, device=device, cq_id=1
+    )
     ttnn.synchronize_device(device, cq_id=1)
     assert device.pending(1) == 0 and device.pending(0) == 1
     ttnn.synchronize_device(device)

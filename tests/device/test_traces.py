@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import pytest
 import ttnn
-
 from ttmirror.impl.device import EmulatedMeshDevice, HazardError, HazardKind
 
 from .conftest import host_ids, on_device, values_of
 
 
-def _capture_step(device: EmulatedMeshDevice, tokens: ttnn.Tensor, positions: ttnn.Tensor) -> ttnn.MeshTraceId:
+def _capture_step(
+    device: EmulatedMeshDevice, tokens: ttnn.Tensor, positions: ttnn.Tensor
+) -> ttnn.MeshTraceId:
     """Trace: positions += 1 (skipping -1) and tokens copied into a persistent output."""
     ttnn.plus_one(positions, skip_negative_entries=True)  # compile before capture
     trace = ttnn.begin_trace_capture(device, cq_id=0)
@@ -19,7 +20,9 @@ def _capture_step(device: EmulatedMeshDevice, tokens: ttnn.Tensor, positions: tt
     return trace
 
 
-def test_capture_records_without_running_and_replay_runs_at_the_same_addresses(device: EmulatedMeshDevice) -> None:
+def test_capture_records_without_running_and_replay_runs_at_the_same_addresses(
+    device: EmulatedMeshDevice,
+) -> None:
     positions = on_device(device, [3, -1], ttnn.int32)
     trace = _capture_step(device, positions, positions)
     ttnn.synchronize_device(device)
@@ -47,11 +50,20 @@ def test_replay_reads_the_persistent_input_written_before_it(device: EmulatedMes
 @pytest.mark.parametrize(
     ("call", "message"),
     [
-        (lambda d, t: ttnn.copy_host_to_device_tensor(host_ids([1]), t, cq_id=0), "Writes are not supported during trace capture"),
+        (
+            lambda d, t: ttnn.copy_host_to_device_tensor(host_ids([1]), t, cq_id=0),
+            "Writes are not supported during trace capture",
+        ),
         (lambda d, t: t.cpu(blocking=False), "Reads are not supported during trace capture"),
         (lambda d, t: ttnn.from_device(t), "Reads are not supported during trace capture"),
-        (lambda d, t: ttnn.event_synchronize(d.last_event), "Event Synchronization is not supported during trace capture"),
-        (lambda d, t: ttnn.record_event(d, 0), "Event Synchronization is not supported during trace capture"),
+        (
+            lambda d, t: ttnn.event_synchronize(d.last_event),
+            "Event Synchronization is not supported during trace capture",
+        ),
+        (
+            lambda d, t: ttnn.record_event(d, 0),
+            "Event Synchronization is not supported during trace capture",
+        ),
     ],
 )
 def test_host_io_and_event_sync_during_capture_raise_with_tt_metal_wording(
@@ -93,7 +105,7 @@ def test_an_op_not_compiled_before_capture_cannot_be_captured(device: EmulatedMe
 
 def test_freeing_a_buffer_an_alive_trace_uses_is_reported(device: EmulatedMeshDevice) -> None:
     t = on_device(device, [1, 2], ttnn.int32)
-    trace = _capture_step(device, t, t)
+    _capture_step(device, t, t)
     with pytest.raises(HazardError, match="trace-buffer-freed"):
         ttnn.deallocate(t)
 
@@ -107,7 +119,9 @@ def test_freeing_it_after_release_trace_is_fine(device: EmulatedMeshDevice) -> N
     assert device.hazards.total == 0
 
 
-def test_dropping_the_last_reference_of_a_trace_buffer_is_reported_too(device: EmulatedMeshDevice) -> None:
+def test_dropping_the_last_reference_of_a_trace_buffer_is_reported_too(
+    device: EmulatedMeshDevice,
+) -> None:
     t = on_device(device, [1, 2], ttnn.int32)
     trace = _capture_step(device, t, t)
     del t  # the destructor frees the last reference
@@ -140,7 +154,9 @@ def test_allocation_after_capture_alive_at_replay_is_reported(device: EmulatedMe
     ttnn.release_trace(device, trace)
 
 
-def test_allocation_before_capture_or_freed_before_replay_is_fine(device: EmulatedMeshDevice) -> None:
+def test_allocation_before_capture_or_freed_before_replay_is_fine(
+    device: EmulatedMeshDevice,
+) -> None:
     early = on_device(device, [9, 9])
     t = on_device(device, [1, 2], ttnn.int32)
     trace = _capture_step(device, t, t)
