@@ -63,6 +63,7 @@ class HazardLog:
     """
 
     mode: HazardMode = "raise"
+    keep: int = 1000  # hazards kept in full; a soak run keeps counting past this
     hazards: list[Hazard] = field(default_factory=list)
     counts: Counter[HazardKind] = field(default_factory=Counter)
     _deferred: list[Hazard] = field(default_factory=list)
@@ -74,7 +75,8 @@ class HazardLog:
 
     def report(self, hazard: Hazard, *, can_raise: bool = True) -> None:
         with self._lock:
-            self.hazards.append(hazard)
+            if len(self.hazards) < self.keep:
+                self.hazards.append(hazard)
             self.counts[hazard.kind] += 1
             if self.mode == "raise" and not can_raise:
                 self._deferred.append(hazard)

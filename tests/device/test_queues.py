@@ -78,16 +78,18 @@ def test_without_the_event_the_copy_may_read_the_old_value(device: EmulatedMeshD
 
 def test_blocking_read_advances_exactly_what_it_must(device: EmulatedMeshDevice) -> None:
     a = on_device(device, [1])
+    ttnn.plus_one(a)
     b = ttnn.from_torch(
         torch.tensor([[2]], dtype=torch.int32), dtype=ttnn.uint32, device=device, cq_id=1
     )
+    assert device.pending() == 3
+    # A blocking read of `b` on CQ1 completes CQ1 up to the read, and nothing of CQ0.
+    assert values_of(ttnn.from_device(b, queue_id=1)) == [2]
+    assert device.pending(0) == 2 and device.pending(1) == 0
+    # On CQ0 it completes what precedes it there, not what follows.
+    host = ttnn.from_device(a, queue_id=0)
     ttnn.plus_one(a)
-    ttnn.plus_one(a)  # after the read below: must stay pending
-    assert device.pending() == 4
-    # A read enqueued now sits behind both plus_ones; take a non-blocking read first to compare.
-    host = ttnn.from_device(b, queue_id=1)
-    assert values_of(host) == [2]
-    assert device.pending(0) == 3 and device.pending(1) == 0  # CQ0 untouched
+    assert values_of(host) == [2] and device.pending(0) == 1
 
 
 def test_event_synchronize_completes_the_other_queue_it_waits_on(
