@@ -28,6 +28,9 @@ from .tensors import DeviceTensor, HostReadback, Region, host_bytes, new_host_te
 from .traces import Trace
 
 DEFAULT_DRAM_SIZE = 64 << 20
+# Nominal trace-buffer bytes per captured command: real sizes depend on the program, but a
+# device opened without a trace region must fail to capture, as on the chip.
+TRACE_BYTES_PER_COMMAND = 4096
 GARBAGE_BYTE = 0xCD  # what a non-blocking readback's host tensor holds until the read completes
 
 READS_IN_CAPTURE = "Reads are not supported during trace capture"
@@ -435,6 +438,15 @@ class EmulatedMeshDevice:
             if trace is None or trace.id != int(trace_id):
                 raise RuntimeError(f"trace {int(trace_id)} is not being captured on CQ{cq}")
             del self._capturing[cq]
+            size = TRACE_BYTES_PER_COMMAND * len(trace.programs)
+            in_use = sum(t.size for t in self._traces.values() if t.captured and not t.released)
+            if in_use + size > self.trace_region_size:
+                trace.released = True
+                raise RuntimeError(
+                    f"Creating trace buffers of size {size} B on device 0, but only "
+                    f"{self.trace_region_size - in_use} B is allocated for trace region."
+                )
+            trace.size = size
             trace.captured = True
             trace.end_serial = self.allocator.next_serial
             for buffer in trace.buffers:

@@ -45,12 +45,16 @@ class Region:
 
 def storage_bytes(shape: tuple[int, ...], dtype: ttnn.DataType, layout: ttnn.Layout) -> int:
     """Bytes a tensor occupies on the chip: TILE pads the last two dimensions to 32."""
+    return math.prod(padded(shape, layout)) * torch_dtype(dtype).itemsize
+
+
+def padded(shape: tuple[int, ...], layout: ttnn.Layout) -> list[int]:
     dims = list(shape) or [1]
     if layout == ttnn.TILE_LAYOUT:
         dims[-1] = -(-dims[-1] // TILE) * TILE
         if len(dims) > 1:
             dims[-2] = -(-dims[-2] // TILE) * TILE
-    return math.prod(dims) * torch_dtype(dtype).itemsize
+    return dims
 
 
 class DeviceTensor:
@@ -88,6 +92,10 @@ class DeviceTensor:
     @property
     def logical_shape(self) -> ttnn.Shape:
         return self.shape
+
+    @property
+    def padded_shape(self) -> ttnn.Shape:
+        return ttnn.Shape(padded(self._shape, self._layout))
 
     @property
     def dtype(self) -> ttnn.DataType:

@@ -17,6 +17,7 @@ class Trace:
     captured: bool = False  # end_trace_capture was called
     released: bool = False
     end_serial: int = 0  # allocations with this serial or later were made after the capture
+    size: int = 0  # bytes of the trace region it occupies
     warned: set[int] = field(default_factory=set)  # buffers already reported at a replay
 
     @property

@@ -165,3 +165,14 @@ def test_allocation_before_capture_or_freed_before_replay_is_fine(
     ttnn.execute_trace(device, trace, cq_id=0, blocking=True)
     assert early.is_allocated() and device.hazards.total == 0
     ttnn.release_trace(device, trace)
+
+
+def test_capture_needs_a_trace_region(routed: None) -> None:
+    device = ttnn.open_mesh_device(mesh_shape=ttnn.MeshShape(1, 1), num_command_queues=2)
+    t = on_device(device, [1], ttnn.int32)
+    ttnn.plus_one(t)
+    trace = ttnn.begin_trace_capture(device, cq_id=0)
+    ttnn.plus_one(t)
+    with pytest.raises(RuntimeError, match="allocated for trace region"):
+        ttnn.end_trace_capture(device, trace, cq_id=0)
+    ttnn.close_mesh_device(device)
