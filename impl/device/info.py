@@ -22,7 +22,7 @@ def device_info() -> dict[str, Any]:
     }
     if chips == 0:
         info["emulated"] = {
-            "command_queues": 2,
+            "max_command_queues": 2,
             "dram_bytes": settings.dram_size if installed() else DEFAULT_DRAM_SIZE,
             "scheduler": getattr(settings.scheduler, "__name__", type(settings.scheduler).__name__),
             "hazard_mode": settings.hazard_mode,
