@@ -1,0 +1,427 @@
+"""Actions of the model, one function each.
+
+Every action takes the current state (and its parameters) and returns the next state, or
+None when its precondition does not hold. Steps are named by their position ``q`` in the
+in-flight queue (0 = oldest). The device-side actions (combine, launch, readback) are the
+moments the device's effects happen; the implementation must enforce each precondition with
+queue order, events or host checks.
+
+Reads and writes of mirror slots check the slot rules at the moment of access and record a
+broken rule in the ghost variable ``broken`` (a history variable, as a TLA+ spec would).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from itertools import permutations
+from typing import NamedTuple
+
+from .state import (
+    CLOSED,
+    GARBAGE,
+    PLACEHOLDER,
+    Bounds,
+    Phase,
+    Request,
+    Row,
+    State,
+    Status,
+    Step,
+    Token,
+)
+
+READ_RELEASED = "NoReadOfReleasedOrOverwrittenSlot"
+REWRITE_WITH_READER = "NoRewriteWhileReaderOutstanding"
+
+
+class Action(NamedTuple):
+    """An action name and its arguments: a request id, a queue position, a slot, or a row order."""
+
+    name: str
+    args: tuple[int, ...] = ()
+
+    def label(self) -> str:
+        """Short human label, e.g. ``schedule(r1,r0)`` or ``launch(q=0)``."""
+        if not self.args:
+            return self.name
+        if self.name == "schedule":
+            return "schedule(" + ",".join(f"r{r}" for r in self.args) + ")"
+        if self.name in REQUEST_ACTIONS:
+            return f"{self.name}(r{self.args[0]})"
+        if self.name == "release":
+            return f"release(slot{self.args[0]})"
+        return f"{self.name}(q={self.args[0]})"
+
+
+REQUEST_ACTIONS = ("arrive", "finish", "abort", "preempt", "resume")
+STEP_ACTIONS = ("combine", "launch", "readback_issue", "readback_complete")
+ALL_ACTIONS = (
+    "allocate",
+    "arrive",
+    "schedule",
+    "combine",
+    "launch",
+    "readback_issue",
+    "readback_complete",
+    "apply",
+    "release",
+    "finish",
+    "abort",
+    "preempt",
+    "resume",
+)
+
+
+# ---------------------------------------------------------------------------------------------
+# Derived values (operators): read the state, never change it.
+
+
+def live_rows(s: State, req: int) -> list[tuple[int, int]]:
+    """(queue position, row) of every in-flight row of ``req`` whose token will be delivered."""
+    return [
+        (q, i)
+        for q, step in enumerate(s.queue)
+        for i, row in enumerate(step.rows)
+        if row.live and row.req == req
+    ]
+
+
+def next_pos(s: State, req: int) -> int:
+    """Position of ``req``'s newest token: delivered ones plus those still in flight."""
+    return len(s.requests[req].delivered) + len(live_rows(s, req))
+
+
+def host_token(s: State, req: int, pos: int) -> Token:
+    """The host token table at ``pos``: authoritative if delivered, else a placeholder."""
+    if pos == 0:
+        return (req, 0)
+    delivered = s.requests[req].delivered
+    return delivered[pos - 1] if pos <= len(delivered) else PLACEHOLDER
+
+
+def eligible(s: State, b: Bounds) -> list[int]:
+    """Requests the scheduler must put in the next step: active with budget left."""
+    return [
+        r
+        for r, req in enumerate(s.requests)
+        if req.status in (Status.WAITING, Status.RUNNING) and next_pos(s, r) < b.max_tokens
+    ]
+
+
+def writer(s: State, slot: int) -> int | None:
+    """Queue position of the in-flight step whose launch wrote ``slot`` last; None if retired."""
+    found = None
+    for q, step in enumerate(s.queue):
+        if step.slot == slot and step.phase >= Phase.LAUNCHED:
+            found = q
+    return found
+
+
+def readers_outstanding(s: State, slot: int, q: int) -> bool:
+    """Someone still has to read what ``slot`` holds before step q overwrites it.
+
+    Its writer's readback may not be complete, or a combine still has to read it; the combine
+    of the step right after q reads what q is about to write, so it does not count.
+    """
+    return any(
+        (step.slot == slot and Phase.LAUNCHED <= step.phase < Phase.READBACK_DONE)
+        or (j != q + 1 and step.src_slot == slot and step.phase == Phase.SCHEDULED)
+        for j, step in enumerate(s.queue)
+    )
+
+
+DEAD_ROW = Row(req=-1, pos=0, prev_row=None, consumed=None, live=False)
+"""A dropped row: its token is never delivered nor read, so what it held is forgotten."""
+
+
+def _drop(s: State, req: int) -> State:
+    """Drop every in-flight row of ``req`` and forget its tokens in slots and host copies.
+
+    Nothing reads them again: later rows of ``req`` restart from host ids. Forgetting them
+    keeps states that differ only in dead values equal.
+    """
+
+    def scrub(tokens: tuple[Token, ...] | None) -> tuple[Token, ...] | None:
+        if tokens is None:
+            return None
+        return tuple(GARBAGE if t[0] == req else t for t in tokens)
+
+    queue = tuple(
+        step._replace(
+            rows=tuple(DEAD_ROW if r.req == req else r for r in step.rows),
+            host_copy=scrub(step.host_copy),
+        )
+        for step in s.queue
+    )
+    slots = tuple(slot._replace(content=scrub(slot.content)) for slot in s.slots)
+    return s._replace(queue=queue, slots=slots)
+
+
+def _set_step(s: State, q: int, step: Step) -> State:
+    return s._replace(queue=s.queue[:q] + (step,) + s.queue[q + 1 :])
+
+
+def _set_request(s: State, req: int, value: Request) -> State:
+    return s._replace(requests=s.requests[:req] + (value,) + s.requests[req + 1 :])
+
+
+def _read_slot(s: State, slot: int, row: int) -> Token:
+    """What the device reads from ``slot`` at ``row``: garbage if unwritten or handed back."""
+    content = s.slots[slot].content
+    if content is None or s.slots[slot].released or row >= len(content):
+        return GARBAGE
+    return content[row]
+
+
+# ---------------------------------------------------------------------------------------------
+# Actions.
+
+
+def allocate(s: State, b: Bounds) -> State | None:
+    """Load: allocate the ring of K mirror slots, before any step (and so any trace capture)."""
+    if s.allocated:
+        return None
+    return s._replace(allocated=True)
+
+
+def arrive(s: State, b: Bounds, req: int) -> State | None:
+    """A request arrives; its first step prefills from host ids."""
+    if not s.allocated or s.requests[req].status != Status.ABSENT:
+        return None
+    return _set_request(s, req, s.requests[req]._replace(status=Status.WAITING))
+
+
+def schedule(s: State, b: Bounds, order: tuple[int, ...]) -> State | None:
+    """Schedule a step over every eligible request in ``order``, building the previous-row map."""
+    if not s.allocated or len(s.queue) >= b.depth:
+        return None
+    todo = eligible(s, b)
+    if not todo or sorted(order) != todo or (not b.condense and list(order) != todo):
+        return None
+    prev = s.queue[-1] if s.queue else None
+    rows = []
+    for r in order:
+        prev_row = None
+        if b.guard and prev is not None:
+            # The guard: a request whose newest token is still in flight reads it from the mirror.
+            prev_row = next(
+                (i for i, row in enumerate(prev.rows) if row.live and row.req == r), None
+            )
+        rows.append(Row(req=r, pos=next_pos(s, r), prev_row=prev_row, consumed=None, live=True))
+    uses_mirror = any(row.prev_row is not None for row in rows)
+    step = Step(
+        slot=s.next_slot,
+        src_slot=prev.slot if (prev is not None and uses_mirror) else None,
+        phase=Phase.SCHEDULED,
+        rows=tuple(rows),
+        host_copy=None,
+    )
+    requests = tuple(
+        req._replace(status=Status.RUNNING, unchecked=False) if i in order else req
+        for i, req in enumerate(s.requests)
+    )
+    return s._replace(
+        queue=(*s.queue, step),
+        next_slot=(s.next_slot + 1) % b.slots,
+        requests=requests,
+    )
+
+
+def combine(s: State, b: Bounds, q: int) -> State | None:
+    """Build step q's input ids on device: host ids, or the previous slot through the row map."""
+    if q >= len(s.queue) or s.queue[q].phase != Phase.SCHEDULED:
+        return None
+    if q > 0 and s.queue[q - 1].phase < Phase.LAUNCHED:
+        return None  # the previous step's sampler has not written its slot yet
+    step = s.queue[q]
+    broken = s.broken
+    rows = []
+    for row in step.rows:
+        if not row.live:
+            rows.append(row)  # dropped: what the device computes there is never used
+            continue
+        if row.prev_row is None:
+            value = host_token(s, row.req, row.pos)
+        else:
+            assert step.src_slot is not None
+            if s.slots[step.src_slot].released:
+                broken = broken | {READ_RELEASED}
+            value = _read_slot(s, step.src_slot, row.prev_row)
+        rows.append(row._replace(consumed=value))
+    step = step._replace(phase=Phase.COMBINED, rows=tuple(rows))
+    return _set_step(s, q, step)._replace(broken=broken)
+
+
+def launch(s: State, b: Bounds, q: int) -> State | None:
+    """Run step q's forward and sampler; the sampler writes its tokens into the step's slot."""
+    if q >= len(s.queue) or s.queue[q].phase != Phase.COMBINED:
+        return None
+    step = s.queue[q]
+    broken = s.broken
+    if readers_outstanding(s, step.slot, q):
+        broken = broken | {REWRITE_WITH_READER}
+    # The next token is a function of the consumed one: a stale input yields a wrong token.
+    content = tuple(
+        (row.req, row.pos + 1) if row.live and row.consumed == (row.req, row.pos) else GARBAGE
+        for row in step.rows
+    )
+    slots = list(s.slots)
+    slots[step.slot] = slots[step.slot]._replace(content=content, released=False)
+    s = _set_step(s, q, step._replace(phase=Phase.LAUNCHED))
+    return s._replace(slots=tuple(slots), broken=broken)
+
+
+def readback_issue(s: State, b: Bounds, q: int) -> State | None:
+    """Enqueue the non-blocking copy of step q's slot to a host tensor, and its event."""
+    if q >= len(s.queue) or s.queue[q].phase != Phase.LAUNCHED:
+        return None
+    return _set_step(s, q, s.queue[q]._replace(phase=Phase.READBACK_ISSUED))
+
+
+def readback_complete(s: State, b: Bounds, q: int) -> State | None:
+    """Step q's readback event completes: the host tensor now holds the slot's content."""
+    if q >= len(s.queue) or s.queue[q].phase != Phase.READBACK_ISSUED:
+        return None
+    step = s.queue[q]
+    broken = s.broken
+    if s.slots[step.slot].released or writer(s, step.slot) != q:
+        broken = broken | {READ_RELEASED}
+    host_copy = tuple(_read_slot(s, step.slot, i) for i in range(len(step.rows)))
+    s = _set_step(s, q, step._replace(phase=Phase.READBACK_DONE, host_copy=host_copy))
+    return s._replace(broken=broken)
+
+
+def apply(s: State, b: Bounds) -> State | None:
+    """Retire the oldest step: deliver each live row's token; max tokens finishes a request."""
+    if not s.queue or s.queue[0].phase != Phase.READBACK_DONE:
+        return None
+    step = s.queue[0]
+    assert step.host_copy is not None
+    requests = list(s.requests)
+    for row, token in zip(step.rows, step.host_copy, strict=True):
+        if not row.live:
+            continue  # finished, aborted or preempted since scheduling: dropped
+        req = requests[row.req]
+        delivered = (*req.delivered, token)
+        if len(delivered) >= b.max_tokens:
+            req = req._replace(
+                status=Status.FINISHED, delivered=delivered, closed_at=len(delivered),
+                unchecked=False,
+            )
+        else:
+            req = req._replace(delivered=delivered, unchecked=True)
+        requests[row.req] = req
+    return s._replace(queue=s.queue[1:], requests=tuple(requests))
+
+
+def release(s: State, b: Bounds, slot: int) -> State | None:
+    """Hand a slot back: its readback is done and no combine will read it again."""
+    st = s.slots[slot]
+    if not s.allocated or st.content is None or st.released:
+        return None
+    w = writer(s, slot)
+    if b.release_at == "complete":
+        pending_combine = any(
+            step.src_slot == slot and step.phase == Phase.SCHEDULED for step in s.queue
+        )
+        if w is not None or pending_combine:
+            return None
+    elif w is not None and s.queue[w].phase < Phase.READBACK_ISSUED:
+        return None  # known-bad variant: hands the slot back once its readback is only issued
+    slots = list(s.slots)
+    # A handed-back slot's content can never be read correctly again: forget it.
+    slots[slot] = st._replace(content=(), released=True)
+    return s._replace(slots=tuple(slots))
+
+
+def finish(s: State, b: Bounds, req: int) -> State | None:
+    """The newest delivered token was a stop token: the request finishes, in-flight rows drop."""
+    r = s.requests[req]
+    if not b.finish or r.status != Status.RUNNING or not r.unchecked:
+        return None
+    s = _drop(s, req)
+    closed = r._replace(status=Status.FINISHED, closed_at=len(r.delivered), unchecked=False)
+    return _set_request(s, req, closed)
+
+
+def abort(s: State, b: Bounds, req: int) -> State | None:
+    """The user aborts the request: nothing more is delivered, in-flight rows drop."""
+    r = s.requests[req]
+    if not b.abort or r.status not in (Status.WAITING, Status.RUNNING, Status.PREEMPTED):
+        return None
+    s = _drop(s, req)
+    closed = r._replace(status=Status.ABORTED, closed_at=len(r.delivered), unchecked=False)
+    return _set_request(s, req, closed)
+
+
+def preempt(s: State, b: Bounds, req: int) -> State | None:
+    """The KV budget is exceeded: the request is preempted, its in-flight tokens are stale."""
+    r = s.requests[req]
+    if not b.preempt or r.status != Status.RUNNING or r.preemptions >= b.preemptions:
+        return None
+    s = _drop(s, req)
+    preempted = r._replace(status=Status.PREEMPTED, unchecked=False, preemptions=r.preemptions + 1)
+    return _set_request(s, req, preempted)
+
+
+def resume(s: State, b: Bounds, req: int) -> State | None:
+    """A preempted request waits again; it restarts from the host's authoritative tokens."""
+    r = s.requests[req]
+    if r.status != Status.PREEMPTED:
+        return None
+    return _set_request(s, req, r._replace(status=Status.WAITING))
+
+
+# ---------------------------------------------------------------------------------------------
+# The next-state relation.
+
+
+def successors(s: State, b: Bounds) -> Iterator[tuple[Action, State]]:
+    """Every enabled action and the state it leads to."""
+    if not s.allocated:
+        t = allocate(s, b)
+        if t is not None:
+            yield Action("allocate"), t
+        return
+    nreq = len(s.requests)
+    for r in range(nreq):
+        if (t := arrive(s, b, r)) is not None:
+            yield Action("arrive", (r,)), t
+    if len(s.queue) < b.depth:
+        todo = eligible(s, b)
+        orders = permutations(todo) if b.condense else [tuple(todo)]
+        for order in orders if todo else ():
+            if (t := schedule(s, b, tuple(order))) is not None:
+                yield Action("schedule", tuple(order)), t
+    for q in range(len(s.queue)):
+        for name, fn in _STEP_FNS:
+            if (t := fn(s, b, q)) is not None:
+                yield Action(name, (q,)), t
+    if (t := apply(s, b)) is not None:
+        yield Action("apply"), t
+    for k in range(len(s.slots)):
+        if (t := release(s, b, k)) is not None:
+            yield Action("release", (k,)), t
+    for r in range(nreq):
+        for name, rfn in _REQUEST_FNS:
+            if (t := rfn(s, b, r)) is not None:
+                yield Action(name, (r,)), t
+
+
+_STEP_FNS = (
+    ("combine", combine),
+    ("launch", launch),
+    ("readback_issue", readback_issue),
+    ("readback_complete", readback_complete),
+)
+_REQUEST_FNS = (("finish", finish), ("abort", abort), ("preempt", preempt), ("resume", resume))
+
+
+def is_final(s: State) -> bool:
+    """Everything is over: every request closed, nothing in flight, every written slot back."""
+    return (
+        s.allocated
+        and not s.queue
+        and all(r.status in CLOSED for r in s.requests)
+        and all(slot.content is None or slot.released for slot in s.slots)
+    )

@@ -1,0 +1,184 @@
+"""Exhaustive breadth-first exploration of the model into a networkx state graph.
+
+Nodes are integer state ids (``Exploration.states[id]`` is the state); each edge carries the
+action label. Breadth-first order makes every counterexample a shortest path. States that
+break an invariant are recorded and not expanded further.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import networkx as nx
+
+from .actions import Action, is_final, successors
+from .invariants import INVARIANTS, SOMETIMES
+from .state import Bounds, State, initial_state, validate_bounds
+
+type Progress = Callable[[int, int, int], None]
+"""Called now and then with (states, transitions, frontier size)."""
+
+
+@dataclass
+class Exploration:
+    """Everything the search found."""
+
+    bounds: Bounds
+    graph: nx.DiGraph
+    states: list[State]
+    parent: list[tuple[int, Action] | None]
+    violations: dict[str, int] = field(default_factory=dict)
+    """Invariant name -> id of the first (shallowest) state that breaks it."""
+    sometimes: dict[str, bool] = field(default_factory=dict)
+    """Applicable "sometimes" check -> reached at least once."""
+    sometimes_witness: dict[str, int] = field(default_factory=dict)
+    deadlocks: list[int] = field(default_factory=list)
+    cannot_finish: list[int] = field(default_factory=list)
+    finals: list[int] = field(default_factory=list)
+    broken_nodes: set[int] = field(default_factory=set)
+    transitions: int = 0
+    seconds: float = 0.0
+
+    @property
+    def ok(self) -> bool:
+        """Every invariant holds, no deadlock, every request can always still finish."""
+        return not self.violations and not self.deadlocks and not self.cannot_finish
+
+    def path_to(self, node: int) -> list[tuple[Action, int]]:
+        """The shortest path from the initial state: (action, state reached) per step."""
+        path: list[tuple[Action, int]] = []
+        while (link := self.parent[node]) is not None:
+            prev, action = link
+            path.append((action, node))
+            node = prev
+        path.reverse()
+        return path
+
+    def first_violation(self) -> tuple[str, int] | None:
+        """The invariant broken nearest the initial state, and the state where it breaks."""
+        if not self.violations:
+            return None
+        name = min(self.violations, key=lambda n: (len(self.path_to(self.violations[n])), n))
+        return name, self.violations[name]
+
+    def failure(self) -> tuple[str, int] | None:
+        """The property to report and its witness state: an invariant, else a deadlock."""
+        first = self.first_violation()
+        if first is not None:
+            return first
+        if self.deadlocks:
+            return "NoDeadlock", min(self.deadlocks, key=lambda n: len(self.path_to(n)))
+        if self.cannot_finish:
+            return "CanAlwaysFinish", min(self.cannot_finish, key=lambda n: len(self.path_to(n)))
+        return None
+
+
+def explore(bounds: Bounds, progress: Progress | None = None, every: int = 5000) -> Exploration:
+    """Visit every reachable state within ``bounds`` and check every property."""
+    validate_bounds(bounds)
+    start = time.perf_counter()
+    init = initial_state(bounds)
+    index: dict[State, int] = {init: 0}
+    ex = Exploration(bounds=bounds, graph=nx.DiGraph(), states=[init], parent=[None])
+    ex.graph.add_node(0)
+    checks = [c for c in SOMETIMES if c.applies(bounds)]
+    ex.sometimes = {c.name: False for c in checks}
+    pending = list(checks)
+    frontier: deque[int] = deque([0])
+    add_edge = ex.graph.add_edge
+    edges = ex.graph.edges
+    while frontier:
+        node = frontier.popleft()
+        s = ex.states[node]
+        broken = [inv.name for inv in INVARIANTS if not inv.holds(s, bounds)]
+        if broken:
+            ex.broken_nodes.add(node)
+            for name in broken:
+                ex.violations.setdefault(name, node)
+            continue  # a broken state is a counterexample's end: nothing beyond it matters
+        moved = False
+        for action, t in successors(s, bounds):
+            moved = True
+            ex.transitions += 1
+            target = index.get(t)
+            if target is None:
+                target = len(ex.states)
+                index[t] = target
+                ex.states.append(t)
+                ex.parent.append((node, action))
+                frontier.append(target)
+            label = action.label()
+            if edges.get((node, target)) is None:
+                add_edge(node, target, action=label)
+            else:
+                edges[node, target]["action"] += " | " + label
+            if pending:
+                for check in list(pending):
+                    if check.reached(s, action, t):
+                        ex.sometimes[check.name] = True
+                        ex.sometimes_witness[check.name] = target
+                        pending.remove(check)
+        if not moved:
+            if is_final(s):
+                ex.finals.append(node)
+            else:
+                ex.deadlocks.append(node)
+        if progress is not None and len(ex.states) % every == 0:
+            progress(len(ex.states), ex.transitions, len(frontier))
+    ex.cannot_finish = _cannot_finish(ex)
+    ex.seconds = time.perf_counter() - start
+    if progress is not None:
+        progress(len(ex.states), ex.transitions, 0)
+    return ex
+
+
+def _cannot_finish(ex: Exploration) -> list[int]:
+    """States from which no path leads to a final state (every request closed).
+
+    A broken state is not expanded, so states whose every way out runs through one are
+    excused: they are that invariant's counterexample, not a liveness failure of their own.
+    """
+    ends = set(ex.finals) | ex.broken_nodes
+    can: set[int] = set(ends)
+    todo = list(ends)
+    pred = ex.graph.pred
+    while todo:
+        node = todo.pop()
+        for p in pred[node]:
+            if p not in can:
+                can.add(p)
+                todo.append(p)
+    return [n for n in range(len(ex.states)) if n not in can]
+
+
+def changes(before: State, after: State) -> dict[str, Any]:
+    """The variables an action changed, as dotted paths to their new values."""
+    out: dict[str, Any] = {}
+    _diff("", before, after, out)
+    return out
+
+
+def _diff(path: str, a: Any, b: Any, out: dict[str, Any]) -> None:
+    if a == b:
+        return
+    if isinstance(a, tuple) and isinstance(b, tuple) and hasattr(a, "_fields") and type(a) is type(
+        b
+    ):
+        for name in a._fields:
+            _diff(f"{path}.{name}" if path else name, getattr(a, name), getattr(b, name), out)
+        return
+    if (
+        isinstance(a, tuple)
+        and isinstance(b, tuple)
+        and len(a) == len(b)
+        and a
+        and hasattr(a[0], "_fields")
+    ):
+        for i, (x, y) in enumerate(zip(a, b, strict=True)):
+            _diff(f"{path}[{i}]", x, y, out)
+        return
+    out[path] = b

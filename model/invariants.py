@@ -1,0 +1,169 @@
+"""Properties of the model: invariants that must hold in every reachable state, and
+"sometimes" checks that must be reached at least once so a green run is never vacuous.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import NamedTuple
+
+from .actions import READ_RELEASED, REWRITE_WITH_READER, Action
+from .state import CLOSED, Bounds, Phase, State, Status
+
+# ---------------------------------------------------------------------------------------------
+# Invariants: state predicates.
+
+
+def stale_host_ids_guard(s: State, b: Bounds) -> bool:
+    """#323-class: every combined live row consumed exactly its request's newest token."""
+    return all(
+        row.consumed == (row.req, row.pos)
+        for step in s.queue
+        if step.phase >= Phase.COMBINED
+        for row in step.rows
+        if row.live
+    )
+
+
+def no_read_of_released_or_overwritten_slot(s: State, b: Bounds) -> bool:
+    """No combine or readback ever read a slot that was handed back or rewritten under it."""
+    return READ_RELEASED not in s.broken
+
+
+def no_rewrite_while_reader_outstanding(s: State, b: Bounds) -> bool:
+    """No launch ever wrote a slot whose readback or next combine was still to happen."""
+    return REWRITE_WITH_READER not in s.broken
+
+
+def depth_bound(s: State, b: Bounds) -> bool:
+    """At most D = max_concurrent_batches steps are in flight."""
+    return len(s.queue) <= b.depth
+
+
+def output_integrity(s: State, b: Bounds) -> bool:
+    """Per request, the user got tokens 1..n in order, each once, none past its close or max."""
+    for r, req in enumerate(s.requests):
+        if req.delivered != tuple((r, pos) for pos in range(1, len(req.delivered) + 1)):
+            return False
+        if len(req.delivered) > b.max_tokens:
+            return False
+        if req.closed_at is not None and len(req.delivered) != req.closed_at:
+            return False
+        if req.status in CLOSED and req.closed_at is None:
+            return False
+    return True
+
+
+class Invariant(NamedTuple):
+    name: str
+    holds: Callable[[State, Bounds], bool]
+
+
+INVARIANTS: tuple[Invariant, ...] = (
+    Invariant("StaleHostIdsGuard", stale_host_ids_guard),
+    Invariant(READ_RELEASED, no_read_of_released_or_overwritten_slot),
+    Invariant(REWRITE_WITH_READER, no_rewrite_while_reader_outstanding),
+    Invariant("DepthBound", depth_bound),
+    Invariant("OutputIntegrity", output_integrity),
+)
+
+GRAPH_PROPERTIES = ("NoDeadlock", "CanAlwaysFinish")
+"""Properties of the whole graph, checked by the explorer after the search."""
+
+
+# ---------------------------------------------------------------------------------------------
+# "Sometimes" checks: transition predicates, each applicable only where the bounds allow it.
+
+
+def _has_live_row(s: State, req: int) -> bool:
+    return any(row.live and row.req == req for step in s.queue for row in step.rows)
+
+
+def combined_from_mirror(s: State, a: Action, t: State) -> bool:
+    """A row was combined from the previous step's slot (the mirror)."""
+    return a.name == "combine" and any(r.prev_row is not None for r in s.queue[a.args[0]].rows)
+
+
+def combined_from_host(s: State, a: Action, t: State) -> bool:
+    """A decode row (past the prompt) was combined from authoritative host ids."""
+    return a.name == "combine" and any(
+        r.prev_row is None and r.pos > 0 for r in s.queue[a.args[0]].rows
+    )
+
+
+def finish_with_step_in_flight(s: State, a: Action, t: State) -> bool:
+    """A request finished on a stop token while a later step for it was in flight."""
+    return a.name == "finish" and _has_live_row(s, a.args[0])
+
+
+def abort_hits_in_flight(s: State, a: Action, t: State) -> bool:
+    """An abort hit a request with a step in flight."""
+    return a.name == "abort" and _has_live_row(s, a.args[0])
+
+
+def preempt_hits_in_flight(s: State, a: Action, t: State) -> bool:
+    """A preemption hit a request with a step in flight."""
+    return a.name == "preempt" and _has_live_row(s, a.args[0])
+
+
+def row_moves(s: State, a: Action, t: State) -> bool:
+    """A request sat at different rows in two consecutive steps that both carry it."""
+    if a.name != "schedule" or not s.queue:
+        return False
+    prev_rows = {row.req: i for i, row in enumerate(s.queue[-1].rows) if row.live}
+    return any(r in prev_rows and prev_rows[r] != i for i, r in enumerate(a.args))
+
+
+def slot_reused(s: State, a: Action, t: State) -> bool:
+    """A launch wrote a slot that an earlier step had written."""
+    return a.name == "launch" and s.slots[s.queue[a.args[0]].slot].content is not None
+
+
+def steps_overlap(s: State, a: Action, t: State) -> bool:
+    """Two steps ran on the device at once: both launched, neither applied."""
+    return sum(step.phase >= Phase.LAUNCHED for step in t.queue) >= 2
+
+
+def resumed_after_preempt(s: State, a: Action, t: State) -> bool:
+    """A preempted request was scheduled again and combined from host ids."""
+    return a.name == "schedule" and any(
+        s.requests[r].status == Status.WAITING and len(s.requests[r].delivered) > 0
+        for r in a.args
+    )
+
+
+class Sometimes(NamedTuple):
+    name: str
+    reached: Callable[[State, Action, State], bool]
+    applies: Callable[[Bounds], bool]
+
+
+def _async(b: Bounds) -> bool:
+    return b.depth >= 2
+
+
+SOMETIMES: tuple[Sometimes, ...] = (
+    Sometimes("combined_from_mirror", combined_from_mirror, _async),
+    Sometimes("combined_from_host", combined_from_host, lambda b: b.max_tokens >= 2),
+    Sometimes(
+        "finish_with_step_in_flight",
+        finish_with_step_in_flight,
+        lambda b: _async(b) and b.finish and b.max_tokens >= 2,
+    ),
+    Sometimes("abort_hits_in_flight", abort_hits_in_flight, lambda b: b.abort),
+    Sometimes("preempt_hits_in_flight", preempt_hits_in_flight, lambda b: b.preempt),
+    Sometimes(
+        "row_moves",
+        row_moves,
+        lambda b: _async(b) and b.requests >= 2 and b.max_tokens >= 2,
+    ),
+    Sometimes(
+        "slot_reused",
+        slot_reused,
+        lambda b: b.requests * b.max_tokens > b.slots or b.preempt,
+    ),
+    Sometimes("steps_overlap", steps_overlap, _async),
+    Sometimes(
+        "resumed_after_preempt", resumed_after_preempt, lambda b: b.preempt and b.max_tokens >= 2
+    ),
+)

@@ -1,0 +1,165 @@
+"""Variables of the model: the bounds, the records that make up a state, and the initial state.
+
+A state is an immutable tree of named tuples, so it hashes and compares by value and the
+explorer can store it as a graph node. Token values are abstract: ``(req, pos)`` is the
+token at position ``pos`` of request ``req``'s sequence (position 0 is the last prompt
+token), so "the newest token" is a number the invariants can compare.
+"""
+
+from __future__ import annotations
+
+from enum import IntEnum
+from typing import NamedTuple
+
+type Token = tuple[int, int]
+"""``(req, pos)``; the two sentinels below are never the newest token of any request."""
+
+PLACEHOLDER: Token = (-1, -1)
+"""What the host token table holds at a position whose token is still on the device."""
+
+GARBAGE: Token = (-2, -2)
+"""What a read returns from a slot that was never written or was handed back."""
+
+
+class Bounds(NamedTuple):
+    """The finite instance to explore: sizes, feature toggles and known-bad variants."""
+
+    depth: int = 2
+    """D = max_concurrent_batches: how many steps may be in flight (1 = sync, 2 = async)."""
+    slots: int = 2
+    """K: mirror buffers in the ring; step n writes slot n mod K."""
+    requests: int = 2
+    max_tokens: int = 2
+    """Tokens each request generates before it finishes on its own."""
+    finish: bool = True
+    """Stop tokens: a request may finish early, known only after readback."""
+    abort: bool = True
+    preempt: bool = True
+    preemptions: int = 1
+    """How often each request may be preempted (bounds the preempt/resume cycles)."""
+    condense: bool = True
+    """The scheduler may place rows in any order (condense/reorder), not request order."""
+    guard: bool = True
+    """The stale-host-ids guard: rows whose newest token is in flight combine from the mirror."""
+    release_at: str = "complete"
+    """When a slot may be handed back: "complete" (correct) or "issue" (known-bad)."""
+
+
+class Status(IntEnum):
+    """Lifecycle of one request."""
+
+    ABSENT = 0  # not arrived yet
+    WAITING = 1  # arrived or resumed: its next step prefills from host ids
+    RUNNING = 2
+    PREEMPTED = 3
+    FINISHED = 4
+    ABORTED = 5
+
+
+CLOSED = frozenset({Status.FINISHED, Status.ABORTED})
+
+
+class Phase(IntEnum):
+    """Progress of one in-flight step, in the order the runner drives it."""
+
+    SCHEDULED = 0  # rows chosen, previous-row map built on the host
+    COMBINED = 1  # input ids built on device from host ids and the previous slot
+    LAUNCHED = 2  # forward + sample ran, writing this step's slot
+    READBACK_ISSUED = 3  # non-blocking copy of the slot to the host enqueued
+    READBACK_DONE = 4  # its event completed: the host copy is valid
+
+
+class Row(NamedTuple):
+    """One row of a step: which request it serves and where its input comes from."""
+
+    req: int
+    pos: int
+    """Position of the input token the row must consume (the request's newest)."""
+    prev_row: int | None
+    """Row of ``req`` in the previous step's slot (the previous-row map); None = host ids."""
+    consumed: Token | None
+    """What the combine put into the input ids; None until combined."""
+    live: bool
+    """False once the request finished, aborted or was preempted: its token is dropped."""
+
+
+class Step(NamedTuple):
+    """One scheduled step in the in-flight queue."""
+
+    slot: int
+    """The ring slot its sampler writes."""
+    src_slot: int | None
+    """The previous step's slot, read by this step's combine for mirror rows."""
+    phase: Phase
+    rows: tuple[Row, ...]
+    host_copy: tuple[Token, ...] | None
+    """The readback's host tensor, valid once the readback completed."""
+
+
+class Slot(NamedTuple):
+    """One mirror buffer of the ring."""
+
+    content: tuple[Token, ...] | None
+    """Sampled ids per row as written by the last launch; None = never written; () = released."""
+    released: bool
+    """Handed back: its writer's readers are done and no later combine will read it."""
+
+
+class Request(NamedTuple):
+    """One request as the host sees it."""
+
+    status: Status
+    delivered: tuple[Token, ...]
+    """Tokens given to the user: also the host token table's authoritative part."""
+    closed_at: int | None
+    """How many tokens the user had when the request finished or aborted."""
+    unchecked: bool
+    """A token was delivered and its stop check has not been resolved yet."""
+    preemptions: int
+    """How often it has been preempted so far."""
+
+
+class State(NamedTuple):
+    """A state of the whole system."""
+
+    allocated: bool
+    """The ring exists (allocated at load, before any trace capture)."""
+    next_slot: int
+    """The slot the next scheduled step takes."""
+    queue: tuple[Step, ...]
+    """In-flight steps, oldest first; at most D."""
+    slots: tuple[Slot, ...]
+    requests: tuple[Request, ...]
+    broken: frozenset[str]
+    """Ghost: the slot rules an access broke at the moment it happened."""
+
+
+def initial_state(bounds: Bounds) -> State:
+    """Before load: no ring, no requests arrived, nothing in flight."""
+    return State(
+        allocated=False,
+        next_slot=0,
+        queue=(),
+        slots=tuple(Slot(content=None, released=False) for _ in range(bounds.slots)),
+        requests=tuple(
+            Request(
+                status=Status.ABSENT, delivered=(), closed_at=None, unchecked=False, preemptions=0
+            )
+            for _ in range(bounds.requests)
+        ),
+        broken=frozenset(),
+    )
+
+
+def validate_bounds(bounds: Bounds) -> None:
+    """Reject bounds the model cannot mean, with a message fit for one line."""
+    if bounds.depth not in (1, 2):
+        raise ValueError(f"--depth must be 1 or 2 (max_concurrent_batches), got {bounds.depth}")
+    if not 1 <= bounds.slots <= 4:
+        raise ValueError(f"--slots must be between 1 and 4, got {bounds.slots}")
+    if not 1 <= bounds.requests <= 3:
+        raise ValueError(f"--requests must be between 1 and 3, got {bounds.requests}")
+    if not 1 <= bounds.max_tokens <= 4:
+        raise ValueError(f"--max-tokens must be between 1 and 4, got {bounds.max_tokens}")
+    if bounds.release_at not in ("complete", "issue"):
+        raise ValueError(f"--release-at must be 'complete' or 'issue', got {bounds.release_at!r}")
