@@ -1,1 +1,1 @@
-"""Conformance: drives the model and the implementation in lockstep (the only package importing both)."""
+"""Conformance: model and implementation in lockstep (the only package importing both)."""

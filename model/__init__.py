@@ -1,1 +1,1 @@
-"""The formal model of device-mirrored sampled token ids (pure Python: no torch, no ttnn, no I/O)."""
+"""The formal model of device-mirrored sampled ids: pure Python, no torch, ttnn or I/O."""

@@ -158,11 +158,11 @@ def _drop(s: State, req: int) -> State:
 
 
 def _set_step(s: State, q: int, step: Step) -> State:
-    return s._replace(queue=s.queue[:q] + (step,) + s.queue[q + 1 :])
+    return s._replace(queue=(*s.queue[:q], step, *s.queue[q + 1:]))
 
 
 def _set_request(s: State, req: int, value: Request) -> State:
-    return s._replace(requests=s.requests[:req] + (value,) + s.requests[req + 1 :])
+    return s._replace(requests=(*s.requests[:req], value, *s.requests[req + 1:]))
 
 
 def _read_slot(s: State, slot: int, row: int) -> Token:
