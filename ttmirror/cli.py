@@ -1,2 +1,250 @@
-def main() -> int:
+"""The `ttmirror` command line: check the model, draw its graphs, run the demo, describe a backend.
+
+Exit codes: 0 everything holds, 1 a property is violated (or a situation never occurred),
+2 bad arguments or input (one line on stderr, never a traceback).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+from typing import NoReturn
+
+from . import report
+from .model.explore import Exploration, explore
+from .model.state import Bounds, validate_bounds
+from .render import FORMATS, render
+from .views import counterexample_view, project
+
+DEFAULTS = Bounds()
+
+
+class UsageError(Exception):
+    """Bad arguments or input: reported in one line, exit 2."""
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        raise UsageError(message)
+
+
+def _bounds_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("bounds")
+    g.add_argument("--depth", type=int, default=DEFAULTS.depth,
+                   help="max_concurrent_batches D: 1 (sync) or 2 (async) (default %(default)s)")
+    g.add_argument("--slots", type=int, default=DEFAULTS.slots,
+                   help="mirror slots K in the ring (default %(default)s)")
+    g.add_argument("--requests", type=int, default=DEFAULTS.requests,
+                   help="requests (default %(default)s)")
+    g.add_argument("--max-tokens", type=int, default=DEFAULTS.max_tokens,
+                   help="tokens per request (default %(default)s)")
+    g.add_argument("--preemptions", type=int, default=DEFAULTS.preemptions,
+                   help="preemptions per request (default %(default)s)")
+    t = p.add_argument_group("features and variants")
+    bool_flag = argparse.BooleanOptionalAction
+    t.add_argument("--finish", action=bool_flag, default=DEFAULTS.finish,
+                   help="stop tokens: early finish known only after readback")
+    t.add_argument("--abort", action=bool_flag, default=DEFAULTS.abort, help="user aborts")
+    t.add_argument("--preempt", action=bool_flag, default=DEFAULTS.preempt, help="preemption")
+    t.add_argument("--condense", action=bool_flag, default=DEFAULTS.condense,
+                   help="rows may be condensed/reordered between steps")
+    t.add_argument("--guard", action=bool_flag, default=DEFAULTS.guard,
+                   help="the stale-host-ids guard (--no-guard: the known-bad variant)")
+    t.add_argument("--release-at", choices=("complete", "issue"), default=DEFAULTS.release_at,
+                   help="when a slot may be released: readback complete (correct) or issue "
+                        "(known-bad)")
+
+
+def _bounds(ns: argparse.Namespace) -> Bounds:
+    b = Bounds(
+        depth=ns.depth, slots=ns.slots, requests=ns.requests, max_tokens=ns.max_tokens,
+        preemptions=ns.preemptions, finish=ns.finish, abort=ns.abort, preempt=ns.preempt,
+        condense=ns.condense, guard=ns.guard, release_at=ns.release_at,
+    )
+    if ns.preemptions < 0:
+        raise UsageError(f"--preemptions must be 0 or more, got {ns.preemptions}")
+    try:
+        validate_bounds(b)
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+    return b
+
+
+class _Progress:
+    """A one-line progress display on stderr, shown only for runs longer than a second."""
+
+    def __init__(self) -> None:
+        self.start = time.perf_counter()
+        self.shown = False
+        self.tty = sys.stderr.isatty()
+
+    def __call__(self, states: int, transitions: int, frontier: int) -> None:
+        elapsed = time.perf_counter() - self.start
+        if elapsed < 1.0 or not self.tty:
+            return
+        self.shown = True
+        sys.stderr.write(
+            f"\rexploring: {states:>9,} states {transitions:>10,} transitions "
+            f"frontier {frontier:>7,}  {elapsed:5.1f} s"
+        )
+        sys.stderr.flush()
+
+    def close(self) -> None:
+        if self.shown:
+            sys.stderr.write("\n")
+
+
+def _explore(b: Bounds) -> Exploration:
+    progress = _Progress()
+    try:
+        return explore(b, progress=progress, every=2000)
+    finally:
+        progress.close()
+
+
+def cmd_check(ns: argparse.Namespace) -> int:
+    ex = _explore(_bounds(ns))
+    if ns.json:
+        print(json.dumps(report.as_json(ex), indent=1))
+    else:
+        print(report.as_text(ex))
+    return 0 if report.passed(ex) else 1
+
+
+def cmd_graph(ns: argparse.Namespace) -> int:
+    ex = _explore(_bounds(ns))
+    try:
+        if ns.view == "counterexample":
+            view = counterexample_view(ex)
+        else:
+            view = project(ex, ns.view, ns.slot if ns.view == "slot" else ns.request)
+        text = render(view, ns.format)
+    except (ValueError, RuntimeError) as e:
+        raise UsageError(str(e)) from None
+    _emit(text, ns.output)
     return 0
+
+
+def cmd_demo(ns: argparse.Namespace) -> int:
+    out = Path(ns.out)
+    _mkdir(out)
+    print("== ttmirror check at the default bounds (D=2, K=2, 2 requests, all features)")
+    ex = _explore(DEFAULTS)
+    print(report.as_text(ex))
+    ok = report.passed(ex)
+    written = []
+    for fmt, ext in (("mermaid", "mmd"), ("svg", "svg")):
+        path = out / f"slot-lifecycle.{ext}"
+        _emit(render(project(ex, "slot", 0), fmt), str(path))
+        written.append(path)
+    print("\n== the guard-off variant (--no-guard) must fail")
+    bad = _explore(DEFAULTS._replace(guard=False))
+    cex = report.counterexample(bad)
+    if cex is None:
+        print("FAIL: the guard-off variant passed: the checker cannot see the bug")
+        ok = False
+    else:
+        print(f"guard off: {cex[0]} violated, shortest counterexample {len(cex[1])} steps")
+        for fmt, ext in (("mermaid", "mmd"), ("svg", "svg")):
+            path = out / f"guard-off-counterexample.{ext}"
+            _emit(render(counterexample_view(bad), fmt), str(path))
+            written.append(path)
+            path = out / f"guard-off-request0.{ext}"
+            _emit(render(project(bad, "request", 0), fmt), str(path))
+            written.append(path)
+    print("\nwrote " + ", ".join(str(p) for p in written))
+    return 0 if ok else 1
+
+
+def cmd_info(ns: argparse.Namespace) -> int:
+    try:
+        from .impl.info import backend_info
+    except ImportError:
+        from .impl.device.info import device_info
+
+        def backend_info(name: str) -> dict[str, object]:
+            if name != "tt":
+                raise ValueError(f"unknown backend {name!r}")
+            return {"backend": "tt", **device_info()}
+
+    try:
+        info = backend_info(ns.backend)
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+    if ns.json:
+        print(json.dumps(info, indent=1, default=str))
+    else:
+        for k, v in info.items():
+            print(f"{k}: {v}")
+    return 0
+
+
+def _mkdir(path: Path) -> None:
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise UsageError(f"cannot create {path}: {e.strerror}") from None
+
+
+def _emit(text: str, output: str | None) -> None:
+    if output is None or output == "-":
+        sys.stdout.write(text)
+        return
+    path = Path(output)
+    tmp = path.with_name(path.name + ".tmp")
+    try:
+        tmp.write_text(text)
+        tmp.replace(path)  # never leave a half-written file in place of a good one
+    except OSError as e:
+        raise UsageError(f"cannot write {output}: {e.strerror}") from None
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = _Parser(prog="ttmirror", description=__doc__.splitlines()[0])
+    sub = p.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+    sub.required = True
+
+    c = sub.add_parser("check", help="explore every interleaving and check every property")
+    _bounds_args(c)
+    c.add_argument("--json", action="store_true", help="print one JSON object")
+    c.set_defaults(func=cmd_check)
+
+    g = sub.add_parser("graph", help="draw a state graph (full, or one slot's / request's view)")
+    _bounds_args(g)
+    g.add_argument("--view", choices=("full", "slot", "request", "counterexample"),
+                   default="slot", help="which projection (default %(default)s)")
+    g.add_argument("--slot", type=int, default=0, help="slot for --view slot")
+    g.add_argument("--request", type=int, default=0, help="request for --view request")
+    g.add_argument("--format", choices=FORMATS, default="mermaid",
+                   help="output format (default %(default)s)")
+    g.add_argument("-o", "--output", help="file to write (default stdout)")
+    g.set_defaults(func=cmd_graph)
+
+    d = sub.add_parser("demo", help="the main job: check at default bounds, write graphs")
+    d.add_argument("--out", default="out", help="directory for the graphs (default %(default)s)")
+    d.set_defaults(func=cmd_demo)
+
+    i = sub.add_parser("info", help="describe a backend: device, capability, async resolution")
+    i.add_argument("--backend", default="tt", help="backend name (default %(default)s)")
+    i.add_argument("--json", action="store_true", help="print one JSON object")
+    i.set_defaults(func=cmd_info)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    try:
+        ns = build_parser().parse_args(argv)
+        return int(ns.func(ns))
+    except UsageError as e:
+        print(f"ttmirror: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("ttmirror: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())
