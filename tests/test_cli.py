@@ -1,0 +1,112 @@
+"""The command line: exit codes, one-line errors, the JSON contract, graphs."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from ttmirror.cli import main
+
+SMALL = ["--requests", "1"]
+
+
+def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "ttmirror.cli", *args], capture_output=True, text=True, timeout=300
+    )
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["check", "--depth", "3"],
+        ["check", "--slots", "0"],
+        ["check", "--requests", "9"],
+        ["check", "--max-tokens", "x"],
+        ["check", "--preemptions", "-1"],
+        ["check", "--release-at", "never"],
+        ["check", "--frobnicate"],
+        ["graph", "--view", "sideways"],
+        ["graph", "--format", "png"],
+        ["graph", "--view", "slot", "--slot", "7", *SMALL],
+        ["graph", "--view", "counterexample", *SMALL],
+        [],
+        ["nonsense"],
+    ],
+)
+def test_bad_arguments_exit_2_with_one_line(args: list[str]) -> None:
+    done = run_cli(*args)
+    assert done.returncode == 2, done.stderr
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("ttmirror: error: "), done.stderr
+    assert "Traceback" not in done.stderr
+
+
+def test_check_json_contract(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["check", *SMALL, "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    for key in ("params", "states", "transitions", "seconds", "invariants", "sometimes",
+                "deadlocks", "counterexample"):
+        assert key in out
+    assert out["params"]["requests"] == 1 and out["params"]["depth"] == 2
+    assert set(out["invariants"].values()) == {"ok"}
+    assert out["counterexample"] is None and out["deadlocks"] == 0
+    assert out["sometimes"] and all(out["sometimes"].values())
+
+
+def test_check_no_guard_exits_1_with_counterexample(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["check", *SMALL, "--no-guard", "--json"]) == 1
+    out = json.loads(capsys.readouterr().out)
+    assert out["invariants"]["StaleHostIdsGuard"] == "violated"
+    assert out["violated"] == "StaleHostIdsGuard"
+    assert [s["action"] for s in out["counterexample"]][-1] == "combine(q=1)"
+    assert all(set(s) == {"action", "changes"} for s in out["counterexample"])
+
+
+def test_check_text_names_the_violation(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["check", *SMALL, "--slots", "1"]) == 1
+    out = capsys.readouterr().out
+    assert "VIOLATED  NoRewriteWhileReaderOutstanding" in out
+    assert "shortest counterexample to NoRewriteWhileReaderOutstanding" in out
+
+
+def test_graph_formats(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    for fmt in ("dot", "mermaid", "json", "svg"):
+        target = tmp_path / f"g.{fmt}"
+        assert main(["graph", *SMALL, "--view", "slot", "--format", fmt, "-o", str(target)]) == 0
+        text = target.read_text()
+        assert {"dot": "digraph", "mermaid": "stateDiagram-v2", "json": '"nodes"',
+                "svg": "<svg"}[fmt] in text
+    data = json.loads((tmp_path / "g.json").read_text())
+    assert {n["label"] for n in data["nodes"]} >= {"free", "released"}
+
+
+def test_graph_highlights_counterexample(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["graph", *SMALL, "--no-guard", "--view", "request", "--format", "json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["violation"] == "StaleHostIdsGuard"
+    assert any(e["counterexample"] for e in data["edges"])
+    assert main(["graph", *SMALL, "--no-guard", "--view", "counterexample",
+                 "--format", "mermaid"]) == 0
+    assert "⚠ combine(q=1)" in capsys.readouterr().out
+
+
+def test_full_view_refuses_unreadable_graphs() -> None:
+    done = run_cli("graph", "--view", "full")
+    assert done.returncode == 2 and "use --view slot" in done.stderr
+
+
+def test_full_view_at_tiny_bounds(capsys: pytest.CaptureFixture[str]) -> None:
+    args = ["graph", "--view", "full", "--requests", "1", "--max-tokens", "1", "--depth", "1",
+            "--no-abort", "--no-preempt", "--no-finish", "--format", "dot"]
+    assert main(args) == 0
+    assert "allocate [allocated]" in capsys.readouterr().out
+
+
+def test_unwritable_output_is_a_one_line_error(tmp_path: Path) -> None:
+    done = run_cli("graph", *SMALL, "-o", str(tmp_path / "missing" / "g.mmd"))
+    assert done.returncode == 2 and done.stderr.count("\n") == 1

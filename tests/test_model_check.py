@@ -1,0 +1,85 @@
+"""The exhaustive check: the design holds at default bounds, known-bad variants fail minimally."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import pytest
+from ttmirror.model.explore import Exploration
+from ttmirror.model.invariants import INVARIANTS, SOMETIMES
+from ttmirror.model.state import Bounds
+
+from ttmirror import report
+
+Explored = Callable[[Bounds], Exploration]
+
+
+def test_default_bounds_hold_and_every_situation_occurs(default_run: Exploration) -> None:
+    ex = default_run
+    assert ex.violations == {}
+    assert ex.deadlocks == [] and ex.cannot_finish == []
+    assert set(ex.sometimes) == {c.name for c in SOMETIMES}  # all apply at default bounds
+    assert all(ex.sometimes.values()), report.unreached(ex)
+    assert len(ex.finals) > 0
+    assert len(ex.states) > 10_000  # the bounds really exercise the pipeline
+    assert report.passed(ex)
+
+
+def test_default_bounds_reach_both_steps_in_flight(default_run: Exploration) -> None:
+    ex = default_run
+    assert max(len(s.queue) for s in ex.states) == 2
+
+
+def test_depth_1_is_the_oracle_and_passes(explored: Explored) -> None:
+    ex = explored(Bounds(depth=1))
+    assert ex.ok
+    assert all(len(s.queue) <= 1 for s in ex.states)
+    assert "combined_from_mirror" not in ex.sometimes  # n/a: sync never mirrors
+    assert report.passed(ex)
+
+
+@pytest.mark.parametrize(
+    ("variant", "invariant", "length"),
+    [
+        (Bounds(guard=False), "StaleHostIdsGuard", 7),
+        (Bounds(slots=1), "NoRewriteWhileReaderOutstanding", 8),
+        (Bounds(release_at="issue"), "NoReadOfReleasedOrOverwrittenSlot", 8),
+    ],
+    ids=["guard-off", "one-slot", "release-at-issue"],
+)
+def test_known_bad_variants_fail_with_minimal_counterexample(
+    variant: Bounds, invariant: str, length: int, explored: Explored
+) -> None:
+    ex = explored(variant)
+    cex = report.counterexample(ex)
+    assert cex is not None
+    name, steps = cex
+    assert name == invariant
+    assert len(steps) == length
+    assert not report.passed(ex)
+    # The last step is where the rule breaks; the state before it is still clean.
+    path = ex.path_to(ex.violations[invariant])
+    before = ex.states[path[-2][1]]
+    inv = next(i for i in INVARIANTS if i.name == invariant)
+    assert inv.holds(before, variant) and not inv.holds(ex.states[path[-1][1]], variant)
+
+
+def test_one_slot_is_safe_when_only_one_step_is_in_flight(explored: Explored) -> None:
+    assert explored(Bounds(slots=1, depth=1)).ok
+
+
+def test_counterexamples_are_shortest_paths(explored: Explored) -> None:
+    import networkx as nx
+
+    ex = explored(Bounds(guard=False))
+    target = ex.violations["StaleHostIdsGuard"]
+    assert len(ex.path_to(target)) == nx.shortest_path_length(ex.graph, 0, target)
+
+
+def test_graph_edges_are_labelled_with_actions(default_run: Exploration) -> None:
+    ex = default_run
+    assert ex.graph.number_of_nodes() == len(ex.states)
+    labels = {d["action"].split("(")[0] for _, _, d in ex.graph.edges(data=True)}
+    assert {"allocate", "arrive", "schedule", "combine", "launch", "readback_issue",
+            "readback_complete", "apply", "release", "finish", "abort", "preempt",
+            "resume"} <= {label.split(" | ")[0] for label in labels}
