@@ -1,0 +1,138 @@
+"""The backend interface: the async capability, and the device half of the runner (the mirror).
+
+A backend advertises `supports_async_sampled_token_readback()` only if it keeps each step's
+sampled ids on its device and combines them there into the next step's inputs, so the host
+never reads a sampled id between launching step N and combining step N+1. The default is False,
+as in the engine's `vt::Backend`: a backend must opt in by providing a real mirror.
+
+The runner (`runner.py`) owns every host-side decision; a backend's `Mirror` only executes them:
+stage host inputs, combine, launch (forward + sample into a ring slot), and read a slot back.
+"""
+
+from __future__ import annotations
+
+import importlib
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from .probe import ProbeSpec
+
+TILE_WIDTH = 32
+
+
+def padded_rows(rows: int) -> int:
+    """Rows rounded up to a multiple of 32: the width ttnn's tiled kernels (gather, where) work
+    in, and the 32-user batch the TT decode stacks pad sampled-id tensors to."""
+    return -(-rows // TILE_WIDTH) * TILE_WIDTH
+
+
+@dataclass(frozen=True)
+class MirrorSpec:
+    """What a mirror allocates at load: K ring slots of `rows` sampled ids each, and the model."""
+
+    rows: int = 8
+    """Rows a step may hold (the decode batch); padded on device, see `padded_rows`."""
+    slots: int = 2
+    """K: step n's sampler writes slot n mod K."""
+    probe: ProbeSpec = field(default_factory=ProbeSpec)
+    trace: bool = False
+    """Capture the decode step (combine, forward, sample) as a trace at load and replay it."""
+
+    def __post_init__(self) -> None:
+        if self.rows < 1:
+            raise ValueError(f"rows must be at least 1, got {self.rows}")
+        if self.slots < 1:
+            raise ValueError(f"slots (K) must be at least 1, got {self.slots}")
+
+
+@dataclass(frozen=True)
+class StepInputs:
+    """The host's part of one step's combine, one entry per row (unused rows are zeros).
+
+    Row i consumes `slot[src][prev_map[i]]` when `use_mirror[i]` is 1, else `host_ids[i]`.
+    """
+
+    host_ids: tuple[int, ...]
+    prev_map: tuple[int, ...]
+    use_mirror: tuple[int, ...]
+    positions: tuple[int, ...]
+
+
+class Mirror(Protocol):
+    """The device side of the runner: the ring of K slots and the ops that read and write it.
+
+    The runner calls these in its phase order and has checked every precondition; a mirror
+    only has to keep the device's own ordering right (queues, events, traces).
+    """
+
+    def stage(self, inputs: StepInputs) -> None:
+        """Copy the host's part of the combine into persistent device inputs."""
+
+    def combine(self, slot: int) -> None:
+        """Build the input ids of the step that will write `slot`, reading slot (slot-1) mod K
+        through the previous-row map under the use-mirror mask."""
+
+    def launch(self, slot: int) -> None:
+        """Forward + sample; the sampler writes the step's ids straight into `slot`."""
+
+    def readback_issue(self, slot: int) -> Any:
+        """Enqueue a non-blocking copy of `slot` to the host; returns the pending handle."""
+
+    def readback_complete(self, pending: Any) -> list[int]:
+        """Wait for the copy's event, then return the host copy's ids (all padded rows)."""
+
+    def describe(self) -> dict[str, Any]:
+        """Counters and settings worth reporting (trace captures and replays, queues...)."""
+
+    def close(self) -> None: ...
+
+
+class Backend(ABC):
+    """A place to run decode steps, and what the engine may assume about it."""
+
+    name: str = "?"
+
+    def supports_async_sampled_token_readback(self) -> bool:
+        """True only for backends whose mirror combines the previous step's ids on device."""
+        return False
+
+    @abstractmethod
+    def device_kind(self) -> str:
+        """ "chip", "emulated" or "cpu"."""
+
+    @abstractmethod
+    def open_mirror(self, spec: MirrorSpec) -> Mirror:
+        """Allocate the ring and every persistent tensor (the model's `allocate`)."""
+
+    def info(self) -> dict[str, Any]:
+        """Backend-specific facts for `ttmirror info` (device details, versions)."""
+        return {}
+
+
+_REGISTRY: dict[str, tuple[str, str]] = {
+    "cpu": ("ttmirror.impl.cpu_backend", "CpuBackend"),
+    "tt": ("ttmirror.impl.tt_backend", "TtBackend"),
+}
+
+
+def backend_names() -> list[str]:
+    return sorted(_REGISTRY)
+
+
+def get_backend(name: str, **options: Any) -> Backend:
+    """The backend called `name` ("cpu" or "tt"), built with `options`."""
+    if name not in _REGISTRY:
+        hint = (
+            " (no cuda backend is shipped: no GPU was available to run it, and code that never "
+            "ran is not shipped)"
+            if name == "cuda"
+            else ""
+        )
+        raise ValueError(
+            f"unknown backend {name!r}{hint}; choose one of: {', '.join(backend_names())}"
+        )
+    module_name, class_name = _REGISTRY[name]
+    cls = getattr(importlib.import_module(module_name), class_name)
+    backend: Backend = cls(**options)
+    return backend

@@ -1,0 +1,139 @@
+"""The serving loop: the runner's phases composed into the depth-D pipeline.
+
+One iteration schedules, combines, launches step N+1 and issues its readback, and only then
+completes step N's readback and applies it, so at depth 2 the host builds step N+1 before it
+knows step N's tokens (the mirror supplies them on device). Stop tokens are checked right after
+the apply that delivered them; slots are released as soon as the runner allows.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+
+from .backend import Backend
+from .probe import ProbeSpec
+from .resolution import SchedulingConfig, resolve
+from .runner import CLOSED, Runner, RunnerConfig, Status
+
+Order = Callable[[list[int]], Sequence[int]]
+"""Chooses the row order of a step from the eligible requests (condense/reorder policy)."""
+
+
+@dataclass
+class _Waiting:
+    prompt: int
+    max_tokens: int | None
+    stop_ids: frozenset[int]
+
+
+@dataclass
+class EngineConfig:
+    async_scheduling: str = "auto"
+    rows: int = 8
+    slots: int = 2
+    max_tokens: int = 16
+    probe: ProbeSpec = field(default_factory=ProbeSpec)
+    trace: bool = False
+    guard: bool = True
+
+
+class Engine:
+    def __init__(
+        self, backend: Backend, config: EngineConfig | None = None, order: Order | None = None
+    ) -> None:
+        self.config = config or EngineConfig()
+        self.scheduling: SchedulingConfig = resolve(backend, self.config.async_scheduling)
+        c = self.config
+        self.runner = Runner(
+            backend,
+            RunnerConfig(
+                depth=self.scheduling.max_concurrent_batches(),
+                slots=c.slots,
+                rows=c.rows,
+                max_tokens=c.max_tokens,
+                guard=c.guard,
+                probe=c.probe,
+                trace=c.trace,
+            ),
+        )
+        self.order: Order = order or (lambda eligible: eligible)
+        self.stop_ids: dict[int, frozenset[int]] = {}
+        self._waiting: dict[int, _Waiting] = {}  # submitted, not admitted (no row free yet)
+        self.runner.allocate()
+
+    def async_scheduling_enabled(self) -> bool:
+        return self.scheduling.async_scheduling_enabled()
+
+    def max_concurrent_batches(self) -> int:
+        return self.scheduling.max_concurrent_batches()
+
+    # --- requests --------------------------------------------------------------------------------
+    def submit(
+        self, req: int, prompt: int, *, max_tokens: int | None = None, stop_ids: Iterable[int] = ()
+    ) -> None:
+        """Queue a request; it arrives in the runner once a row is free for it."""
+        if req in self._waiting or req in self.runner.requests:
+            raise ValueError(f"request {req} was already submitted")
+        self._waiting[req] = _Waiting(prompt, max_tokens, frozenset(stop_ids))
+
+    def abort(self, req: int) -> None:
+        if self._waiting.pop(req, None) is None:
+            self.runner.abort(req)
+
+    def preempt(self, req: int) -> None:
+        self.runner.preempt(req)
+
+    def resume(self, req: int) -> None:
+        self.runner.resume(req)
+
+    def delivered(self, req: int) -> list[int]:
+        r = self.runner.requests.get(req)
+        return list(r.delivered) if r is not None else []
+
+    def idle(self) -> bool:
+        r = self.runner
+        return not self._waiting and not r.queue and not r.eligible()
+
+    # --- the loop --------------------------------------------------------------------------------
+    def step(self) -> bool:
+        """One iteration; False when there was nothing to launch or retire."""
+        self._admit()
+        r = self.runner
+        launched = False
+        if r.can_schedule():
+            q = r.schedule(self.order(r.eligible()))
+            r.combine(q)
+            r.launch(q)
+            r.readback_issue(q)
+            launched = True
+        retired = bool(r.queue) and (len(r.queue) >= r.depth or not launched)
+        if retired:
+            r.readback_complete(0)
+            tokens = r.apply()
+            for req, token in tokens.items():
+                if token in self.stop_ids.get(req, ()) and r.status(req) == Status.RUNNING:
+                    r.finish(req)
+            for slot in range(len(r.slots)):
+                if r.releasable(slot):
+                    r.release(slot)
+        return launched or retired
+
+    def run(self, max_iterations: int = 1_000_000) -> None:
+        for _ in range(max_iterations):
+            if not self.step() and not self._waiting:
+                return
+        raise RuntimeError(f"the engine did not go idle within {max_iterations} iterations")
+
+    def close(self) -> None:
+        self.runner.close()
+
+    def _admit(self) -> None:
+        active = sum(req.status not in CLOSED for req in self.runner.requests.values())
+        for req in list(self._waiting):
+            if active >= self.config.rows:
+                return
+            w = self._waiting.pop(req)
+            self.runner.arrive(req, w.prompt, max_tokens=w.max_tokens)
+            self.stop_ids[req] = w.stop_ids
+            active += 1

@@ -1,0 +1,75 @@
+"""The ring: K persistent device buffers of sampled ids; step n's sampler writes slot n mod K.
+
+Each slot is a [1, padded_rows] uint32 ROW_MAJOR tensor: the layout and dtype `argmax` writes
+through `output_tensor=`. The ring is allocated once at load, before any trace capture, and is
+never reallocated or freed while a trace that reads or writes it is alive: a replay runs at the
+captured addresses with no allocator checks, so a moved slot would be written over blindly.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import ttnn
+
+from .backend import padded_rows
+
+
+def host_uint32(values: list[int] | tuple[int, ...], width: int) -> ttnn.Tensor:
+    """A [1, width] uint32 ROW_MAJOR host tensor (values may be -1: it wraps as on the device)."""
+    row = torch.zeros(1, width, dtype=torch.int32)
+    if values:
+        row[0, : len(values)] = torch.tensor(values, dtype=torch.int64).to(torch.int32)
+    return ttnn.from_torch(row, dtype=ttnn.uint32, layout=ttnn.ROW_MAJOR_LAYOUT)
+
+
+def allocate_ids(device: Any, width: int) -> ttnn.Tensor:
+    """One persistent [1, width] uint32 ROW_MAJOR device tensor, zero-filled so no kernel ever
+    consumes uninitialised DRAM as an index."""
+    tensor = ttnn.allocate_tensor_on_device(
+        ttnn.Shape([1, width]), ttnn.uint32, ttnn.ROW_MAJOR_LAYOUT, device
+    )
+    ttnn.copy_host_to_device_tensor(host_uint32([], width), tensor, cq_id=0)
+    return tensor
+
+
+class Ring:
+    """K slots, allocated together; `seal()` once a trace captured them."""
+
+    def __init__(self, device: Any, rows: int, slots: int) -> None:
+        self.width = padded_rows(rows)
+        self.slots: list[ttnn.Tensor] = [allocate_ids(device, self.width) for _ in range(slots)]
+        self.addresses = [slot.buffer_address() for slot in self.slots]
+        self.sealed = False
+
+    def __len__(self) -> int:
+        return len(self.slots)
+
+    def __getitem__(self, slot: int) -> ttnn.Tensor:
+        return self.slots[slot]
+
+    def source_of(self, slot: int) -> ttnn.Tensor:
+        """The slot the previous step wrote: what the combine for `slot` reads."""
+        return self.slots[(slot - 1) % len(self.slots)]
+
+    def seal(self) -> None:
+        """A trace now holds the slots' addresses: they must stay put until it is released."""
+        self.sealed = True
+
+    def check(self) -> None:
+        """Every slot still allocated at the address it had at load."""
+        for k, slot in enumerate(self.slots):
+            if not slot.is_allocated() or slot.buffer_address() != self.addresses[k]:
+                raise RuntimeError(
+                    f"ring slot {k} was freed or moved after load; a trace replay would write "
+                    "over whatever lives there now"
+                )
+
+    def release(self) -> None:
+        """Free the ring (only at close, after the traces that use it were released)."""
+        if self.sealed:
+            raise RuntimeError("release the decode traces before freeing the ring they replay into")
+        for slot in self.slots:
+            ttnn.deallocate(slot)
+        self.slots = []

@@ -1,0 +1,545 @@
+"""The runner: host state of the mirrored sampled ids, one method per phase, each checked.
+
+Phases and request events correspond one to one to the model's actions (same names, same
+preconditions); a phase whose precondition does not hold raises `PhaseError` and changes
+nothing, so a conformance driver can try any interleaving. The device work is the backend
+mirror's (`backend.Mirror`); the runner decides what it does and when.
+
+    allocate                       load: the ring and every persistent tensor (before any trace)
+    arrive(r, prompt)              r is WAITING: its next step prefills from host ids
+    schedule(order) -> q           a step over every eligible request, rows in `order`
+    combine(q)                     stage host ids + previous-row map + mask; combine on device
+    launch(q)                      forward + sample into the step's slot
+    readback_issue(q)              non-blocking copy of the slot to the host, with its event
+    readback_complete(q)           event synchronised: the host copy is valid
+    apply()                        retire the oldest step, delivering its live rows' tokens
+    release(slot)                  hand a slot back once its writer retired and no combine reads it
+    finish(r) / abort(r) / preempt(r) / resume(r)
+
+`abstract()` returns an immutable snapshot of everything an abstraction function needs.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from enum import IntEnum
+from types import MappingProxyType
+from typing import Any, NamedTuple
+
+from .backend import Backend, Mirror, MirrorSpec, StepInputs
+from .probe import ProbeSpec
+
+PLACEHOLDER_ID = -1
+"""What the host token table holds where the newest token is still on the device."""
+
+
+class Status(IntEnum):
+    """Lifecycle of one request (the model's numbering)."""
+
+    ABSENT = 0
+    WAITING = 1  # arrived or resumed: its next step prefills from host ids
+    RUNNING = 2
+    PREEMPTED = 3
+    FINISHED = 4
+    ABORTED = 5
+
+
+CLOSED = frozenset({Status.FINISHED, Status.ABORTED})
+
+
+class Phase(IntEnum):
+    """Progress of one in-flight step (the model's numbering)."""
+
+    SCHEDULED = 0
+    COMBINED = 1
+    LAUNCHED = 2
+    READBACK_ISSUED = 3
+    READBACK_DONE = 4
+
+
+class PhaseError(RuntimeError):
+    """A phase or request event was called while its precondition does not hold."""
+
+
+class SlotBusyError(PhaseError):
+    """A launch would rewrite a slot whose readback or next combine is still to happen."""
+
+
+@dataclass(frozen=True)
+class RunnerConfig:
+    depth: int = 2
+    """max_concurrent_batches: how many steps may be in flight (1 = sync, 2 = async)."""
+    slots: int = 2
+    """K: ring slots; step n writes slot n mod K. K >= depth keeps every launch legal."""
+    rows: int = 8
+    """Most requests one step can hold; every eligible request must fit."""
+    max_tokens: int = 16
+    """Default tokens a request generates before it finishes on its own."""
+    guard: bool = True
+    """The stale-host-ids guard: rows whose newest token is in flight combine from the mirror.
+    False reproduces the bug class (host placeholders reach the model); never serve with it."""
+    probe: ProbeSpec = field(default_factory=ProbeSpec)
+    trace: bool = False
+
+    def __post_init__(self) -> None:
+        if self.depth not in (1, 2):
+            raise ValueError(f"depth (max_concurrent_batches) must be 1 or 2, got {self.depth}")
+
+
+# --- read-only views (what abstract() returns) ----------------------------------------------------
+
+
+class RowView(NamedTuple):
+    req: int
+    pos: int
+    """Position of the input token the row consumes (0 = the prompt's last token)."""
+    prev_row: int | None
+    """Row of `req` in the previous step's slot (the previous-row map); None = host ids."""
+    live: bool
+    """False once its request finished, aborted or was preempted: its token is dropped."""
+
+
+class StepView(NamedTuple):
+    n: int
+    """The step's number since load (step n writes slot n mod K)."""
+    slot: int
+    src_slot: int | None
+    """The previous step's slot, read by this step's combine; None when no row uses it."""
+    phase: Phase
+    rows: tuple[RowView, ...]
+    host_copy: tuple[int, ...] | None
+    """Sampled ids per row, once the readback completed."""
+
+
+class SlotView(NamedTuple):
+    written: bool
+    """A launch has written it (the model: content is not None)."""
+    released: bool
+    writer: int | None
+    """Index of the step that wrote it last."""
+
+
+class RequestView(NamedTuple):
+    status: Status
+    prompt: int
+    delivered: tuple[int, ...]
+    closed_at: int | None
+    unchecked: bool
+    """A token was delivered and its stop check is not resolved yet (finish is allowed)."""
+    preemptions: int
+    max_tokens: int
+
+
+class RunnerView(NamedTuple):
+    allocated: bool
+    depth: int
+    next_slot: int
+    queue: tuple[StepView, ...]
+    """In-flight steps, oldest first (queue position q = index in this tuple)."""
+    slots: tuple[SlotView, ...]
+    requests: Mapping[int, RequestView]
+    """Every request that arrived; one that never arrived is ABSENT."""
+
+
+# --- mutable host state -----------------------------------------------------------------------
+
+
+@dataclass
+class _Row:
+    req: int
+    pos: int
+    prev_row: int | None
+    live: bool = True
+
+
+@dataclass
+class _Step:
+    index: int
+    slot: int
+    src_slot: int | None
+    rows: list[_Row]
+    phase: Phase = Phase.SCHEDULED
+    pending: Any = None  # the mirror's readback handle, held until its event is synchronised
+    host_copy: tuple[int, ...] | None = None
+
+
+@dataclass
+class _Slot:
+    written: bool = False
+    released: bool = False
+    writer: int | None = None
+
+
+@dataclass
+class _Request:
+    prompt: int
+    max_tokens: int
+    status: Status = Status.WAITING
+    delivered: list[int] = field(default_factory=list)
+    closed_at: int | None = None
+    unchecked: bool = False
+    preemptions: int = 0
+
+
+class Runner:
+    """Host state and phases of the mirrored sampled ids on one backend."""
+
+    def __init__(self, backend: Backend, config: RunnerConfig | None = None) -> None:
+        self.backend = backend
+        self.config = config or RunnerConfig()
+        self.mirror: Mirror | None = None
+        self.next_slot = 0
+        self.queue: list[_Step] = []
+        self.slots = [_Slot() for _ in range(self.config.slots)]
+        self.requests: dict[int, _Request] = {}
+        self.steps = 0  # steps scheduled since load
+        self.stats: Counter[str] = Counter()
+        """What happened: launches, mirror_rows, host_decode_rows, row_moves, slot_reuses,
+        dropped_rows, finish_in_flight, abort_in_flight, preempt_in_flight, resumed_prefills."""
+
+    # --- derived values --------------------------------------------------------------------------
+    @property
+    def allocated(self) -> bool:
+        return self.mirror is not None
+
+    @property
+    def depth(self) -> int:
+        return self.config.depth
+
+    def live_rows(self, req: int) -> int:
+        return sum(row.live and row.req == req for step in self.queue for row in step.rows)
+
+    def next_pos(self, req: int) -> int:
+        """Position of `req`'s newest token: delivered ones plus those still in flight."""
+        return len(self.requests[req].delivered) + self.live_rows(req)
+
+    def eligible(self) -> list[int]:
+        """Requests the next step must hold: active, with budget left."""
+        return [
+            r
+            for r, req in sorted(self.requests.items())
+            if req.status in (Status.WAITING, Status.RUNNING) and self.next_pos(r) < req.max_tokens
+        ]
+
+    def can_schedule(self) -> bool:
+        return self.allocated and len(self.queue) < self.depth and bool(self.eligible())
+
+    def host_token(self, req: int, pos: int) -> int:
+        """The host token table at `pos`: authoritative if delivered, else a placeholder."""
+        r = self.requests[req]
+        if pos == 0:
+            return r.prompt
+        return r.delivered[pos - 1] if pos <= len(r.delivered) else PLACEHOLDER_ID
+
+    def releasable(self, slot: int) -> bool:
+        return self._release_blocker(slot) is None
+
+    def status(self, req: int) -> Status:
+        r = self.requests.get(req)
+        return Status.ABSENT if r is None else r.status
+
+    # --- load and request events -----------------------------------------------------------------
+    def allocate(self) -> None:
+        """Load: allocate the ring and every persistent tensor (and capture traces)."""
+        if self.allocated:
+            raise PhaseError("allocate: the ring is already allocated (allocate happens once)")
+        c = self.config
+        self.mirror = self.backend.open_mirror(
+            MirrorSpec(rows=c.rows, slots=c.slots, probe=c.probe, trace=c.trace)
+        )
+
+    def arrive(self, req: int, prompt: int, *, max_tokens: int | None = None) -> None:
+        """Request `req` arrives with the last prompt token `prompt`; it waits for a step."""
+        self._need_allocated("arrive")
+        if req in self.requests:
+            status = self.requests[req].status.name
+            raise PhaseError(f"arrive(r{req}): it already arrived ({status})")
+        if not 0 <= prompt < self.config.probe.vocab:
+            raise ValueError(f"arrive(r{req}): prompt token {prompt} is outside the vocabulary")
+        budget = self.config.max_tokens if max_tokens is None else max_tokens
+        if not 1 <= budget < self.config.probe.max_positions:
+            raise ValueError(
+                f"arrive(r{req}): max_tokens {budget} must be in [1, probe.max_positions)"
+            )
+        self.requests[req] = _Request(prompt=prompt, max_tokens=budget)
+
+    def finish(self, req: int) -> None:
+        """The newest delivered token was a stop token: finish, dropping in-flight rows."""
+        r = self._request("finish", req)
+        if r.status != Status.RUNNING or not r.unchecked:
+            raise PhaseError(
+                f"finish(r{req}): needs RUNNING with a delivered token not yet stop-checked "
+                f"(status {r.status.name}, unchecked {r.unchecked}); a stop is known only "
+                "right after the apply that delivered it"
+            )
+        self._drop(req, "finish_in_flight")
+        r.status, r.closed_at, r.unchecked = Status.FINISHED, len(r.delivered), False
+
+    def abort(self, req: int) -> None:
+        """The user aborts: nothing more is delivered, in-flight rows are dropped."""
+        r = self._request("abort", req)
+        if r.status not in (Status.WAITING, Status.RUNNING, Status.PREEMPTED):
+            raise PhaseError(f"abort(r{req}): it is already {r.status.name}")
+        self._drop(req, "abort_in_flight")
+        r.status, r.closed_at, r.unchecked = Status.ABORTED, len(r.delivered), False
+
+    def preempt(self, req: int) -> None:
+        """Preempted: its in-flight tokens are stale and will never be read from the ring."""
+        r = self._request("preempt", req)
+        if r.status != Status.RUNNING:
+            raise PhaseError(
+                f"preempt(r{req}): only RUNNING requests can be; it is {r.status.name}"
+            )
+        self._drop(req, "preempt_in_flight")
+        r.status, r.unchecked = Status.PREEMPTED, False
+        r.preemptions += 1
+
+    def resume(self, req: int) -> None:
+        """A preempted request waits again; it restarts from the host's delivered tokens."""
+        r = self._request("resume", req)
+        if r.status != Status.PREEMPTED:
+            raise PhaseError(f"resume(r{req}): it is {r.status.name}, not PREEMPTED")
+        r.status = Status.WAITING
+
+    # --- step phases -----------------------------------------------------------------------------
+    def schedule(self, order: Sequence[int] | None = None) -> int:
+        """Schedule a step over every eligible request, rows in `order` (default: by id).
+
+        Builds the previous-row map: a request with a live row in the previous in-flight step
+        reads its newest token from that step's slot at that row. Returns the queue position.
+        """
+        self._need_allocated("schedule")
+        if len(self.queue) >= self.depth:
+            raise PhaseError(
+                f"schedule: {len(self.queue)} steps in flight, the depth is {self.depth}; "
+                "apply the oldest first"
+            )
+        todo = self.eligible()
+        if not todo:
+            raise PhaseError("schedule: no request is eligible (WAITING/RUNNING with budget)")
+        rows_order = list(todo if order is None else order)
+        if sorted(rows_order) != todo:
+            raise PhaseError(
+                f"schedule{tuple(rows_order)}: the order must hold every eligible request "
+                f"exactly once: {todo}"
+            )
+        if len(rows_order) > self.config.rows:
+            raise PhaseError(
+                f"schedule: {len(rows_order)} eligible requests but steps hold {self.config.rows} "
+                "rows; admit fewer requests or raise rows"
+            )
+        prev = self.queue[-1] if self.queue else None
+        prev_rows = {row.req: i for i, row in enumerate(prev.rows) if row.live} if prev else {}
+        rows = []
+        for i, r in enumerate(rows_order):
+            prev_row = prev_rows.get(r) if self.config.guard else None
+            if prev_row is not None and prev_row != i:
+                self.stats["row_moves"] += 1
+            if self.requests[r].status == Status.WAITING and self.requests[r].delivered:
+                self.stats["resumed_prefills"] += 1
+            rows.append(_Row(req=r, pos=self.next_pos(r), prev_row=prev_row))
+        uses_mirror = any(row.prev_row is not None for row in rows)
+        step = _Step(
+            index=self.steps,
+            slot=self.next_slot,
+            src_slot=prev.slot if (prev is not None and uses_mirror) else None,
+            rows=rows,
+        )
+        self.queue.append(step)
+        self.steps += 1
+        self.next_slot = (self.next_slot + 1) % self.config.slots
+        for r in rows_order:
+            self.requests[r].status, self.requests[r].unchecked = Status.RUNNING, False
+        return len(self.queue) - 1
+
+    def combine(self, q: int) -> None:
+        """Stage step q's host ids, previous-row map and mask, then combine on device."""
+        step = self._step("combine", q, Phase.SCHEDULED)
+        if q > 0 and self.queue[q - 1].phase < Phase.LAUNCHED:
+            raise PhaseError(
+                f"combine(q={q}): the previous step is {self.queue[q - 1].phase.name}; its "
+                "sampler must have written its slot (launch it first)"
+            )
+        if step.src_slot is not None and self.slots[step.src_slot].released:
+            raise PhaseError(f"combine(q={q}): slot {step.src_slot} was released under it")
+        width = len(step.rows)
+        host_ids, prev_map, use_mirror, positions = ([0] * width for _ in range(4))
+        for i, row in enumerate(step.rows):
+            if not row.live:
+                continue  # dropped: what the device computes there is never delivered
+            positions[i] = row.pos
+            if row.prev_row is None:
+                host_ids[i] = self.host_token(row.req, row.pos)
+                if row.pos > 0:
+                    self.stats["host_decode_rows"] += 1
+            else:
+                prev_map[i], use_mirror[i] = row.prev_row, 1
+                self.stats["mirror_rows"] += 1
+        assert self.mirror is not None
+        self.mirror.stage(
+            StepInputs(tuple(host_ids), tuple(prev_map), tuple(use_mirror), tuple(positions))
+        )
+        self.mirror.combine(step.slot)
+        step.phase = Phase.COMBINED
+
+    def launch(self, q: int) -> None:
+        """Forward + sample for step q; the sampler writes the step's slot."""
+        step = self._step("launch", q, Phase.COMBINED)
+        blocker = self._reader_outstanding(step.slot, q)
+        if blocker is not None:
+            raise SlotBusyError(f"launch(q={q}): slot {step.slot} {blocker}; raise K (slots)")
+        assert self.mirror is not None
+        self.mirror.launch(step.slot)
+        slot = self.slots[step.slot]
+        if slot.written:
+            self.stats["slot_reuses"] += 1
+        slot.written, slot.released, slot.writer = True, False, step.index
+        step.phase = Phase.LAUNCHED
+        self.stats["launches"] += 1
+
+    def readback_issue(self, q: int) -> None:
+        """Enqueue the non-blocking copy of step q's slot to a host tensor, and its event."""
+        step = self._step("readback_issue", q, Phase.LAUNCHED)
+        assert self.mirror is not None
+        step.pending = self.mirror.readback_issue(step.slot)
+        step.phase = Phase.READBACK_ISSUED
+
+    def readback_complete(self, q: int) -> None:
+        """Synchronise step q's readback event; only then is the host copy read."""
+        step = self._step("readback_complete", q, Phase.READBACK_ISSUED)
+        assert self.mirror is not None
+        ids = self.mirror.readback_complete(step.pending)
+        step.pending = None  # synchronised: the host tensor may go now
+        step.host_copy = tuple(ids[: len(step.rows)])
+        step.phase = Phase.READBACK_DONE
+
+    def apply(self) -> dict[int, int]:
+        """Retire the oldest step: deliver each live row's token; returns {req: token}."""
+        self._need_allocated("apply")
+        if not self.queue or self.queue[0].phase != Phase.READBACK_DONE:
+            state = self.queue[0].phase.name if self.queue else "nothing in flight"
+            raise PhaseError(f"apply: the oldest step's readback is not complete ({state})")
+        step = self.queue.pop(0)
+        assert step.host_copy is not None
+        delivered = {}
+        for row, token in zip(step.rows, step.host_copy, strict=True):
+            if not row.live:
+                continue  # finished, aborted or preempted since scheduling: dropped
+            r = self.requests[row.req]
+            r.delivered.append(token)
+            delivered[row.req] = token
+            if len(r.delivered) >= r.max_tokens:
+                r.status, r.closed_at, r.unchecked = Status.FINISHED, len(r.delivered), False
+            else:
+                r.unchecked = True
+        return delivered
+
+    def release(self, slot: int) -> None:
+        """Hand `slot` back: its writer retired and no scheduled combine will read it."""
+        self._need_allocated("release")
+        if not 0 <= slot < len(self.slots):
+            raise PhaseError(f"release(slot{slot}): there are {len(self.slots)} slots")
+        blocker = self._release_blocker(slot)
+        if blocker is not None:
+            raise PhaseError(f"release(slot{slot}): {blocker}")
+        self.slots[slot].released = True
+
+    def close(self) -> None:
+        if self.mirror is not None:
+            self.mirror.close()
+
+    # --- the abstraction's input -----------------------------------------------------------------
+    def abstract(self) -> RunnerView:
+        return RunnerView(
+            allocated=self.allocated,
+            depth=self.depth,
+            next_slot=self.next_slot,
+            queue=tuple(
+                StepView(
+                    n=s.index,
+                    slot=s.slot,
+                    src_slot=s.src_slot,
+                    phase=s.phase,
+                    rows=tuple(RowView(r.req, r.pos, r.prev_row, r.live) for r in s.rows),
+                    host_copy=s.host_copy,
+                )
+                for s in self.queue
+            ),
+            slots=tuple(SlotView(s.written, s.released, s.writer) for s in self.slots),
+            requests=MappingProxyType(
+                {
+                    i: RequestView(
+                        r.status,
+                        r.prompt,
+                        tuple(r.delivered),
+                        r.closed_at,
+                        r.unchecked,
+                        r.preemptions,
+                        r.max_tokens,
+                    )
+                    for i, r in sorted(self.requests.items())
+                }
+            ),
+        )
+
+    def describe(self) -> dict[str, Any]:
+        """Counters of the runner and its mirror."""
+        return {**dict(self.stats), **(self.mirror.describe() if self.mirror else {})}
+
+    # --- helpers ---------------------------------------------------------------------------------
+    def _need_allocated(self, name: str) -> None:
+        if not self.allocated:
+            raise PhaseError(f"{name}: call allocate() first (the ring exists only after load)")
+
+    def _request(self, name: str, req: int) -> _Request:
+        self._need_allocated(name)
+        r = self.requests.get(req)
+        if r is None:
+            raise PhaseError(f"{name}(r{req}): it never arrived")
+        return r
+
+    def _step(self, name: str, q: int, phase: Phase) -> _Step:
+        self._need_allocated(name)
+        if not 0 <= q < len(self.queue):
+            raise PhaseError(f"{name}(q={q}): {len(self.queue)} steps in flight")
+        step = self.queue[q]
+        if step.phase != phase:
+            raise PhaseError(f"{name}(q={q}): the step is {step.phase.name}, needs {phase.name}")
+        return step
+
+    def _drop(self, req: int, stat: str) -> None:
+        hit = False
+        for step in self.queue:
+            for row in step.rows:
+                if row.live and row.req == req:
+                    row.live, hit = False, True
+                    self.stats["dropped_rows"] += 1
+        if hit:
+            self.stats[stat] += 1
+
+    def _reader_outstanding(self, slot: int, q: int) -> str | None:
+        """Why step q may not write `slot` now: its writer's readback or a later combine."""
+        for j, step in enumerate(self.queue):
+            if step.slot == slot and Phase.LAUNCHED <= step.phase < Phase.READBACK_DONE:
+                return f"still has step {step.index}'s readback outstanding"
+            # The step right after q reads what q is about to write: that read is the point.
+            if j != q + 1 and step.src_slot == slot and step.phase == Phase.SCHEDULED:
+                return f"still has step {step.index}'s combine to read it"
+        return None
+
+    def _release_blocker(self, slot: int) -> str | None:
+        if not self.allocated:
+            return "the ring is not allocated"
+        s = self.slots[slot]
+        if not s.written:
+            return "it was never written"
+        if s.released:
+            return "it is already released"
+        for step in self.queue:
+            if step.slot == slot and step.phase >= Phase.LAUNCHED:
+                return f"its writer, step {step.index}, has not been applied"
+            if step.src_slot == slot and step.phase == Phase.SCHEDULED:
+                return f"step {step.index}'s combine still reads it"
+        return None

@@ -1,0 +1,181 @@
+"""The tt backend: the mirror on a Tenstorrent device through ttnn (a chip, else the emulated one).
+
+Queues: compute (host input writes, combine, forward, sample) runs on CQ0 in order, so a slot's
+next combine always runs after its writer and before any later rewrite. The readback runs on
+`readback_cq` (CQ1 when the device has two), ordered by events both ways:
+
+    CQ0: launch(slot) -> launched = record_event(CQ0)
+    CQ1: wait_for_event(launched) -> slot.cpu(blocking=False) -> read = record_event(CQ1)
+    CQ0: before the next launch into the same slot: wait_for_event(read)
+
+so a slot is rewritten only after both its readers (the next combine, by queue order; its own
+readback, by the event) are done. The host copy stays referenced until `event_synchronize(read)`
+(upstream once freed it under the copy).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import ttnn
+
+from .backend import Backend, Mirror, MirrorSpec, StepInputs
+from .combine import DeviceCombine
+from .ring import Ring
+from .trace import DecodeTraces
+from .tt_model import TtProbeModel
+
+COMPUTE_CQ = 0
+DEFAULT_TRACE_REGION = 1 << 20
+
+
+@dataclass
+class PendingReadback:
+    """A non-blocking copy in flight: the host tensor must outlive the copy, so it lives here."""
+
+    slot: int
+    host: ttnn.Tensor
+    event: Any
+
+
+class TtMirror:
+    def __init__(self, device: Any, spec: MirrorSpec, readback_cq: int) -> None:
+        self.device = device
+        self.spec = spec
+        self.readback_cq = readback_cq
+        self.ring = Ring(device, spec.rows, spec.slots)
+        self.combiner = DeviceCombine(device, self.ring.width, COMPUTE_CQ)
+        self.model = TtProbeModel(device, spec.probe, self.ring.width, COMPUTE_CQ)
+        self._launched: list[Any] = [None] * spec.slots  # CQ0 event after the slot's writer
+        self._read: list[Any] = [None] * spec.slots  # readback_cq event after the slot's copy
+        self.launches = 0
+        self.traces: DecodeTraces | None = None
+        if spec.trace:
+            self.traces = DecodeTraces(device, spec.slots, COMPUTE_CQ)
+            self.traces.capture(self._decode_step)
+            self.ring.seal()
+
+    def _decode_step(self, slot: int) -> None:
+        """The device work of one step: combine from the previous slot, forward, sample."""
+        self.combiner.enqueue(self.ring.source_of(slot))
+        self.model.forward(self.combiner.input_ids, self.combiner.positions, self.ring[slot])
+
+    # --- the Mirror protocol ---------------------------------------------------------------------
+    def stage(self, inputs: StepInputs) -> None:
+        self.combiner.stage(inputs)
+
+    def combine(self, slot: int) -> None:
+        if self.traces is None:
+            self.combiner.enqueue(self.ring.source_of(slot))
+        # Traced: the staged inputs are all the host does; the combine ops replay at launch.
+
+    def launch(self, slot: int) -> None:
+        if self.readback_cq != COMPUTE_CQ and self._read[slot] is not None:
+            # The slot's previous readback ran on the other queue: rewrite only after it.
+            ttnn.wait_for_event(COMPUTE_CQ, self._read[slot])
+        if self.traces is not None:
+            self.traces.replay(slot)
+        else:
+            self.model.forward(self.combiner.input_ids, self.combiner.positions, self.ring[slot])
+        if self.readback_cq != COMPUTE_CQ:
+            self._launched[slot] = ttnn.record_event(self.device, cq_id=COMPUTE_CQ)
+        self.launches += 1
+
+    def readback_issue(self, slot: int) -> PendingReadback:
+        cq = self.readback_cq
+        if cq != COMPUTE_CQ:
+            ttnn.wait_for_event(cq, self._launched[slot])  # the copy starts after the sampler
+        host = self.ring[slot].cpu(blocking=False, cq_id=cq)
+        event = ttnn.record_event(self.device, cq_id=cq)
+        self._read[slot] = event
+        return PendingReadback(slot, host, event)
+
+    def readback_complete(self, pending: Any) -> list[int]:
+        ttnn.event_synchronize(pending.event)
+        values = ttnn.to_torch(pending.host).reshape(-1)
+        return [int(v) for v in values.tolist()]
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "launches": self.launches,
+            "trace": self.traces is not None,
+            "trace_captures": self.traces.captures if self.traces else 0,
+            "trace_replays": self.traces.replays if self.traces else 0,
+            "readback_cq": self.readback_cq,
+            "ring_width": self.ring.width,
+        }
+
+    def close(self) -> None:
+        ttnn.synchronize_device(self.device)
+        if self.traces is not None:
+            self.traces.release()
+            self.ring.sealed = False
+
+
+class TtBackend(Backend):
+    """`device`: an open mesh device to use (else one is opened, on the emulator if no chip)."""
+
+    name = "tt"
+
+    def __init__(
+        self,
+        device: Any = None,
+        *,
+        readback_cq: int | None = None,
+        trace_region_size: int = DEFAULT_TRACE_REGION,
+    ) -> None:
+        self.device = device
+        self.readback_cq = readback_cq
+        self.trace_region_size = trace_region_size
+        self._owns_device = False
+
+    def supports_async_sampled_token_readback(self) -> bool:
+        return True  # TtMirror keeps sampled ids in the ring and combines them on device
+
+    def device_kind(self) -> str:
+        from .device import EmulatedMeshDevice, device_info
+
+        if self.device is not None:
+            return "emulated" if isinstance(self.device, EmulatedMeshDevice) else "chip"
+        kind: str = device_info()["device"]
+        return kind
+
+    def open_device(self) -> Any:
+        if self.device is None:
+            from .device import install
+
+            install()  # routes to the emulated device only when no chip is present
+            self.device = ttnn.open_mesh_device(
+                ttnn.MeshShape(1, 1),
+                num_command_queues=2,
+                trace_region_size=self.trace_region_size,
+            )
+            self._owns_device = True
+        return self.device
+
+    def open_mirror(self, spec: MirrorSpec) -> Mirror:
+        device = self.open_device()
+        readback_cq = self.readback_cq
+        if readback_cq is None:
+            two = self._owns_device or _num_command_queues(device) >= 2
+            readback_cq = 1 if two else COMPUTE_CQ
+        return TtMirror(device, spec, readback_cq)
+
+    def close(self) -> None:
+        if self._owns_device and self.device is not None:
+            ttnn.close_mesh_device(self.device)
+            self.device = None
+            self._owns_device = False
+
+    def info(self) -> dict[str, Any]:
+        from .device import device_info
+
+        return device_info()
+
+
+def _num_command_queues(device: Any) -> int:
+    """CQs the device was opened with: the emulated device says so; a chip's MeshDevice does not
+    expose it, so assume one (everything on CQ0 is always safe) unless we opened it with two."""
+    count = getattr(device, "num_command_queues", None)
+    return count if isinstance(count, int) else 1
