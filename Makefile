@@ -10,12 +10,14 @@ STAMP  := $(VENV)/.installed
 PYTHON312 ?= $(shell for c in python3.12 "$$HOME/.pyenv/versions/3.12.1/bin/python3.12" /usr/local/bin/python3.12 /usr/bin/python3.12; do \
 	if "$$c" -c 'import sys; assert sys.version_info[:2] == (3, 12)' >/dev/null 2>&1; then echo "$$c"; break; fi; done)
 
-.PHONY: help demo test lint typecheck bench-check setup system-deps clean
+.PHONY: help demo test lint bench-check bench-device spec setup system-deps clean
 
 help:
 	@echo "make demo         check the model at default bounds, write graphs to out/"
 	@echo "make test         the whole test suite (what CI runs)"
 	@echo "make bench-check  explorer speed at two bounds"
+	@echo "make bench-device emulated device commands per second"
+	@echo "make spec         regenerate the diagram in specs/"
 	@echo "make lint         ruff + mypy"
 
 setup: $(STAMP) system-deps
@@ -50,3 +52,9 @@ bench-check: setup
 
 clean:
 	rm -rf out .pytest_cache .ruff_cache .mypy_cache
+
+spec: setup
+	$(PY) -m ttmirror.specdoc
+
+bench-device: setup
+	$(PY) benchmarks/bench_device.py
