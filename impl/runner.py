@@ -196,7 +196,8 @@ class Runner:
         self.requests: dict[int, _Request] = {}
         self.steps = 0  # steps scheduled since load
         self.stats: Counter[str] = Counter()
-        """What happened: launches, mirror_rows, host_decode_rows, row_moves, slot_reuses,
+        """What happened: launches, overlapped_launches, mirror_rows, host_decode_rows, row_moves,
+        slot_reuses,
         dropped_rows, finish_in_flight, abort_in_flight, preempt_in_flight, resumed_prefills."""
 
     # --- derived values --------------------------------------------------------------------------
@@ -395,6 +396,8 @@ class Runner:
         slot = self.slots[step.slot]
         if slot.written:
             self.stats["slot_reuses"] += 1
+        if any(other.phase >= Phase.LAUNCHED for other in self.queue):
+            self.stats["overlapped_launches"] += 1  # another step is still on the device
         slot.written, slot.released, slot.writer = True, False, step.index
         step.phase = Phase.LAUNCHED
         self.stats["launches"] += 1
