@@ -1,0 +1,163 @@
+"""Each runner phase enforces the model's precondition, refuses without changing anything, and
+`abstract()` shows the state an abstraction function maps onto the model's."""
+
+from __future__ import annotations
+
+import pytest
+from ttmirror.impl.cpu_backend import CpuBackend
+from ttmirror.impl.runner import (
+    Phase,
+    PhaseError,
+    Runner,
+    RunnerConfig,
+    SlotBusyError,
+    Status,
+)
+from ttmirror.impl.tt_backend import TtBackend
+
+
+def loaded(depth: int = 2, slots: int = 2, backend: object = None) -> Runner:
+    runner = Runner(backend or CpuBackend(), RunnerConfig(depth=depth, slots=slots, rows=4))  # type: ignore[arg-type]
+    runner.allocate()
+    return runner
+
+
+def launch_step(runner: Runner, order: list[int] | None = None) -> int:
+    q = runner.schedule(order)
+    runner.combine(q)
+    runner.launch(q)
+    runner.readback_issue(q)
+    return q
+
+
+def retire(runner: Runner) -> dict[int, int]:
+    runner.readback_complete(0)
+    return runner.apply()
+
+
+def refused(runner: Runner, call: object, match: str) -> None:
+    """The call raises PhaseError and leaves the runner exactly as it was."""
+    before = runner.abstract()
+    with pytest.raises(PhaseError, match=match):
+        call()  # type: ignore[operator]
+    assert runner.abstract() == before
+
+
+def test_nothing_runs_before_allocate() -> None:
+    runner = Runner(CpuBackend())
+    with pytest.raises(PhaseError, match="allocate"):
+        runner.arrive(0, 1)
+    with pytest.raises(PhaseError, match="allocate"):
+        runner.schedule()
+    runner.allocate()
+    with pytest.raises(PhaseError, match="once"):
+        runner.allocate()
+
+
+def test_schedule_needs_room_and_every_eligible_request_once() -> None:
+    runner = loaded()
+    refused(runner, runner.schedule, "no request is eligible")
+    runner.arrive(0, 5)
+    runner.arrive(1, 6)
+    refused(runner, lambda: runner.schedule([0]), "every eligible request")
+    refused(runner, lambda: runner.schedule([0, 0, 1]), "every eligible request")
+    launch_step(runner, [1, 0])
+    launch_step(runner, [0, 1])
+    refused(runner, runner.schedule, "depth is 2")
+
+
+def test_combine_waits_for_the_previous_launch_and_apply_for_the_readback() -> None:
+    runner = loaded()
+    runner.arrive(0, 5)
+    q0 = runner.schedule()
+    q1 = runner.schedule()
+    refused(runner, lambda: runner.combine(q1), "launch it first")
+    runner.combine(q0)
+    refused(runner, lambda: runner.combine(q1), "launch it first")
+    runner.launch(q0)
+    runner.combine(q1)  # the twin: legal once step 0's sampler wrote its slot
+    refused(runner, runner.apply, "not complete")
+    runner.readback_issue(q0)
+    refused(runner, runner.apply, "not complete")
+    refused(runner, lambda: runner.readback_complete(q1), "needs READBACK_ISSUED")
+    assert retire(runner) == {0: runner.requests[0].delivered[0]}
+
+
+def test_release_waits_for_the_writer_to_retire_and_the_next_combine() -> None:
+    runner = loaded()
+    runner.arrive(0, 5)
+    refused(runner, lambda: runner.release(0), "never written")
+    launch_step(runner)
+    refused(runner, lambda: runner.release(0), "writer, step 0, has not been applied")
+    q1 = runner.schedule()
+    retire(runner)  # step 0 retired, but step 1 still has to combine from slot 0
+    refused(runner, lambda: runner.release(0), "combine still reads it")
+    runner.combine(q1 - 1)
+    runner.release(0)
+    refused(runner, lambda: runner.release(0), "already released")
+    assert runner.abstract().slots[0].released
+
+
+def test_request_events_check_status() -> None:
+    runner = loaded()
+    runner.arrive(0, 5)
+    refused(runner, lambda: runner.arrive(0, 5), "already arrived")
+    refused(runner, lambda: runner.preempt(0), "only RUNNING")
+    refused(runner, lambda: runner.finish(0), "stop-checked")
+    refused(runner, lambda: runner.resume(0), "not PREEMPTED")
+    launch_step(runner)
+    refused(runner, lambda: runner.finish(0), "stop-checked")  # nothing delivered yet
+    retire(runner)
+    runner.finish(0)  # right after the apply that delivered the stop token
+    refused(runner, lambda: runner.abort(0), "already FINISHED")
+    refused(runner, lambda: runner.finish(7), "never arrived")
+
+
+def test_abstract_shows_the_previous_row_map_and_dropped_rows() -> None:
+    runner = loaded()
+    for req in (0, 1, 2):
+        runner.arrive(req, 10 + req)
+    launch_step(runner, [0, 1, 2])
+    launch_step(runner, [2, 0, 1])  # reordered: each row reads its request's previous row
+    view = runner.abstract()
+    first, second = view.queue
+    assert (first.n, first.slot, first.src_slot) == (0, 0, None)
+    assert (second.n, second.slot, second.src_slot) == (1, 1, 0)
+    assert [(r.req, r.pos, r.prev_row, r.live) for r in second.rows] == [
+        (2, 1, 2, True),
+        (0, 1, 0, True),
+        (1, 1, 1, True),
+    ]
+    assert view.next_slot == 0 and second.phase == Phase.READBACK_ISSUED
+    runner.abort(1)  # in flight in both steps: both rows dropped, nothing delivered
+    assert [r.live for s in runner.abstract().queue for r in s.rows].count(False) == 2
+    retire(runner)
+    view = runner.abstract()
+    assert view.requests[1].status == Status.ABORTED and view.requests[1].delivered == ()
+    assert view.requests[1].closed_at == 0
+    assert len(view.requests[0].delivered) == 1 and view.requests[0].unchecked
+    with pytest.raises(TypeError):
+        view.requests[5] = view.requests[0]  # type: ignore[index]
+    runner.preempt(0)  # its step-1 row is stale now; on resume it restarts from host ids
+    runner.resume(0)
+    retire(runner)
+    q = runner.schedule([0, 2])
+    assert [r.prev_row for r in runner.abstract().queue[q].rows] == [None, None]
+
+
+def test_a_slot_is_not_rewritten_while_its_readback_is_outstanding(tt: TtBackend) -> None:
+    runner = loaded(depth=2, slots=1, backend=tt)  # K=1 < depth: the ring is too small
+    runner.arrive(0, 5)
+    launch_step(runner)
+    q1 = runner.schedule()
+    runner.combine(q1)
+    with pytest.raises(SlotBusyError, match="step 0's readback outstanding"):
+        runner.launch(q1)
+    runner.readback_complete(0)  # the twin: once the readback is done the rewrite is legal
+    runner.launch(q1)
+    runner.apply()
+    runner.readback_issue(0)
+    runner.readback_complete(0)
+    runner.apply()
+    assert len(runner.requests[0].delivered) == 2
+    assert tt.device.hazards.total == 0
