@@ -36,6 +36,8 @@ class Variant:
     mode: str = "on"  # async_scheduling
     trace: bool = False
     guard: bool = True
+    readback_cq: int | None = None  # None: CQ1 (the device has two)
+    device_seed: int = SEED  # the emulated queues' completion order
 
 
 @dataclass
@@ -56,12 +58,15 @@ def _run(variant: Variant) -> Result:
         engine = Engine(CpuBackend(), config, order)
         return Result(run(engine, PLAN, REFERENCE), 0, None, engine.max_concurrent_batches())
     with routing.emulation(
-        force=True, dram_size=DRAM, hazard_mode="raise", scheduler=lambda: SeededScheduler(SEED)
+        force=True,
+        dram_size=DRAM,
+        hazard_mode="raise",
+        scheduler=lambda: SeededScheduler(variant.device_seed),
     ):
         device = ttnn.open_mesh_device(
             ttnn.MeshShape(1, 1), num_command_queues=2, trace_region_size=TRACE_REGION
         )
-        engine = Engine(TtBackend(device), config, order)
+        engine = Engine(TtBackend(device, readback_cq=variant.readback_cq), config, order)
         serial_at_load = device.allocator.next_serial
         outcome = run(engine, PLAN, REFERENCE)
         allocations = device.allocator.next_serial - serial_at_load
@@ -133,6 +138,20 @@ def test_trace_mode_delivers_the_same_tokens_replaying_the_captured_steps() -> N
     assert stats["trace_captures"] == 2  # one per ring slot, captured once at load
     assert stats["trace_replays"] == stats["launches"] >= 200  # every step is a replay
     assert traced.allocations_after_load == 0  # not one device allocation after capture
+
+
+@pytest.mark.parametrize(
+    "variant",
+    [Variant(readback_cq=0), Variant(device_seed=SEED + 1), Variant(readback_cq=0, trace=True)],
+    ids=["single-queue", "other-completion-order", "single-queue-traced"],
+)
+def test_other_queue_layouts_and_completion_orders_deliver_the_same_tokens(
+    variant: Variant,
+) -> None:
+    other = result(variant)
+    assert other.hazards == 0
+    assert other.outcome.delivered == EXPECTED
+    assert other.outcome.stats["readback_cq"] == (1 if variant.readback_cq is None else 0)
 
 
 @pytest.mark.parametrize("mode", ["off", "on"])
