@@ -13,9 +13,7 @@ from typing import Any
 import torch
 
 from .backend import Backend, Mirror, MirrorSpec, StepInputs, padded_rows
-from .probe import forward_torch, logits_table
-
-_UINT32 = 0xFFFFFFFF
+from .probe import UINT32_MASK, forward_torch, logits_table
 
 
 class CpuMirror:
@@ -34,7 +32,7 @@ class CpuMirror:
     def stage(self, inputs: StepInputs) -> None:
         n = len(inputs.host_ids)
         # Ids are uint32 on a device: a -1 placeholder wraps exactly as it does there.
-        self._host_ids[:n] = torch.tensor(inputs.host_ids) & _UINT32
+        self._host_ids[:n] = torch.tensor(inputs.host_ids) & UINT32_MASK
         self._prev_map[:n] = torch.tensor(inputs.prev_map)
         self._use_mirror[:n] = torch.tensor(inputs.use_mirror)
         self._positions[:n] = torch.tensor(inputs.positions)
@@ -45,9 +43,7 @@ class CpuMirror:
         self._input_ids = torch.where(self._use_mirror > 0, gathered, self._host_ids)
 
     def launch(self, slot: int) -> None:
-        ids = (self._input_ids + self._positions) & _UINT32
-        index = ids.clamp(max=self.table.shape[0] - 1)  # out of range only for garbage rows
-        self.ring[slot] = forward_torch(self.table, index, torch.zeros_like(index))
+        self.ring[slot] = forward_torch(self.table, self._input_ids, self._positions)
         self.launches += 1
 
     def readback_issue(self, slot: int) -> torch.Tensor:

@@ -76,7 +76,16 @@ class ProbeReference:
             )
 
 
+UINT32_MASK = 0xFFFFFFFF
+
+
 def forward_torch(table: torch.Tensor, ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-    """The device step in torch (the cpu backend): argmax(embedding(ids + positions))."""
-    logits = torch.nn.functional.embedding((ids + positions).to(torch.int64), table)
+    """The device step in torch (the cpu backend): argmax(embedding(ids + positions)).
+
+    The sum wraps as uint32 does on a device (a -1 placeholder plus position p reads row p-1,
+    a wrong token rather than a crash); indices past the table, which only never-used rows can
+    hold, are clamped.
+    """
+    index = ((ids + positions) & UINT32_MASK).clamp(max=table.shape[0] - 1)
+    logits = torch.nn.functional.embedding(index.to(torch.int64), table)
     return torch.argmax(logits, dim=-1)

@@ -57,6 +57,10 @@ class Ring:
         """A trace now holds the slots' addresses: they must stay put until it is released."""
         self.sealed = True
 
+    def unseal(self) -> None:
+        """The traces that held the addresses were released."""
+        self.sealed = False
+
     def check(self) -> None:
         """Every slot still allocated at the address it had at load."""
         for k, slot in enumerate(self.slots):

@@ -110,7 +110,7 @@ class TtMirror:
         ttnn.synchronize_device(self.device)
         if self.traces is not None:
             self.traces.release()
-            self.ring.sealed = False
+            self.ring.unseal()
 
 
 class TtBackend(Backend):
