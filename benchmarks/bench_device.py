@@ -16,6 +16,7 @@ import time
 
 import torch
 import ttnn
+
 from ttmirror.impl.device import EmulatedMeshDevice, routing
 
 ROWS, VOCAB = 32, 64

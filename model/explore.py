@@ -89,8 +89,7 @@ def explore(bounds: Bounds, progress: Progress | None = None, every: int = 5000)
     ex.sometimes = {c.name: False for c in checks}
     pending = list(checks)
     frontier: deque[int] = deque([0])
-    add_edge = ex.graph.add_edge
-    edges = ex.graph.edges
+    labels: dict[tuple[int, int], str] = {}  # built into the graph once, at the end
     while frontier:
         node = frontier.popleft()
         s = ex.states[node]
@@ -111,11 +110,9 @@ def explore(bounds: Bounds, progress: Progress | None = None, every: int = 5000)
                 ex.states.append(t)
                 ex.parent.append((node, action))
                 frontier.append(target)
+            key = (node, target)
             label = action.label()
-            if edges.get((node, target)) is None:
-                add_edge(node, target, action=label)
-            else:
-                edges[node, target]["action"] += " | " + label
+            labels[key] = labels[key] + " | " + label if key in labels else label
             if pending:
                 for check in list(pending):
                     if check.reached(s, action, t):
@@ -129,6 +126,8 @@ def explore(bounds: Bounds, progress: Progress | None = None, every: int = 5000)
                 ex.deadlocks.append(node)
         if progress is not None and len(ex.states) % every == 0:
             progress(len(ex.states), ex.transitions, len(frontier))
+    ex.graph.add_nodes_from(range(len(ex.states)))
+    ex.graph.add_edges_from((u, v, {"action": label}) for (u, v), label in labels.items())
     ex.cannot_finish = _cannot_finish(ex)
     ex.seconds = time.perf_counter() - start
     if progress is not None:

@@ -6,6 +6,7 @@ from collections.abc import Callable
 from functools import cache
 
 import pytest
+
 from ttmirror.model.explore import Exploration, explore
 from ttmirror.model.state import Bounds
 

@@ -5,11 +5,11 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import pytest
+
+from ttmirror import report
 from ttmirror.model.explore import Exploration
 from ttmirror.model.invariants import INVARIANTS, SOMETIMES
 from ttmirror.model.state import Bounds
-
-from ttmirror import report
 
 Explored = Callable[[Bounds], Exploration]
 

@@ -7,6 +7,7 @@ from collections.abc import Iterator
 import pytest
 import torch
 import ttnn
+
 from ttmirror.impl.device import EmulatedMeshDevice, routing
 
 DRAM = 1 << 20  # small DRAM keeps device creation cheap

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+
 from ttmirror.impl.device.allocator import ALIGNMENT, FILL_BYTE, DramAllocator
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 import ttnn
+
 from ttmirror.impl.device import EmulatedMeshDevice, SeededScheduler, routing
 
 from .conftest import host_ids, on_device, values_of

@@ -8,6 +8,7 @@ import gc
 import pytest
 import torch
 import ttnn
+
 from ttmirror.impl.device import EmulatedMeshDevice, HazardError, HazardKind
 
 WAITS = ("op_event", "write_event", "last_op_event", "read_event")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 import ttnn
+
 from ttmirror.impl.device import (
     EmulatedMeshDevice,
     bind_sampling_identity,

@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 import ttnn
+
 from ttmirror.impl.device import EmulatedMeshDevice
 
 from .conftest import host_ids, on_device, values_of

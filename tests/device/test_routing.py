@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 import ttnn
+
 from ttmirror.impl.device import device_info, routing
 from ttmirror.impl.device.detect import chip_count
 

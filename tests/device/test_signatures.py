@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import ttnn
+
 from ttmirror.impl.device import EmulatedMeshDevice
 from ttmirror.impl.device.signatures import introspect, parse_docstring_args
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ttnn
+
 from ttmirror.impl.device import ThreadedScheduler, routing
 
 from .test_handshake import run_handshake
