@@ -45,7 +45,7 @@ test: setup
 
 lint: setup
 	$(VENV)/bin/ruff check .
-	$(VENV)/bin/mypy model ttmirror
+	$(VENV)/bin/mypy model ttmirror impl
 
 bench-check: setup
 	$(PY) benchmarks/bench_check.py

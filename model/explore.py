@@ -89,7 +89,8 @@ def explore(bounds: Bounds, progress: Progress | None = None, every: int = 5000)
     ex.sometimes = {c.name: False for c in checks}
     pending = list(checks)
     frontier: deque[int] = deque([0])
-    labels: dict[tuple[int, int], str] = {}  # built into the graph once, at the end
+    # (action label, changed variables) per edge, built into the graph once at the end.
+    labels: dict[tuple[int, int], tuple[str, str]] = {}
     while frontier:
         node = frontier.popleft()
         s = ex.states[node]
@@ -112,7 +113,10 @@ def explore(bounds: Bounds, progress: Progress | None = None, every: int = 5000)
                 frontier.append(target)
             key = (node, target)
             label = action.label()
-            labels[key] = labels[key] + " | " + label if key in labels else label
+            if key in labels:
+                labels[key] = (labels[key][0] + " | " + label, labels[key][1])
+            else:
+                labels[key] = (label, changed_variables(s, t))
             if pending:
                 for check in list(pending):
                     if check.reached(s, action, t):
@@ -127,7 +131,9 @@ def explore(bounds: Bounds, progress: Progress | None = None, every: int = 5000)
         if progress is not None and len(ex.states) % every == 0:
             progress(len(ex.states), ex.transitions, len(frontier))
     ex.graph.add_nodes_from(range(len(ex.states)))
-    ex.graph.add_edges_from((u, v, {"action": label}) for (u, v), label in labels.items())
+    ex.graph.add_edges_from(
+        (u, v, {"action": label, "changed": changed}) for (u, v), (label, changed) in labels.items()
+    )
     ex.cannot_finish = _cannot_finish(ex)
     ex.seconds = time.perf_counter() - start
     if progress is not None:
@@ -152,6 +158,19 @@ def _cannot_finish(ex: Exploration) -> list[int]:
                 can.add(p)
                 todo.append(p)
     return [n for n in range(len(ex.states)) if n not in can]
+
+
+def changed_variables(before: State, after: State) -> str:
+    """The variables an action changed, e.g. ``queue[1], slots[0]``: cheap enough for every edge."""
+    out: list[str] = []
+    for name, a, b in zip(State._fields, before, after, strict=True):
+        if a == b:
+            continue
+        if isinstance(a, tuple) and isinstance(b, tuple) and len(a) == len(b):
+            out.extend(f"{name}[{i}]" for i, (x, y) in enumerate(zip(a, b, strict=True)) if x != y)
+        else:
+            out.append(name)
+    return ", ".join(out)
 
 
 def changes(before: State, after: State) -> dict[str, Any]:

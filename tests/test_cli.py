@@ -104,7 +104,8 @@ def test_full_view_at_tiny_bounds(capsys: pytest.CaptureFixture[str]) -> None:
     args = ["graph", "--view", "full", "--requests", "1", "--max-tokens", "1", "--depth", "1",
             "--no-abort", "--no-preempt", "--no-finish", "--format", "dot"]
     assert main(args) == 0
-    assert "allocate [allocated]" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "allocate [allocated]" in out and "arrive(r0) [requests[0]]" in out
 
 
 def test_unwritable_output_is_a_one_line_error(tmp_path: Path) -> None:

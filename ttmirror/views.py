@@ -115,9 +115,7 @@ def _full(ex: Exploration) -> View:
         out.nodes[f"n{n}"] = summarize(s)
     out.initial = "n0"
     for u, v, data in ex.graph.edges(data=True):
-        label = data["action"]
-        changed = ", ".join(sorted(_top(p) for p in changes(ex.states[u], ex.states[v])))
-        out.edges[(f"n{u}", f"n{v}")] = {f"{label} [{changed}]"}
+        out.edges[(f"n{u}", f"n{v}")] = {f"{data['action']} [{data['changed']}]"}
     _mark_failure(ex, out, [f"n{n}" for n in range(len(ex.states))])
     return out
 
@@ -173,10 +171,6 @@ def summarize(s: State) -> str:
                     for i, r in enumerate(s.requests))
     broken = f" BROKEN {sorted(s.broken)}" if s.broken else ""
     return f"{queue} | slots {slots} | {reqs}{broken}"
-
-
-def _top(path: str) -> str:
-    return path.split(".")[0].split("[")[0]
 
 
 def _short(value: object) -> str:
