@@ -7,6 +7,7 @@ from collections.abc import Iterator
 
 import pytest
 import ttnn
+
 from ttmirror.impl.device import EmulatedMeshDevice, SeededScheduler, routing
 from ttmirror.impl.tt_backend import TtBackend
 

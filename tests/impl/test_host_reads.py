@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
+
 from ttmirror.impl.device import EmulatedMeshDevice
 from ttmirror.impl.engine import Engine, EngineConfig
 from ttmirror.impl.tt_backend import TtBackend

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+
 from ttmirror.impl.backend import Backend, Mirror, MirrorSpec, get_backend
 from ttmirror.impl.cpu_backend import CpuBackend
 from ttmirror.impl.device import device_info

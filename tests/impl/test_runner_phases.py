@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import pytest
+
 from ttmirror.impl.cpu_backend import CpuBackend
 from ttmirror.impl.runner import (
     Phase,

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 import pytest
 import ttnn
+
 from ttmirror.impl.cpu_backend import CpuBackend
 from ttmirror.impl.device import SeededScheduler, routing
 from ttmirror.impl.engine import Engine, EngineConfig

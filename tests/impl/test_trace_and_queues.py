@@ -7,6 +7,7 @@ from typing import Any
 
 import pytest
 import ttnn
+
 from ttmirror.impl.device import EmulatedMeshDevice, HazardError, HazardKind
 from ttmirror.impl.engine import Engine, EngineConfig
 from ttmirror.impl.probe import ProbeReference, ProbeSpec
