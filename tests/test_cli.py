@@ -111,3 +111,22 @@ def test_full_view_at_tiny_bounds(capsys: pytest.CaptureFixture[str]) -> None:
 def test_unwritable_output_is_a_one_line_error(tmp_path: Path) -> None:
     done = run_cli("graph", *SMALL, "-o", str(tmp_path / "missing" / "g.mmd"))
     assert done.returncode == 2 and done.stderr.count("\n") == 1
+
+
+@pytest.mark.parametrize("backend", ["tt", "cpu"])
+def test_info_reports_async_on_for_capable_backends(backend: str) -> None:
+    done = run_cli("info", "--backend", backend, "--json")
+    assert done.returncode == 0, done.stderr
+    info = json.loads(done.stdout)
+    assert info["backend"] == backend
+    assert info["supports_async_sampled_token_readback"] is True
+    assert info["async_scheduling_enabled"] is True and info["max_concurrent_batches"] == 2
+    assert info["device"] == ("emulated" if backend == "tt" else "cpu")
+
+
+def test_info_async_off_and_unknown_backend() -> None:
+    done = run_cli("info", "--backend", "cpu", "--async-scheduling", "off", "--json")
+    info = json.loads(done.stdout)
+    assert info["async_scheduling_enabled"] is False and info["max_concurrent_batches"] == 1
+    bad = run_cli("info", "--backend", "nope")
+    assert bad.returncode == 2 and bad.stderr.count("\n") == 1

@@ -160,19 +160,11 @@ def cmd_demo(ns: argparse.Namespace) -> int:
 
 
 def cmd_info(ns: argparse.Namespace) -> int:
-    try:
-        from .impl.info import backend_info
-    except ImportError:
-        from .impl.device.info import device_info
-
-        def backend_info(name: str) -> dict[str, object]:
-            if name != "tt":
-                raise ValueError(f"unknown backend {name!r}")
-            return {"backend": "tt", **device_info()}
+    from .impl.info import backend_info  # imports ttnn and torch: only when asked
 
     try:
-        info = backend_info(ns.backend)
-    except ValueError as e:
+        info = backend_info(ns.backend, ns.async_scheduling)
+    except ValueError as e:  # unknown backend, or async "on" where it cannot be
         raise UsageError(str(e)) from None
     if ns.json:
         print(json.dumps(info, indent=1, default=str))
@@ -229,6 +221,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     i = sub.add_parser("info", help="describe a backend: device, capability, async resolution")
     i.add_argument("--backend", default="tt", help="backend name (default %(default)s)")
+    i.add_argument("--async-scheduling", choices=("auto", "on", "off"), default="auto",
+                   help="requested async scheduling (default %(default)s)")
     i.add_argument("--json", action="store_true", help="print one JSON object")
     i.set_defaults(func=cmd_info)
     return p
