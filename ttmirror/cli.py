@@ -7,6 +7,7 @@ Exit codes: 0 everything holds, 1 a property is violated (or a situation never o
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import sys
 import time
@@ -20,6 +21,8 @@ from .render import FORMATS, render
 from .views import counterexample_view, project
 
 DEFAULTS = Bounds()
+PLUGINS = ("cli_conformance", "cli_serving")
+"""Modules adding subcommands: each has ``register(subparsers)``; they may import from here."""
 
 
 class UsageError(Exception):
@@ -225,6 +228,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="requested async scheduling (default %(default)s)")
     i.add_argument("--json", action="store_true", help="print one JSON object")
     i.set_defaults(func=cmd_info)
+    for plugin in PLUGINS:
+        importlib.import_module(f".{plugin}", __package__).register(sub)
     return p
 
 
