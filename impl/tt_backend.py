@@ -40,13 +40,21 @@ class PendingReadback:
 
 
 class TtMirror:
-    def __init__(self, device: Any, spec: MirrorSpec, readback_cq: int) -> None:
+    def __init__(
+        self, device: Any, spec: MirrorSpec, readback_cq: int, model: Any = None
+    ) -> None:
+        """`model`: the forward + sampler (`forward(input_ids, positions, slot)` enqueuing device
+        ops on CQ0 that write the slot); default the probe. The serving loop passes its decoder."""
         self.device = device
         self.spec = spec
         self.readback_cq = readback_cq
         self.ring = Ring(device, spec.rows, spec.slots)
         self.combiner = DeviceCombine(device, self.ring.width, COMPUTE_CQ)
-        self.model = TtProbeModel(device, spec.probe, self.ring.width, COMPUTE_CQ)
+        self.model = (
+            model
+            if model is not None
+            else TtProbeModel(device, spec.probe, self.ring.width, COMPUTE_CQ)
+        )
         self._launched: list[Any] = [None] * spec.slots  # CQ0 event after the slot's writer
         self._read: list[Any] = [None] * spec.slots  # readback_cq event after the slot's copy
         self.launches = 0
