@@ -16,6 +16,7 @@ from typing import Any
 
 import ttnn
 
+from . import faults
 from .backend import StepInputs
 from .ring import allocate_ids, host_uint32
 
@@ -36,13 +37,14 @@ class DeviceCombine:
 
     def stage(self, inputs: StepInputs) -> None:
         """Host writes of the step's inputs, in queue order after the previous step's reads."""
+        cq = 1 if faults.active("stage-cq1-no-event") else self.cq  # planted: no handshake
         for values, target in (
             (inputs.host_ids, self.host_ids),
             (inputs.prev_map, self.prev_map),
             (inputs.use_mirror, self.use_mirror),
             (inputs.positions, self.positions),
         ):
-            ttnn.copy_host_to_device_tensor(host_uint32(values, self.width), target, cq_id=self.cq)
+            ttnn.copy_host_to_device_tensor(host_uint32(values, self.width), target, cq_id=cq)
 
     def enqueue(self, source: ttnn.Tensor) -> None:
         """The device half of the combine, reading `source` (the previous step's slot).

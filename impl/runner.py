@@ -28,6 +28,7 @@ from enum import IntEnum
 from types import MappingProxyType
 from typing import Any, NamedTuple
 
+from . import faults
 from .backend import Backend, Mirror, MirrorSpec, StepInputs
 from .probe import ProbeSpec
 
@@ -333,9 +334,14 @@ class Runner:
             )
         prev = self.queue[-1] if self.queue else None
         prev_rows = {row.req: i for i, row in enumerate(prev.rows) if row.live} if prev else {}
+        if prev and faults.active("prev-row-skips-dropped"):
+            prev_rows = {row.req: i for i, row in enumerate(r for r in prev.rows if r.live)}
+        guard = self.config.guard and not faults.active("guard-off")
         rows = []
         for i, r in enumerate(rows_order):
-            prev_row = prev_rows.get(r) if self.config.guard else None
+            prev_row = prev_rows.get(r) if guard else None
+            if prev_row is not None and faults.active("prev-row-not-remapped"):
+                prev_row = i
             if prev_row is not None and prev_row != i:
                 self.stats["row_moves"] += 1
             if self.requests[r].status == Status.WAITING and self.requests[r].delivered:
@@ -358,7 +364,11 @@ class Runner:
     def combine(self, q: int) -> None:
         """Stage step q's host ids, previous-row map and mask, then combine on device."""
         step = self._step("combine", q, Phase.SCHEDULED)
-        if q > 0 and self.queue[q - 1].phase < Phase.LAUNCHED:
+        if (
+            q > 0
+            and self.queue[q - 1].phase < Phase.LAUNCHED
+            and not faults.active("combine-before-launch")
+        ):
             raise PhaseError(
                 f"combine(q={q}): the previous step is {self.queue[q - 1].phase.name}; its "
                 "sampler must have written its slot (launch it first)"
@@ -373,6 +383,10 @@ class Runner:
             positions[i] = row.pos
             if row.prev_row is None:
                 host_ids[i] = self.host_token(row.req, row.pos)
+                if row.pos > 1 and self.requests[row.req].preemptions and faults.active(
+                    "stale-host-id-on-resume"
+                ):
+                    host_ids[i] = self.host_token(row.req, row.pos - 1)
                 if row.pos > 0:
                     self.stats["host_decode_rows"] += 1
             else:
@@ -428,7 +442,7 @@ class Runner:
         assert step.host_copy is not None
         delivered = {}
         for row, token in zip(step.rows, step.host_copy, strict=True):
-            if not row.live:
+            if not row.live and not faults.active("deliver-dropped"):
                 continue  # finished, aborted or preempted since scheduling: dropped
             r = self.requests[row.req]
             r.delivered.append(token)
@@ -540,9 +554,15 @@ class Runner:
             return "it was never written"
         if s.released:
             return "it is already released"
+        early = faults.active("release-at-issue")  # planted: readback issued counts as done
         for step in self.queue:
-            if step.slot == slot and step.phase >= Phase.LAUNCHED:
+            writing = step.slot == slot and step.phase >= Phase.LAUNCHED
+            if writing and not (early and step.phase >= Phase.READBACK_ISSUED):
                 return f"its writer, step {step.index}, has not been applied"
-            if step.src_slot == slot and step.phase == Phase.SCHEDULED:
+            if (
+                step.src_slot == slot
+                and step.phase == Phase.SCHEDULED
+                and not faults.active("release-under-combine")
+            ):
                 return f"step {step.index}'s combine still reads it"
         return None

@@ -20,6 +20,7 @@ from typing import Any
 
 import ttnn
 
+from . import faults
 from .backend import Backend, Mirror, MirrorSpec, StepInputs
 from .combine import DeviceCombine
 from .ring import Ring
@@ -85,14 +86,15 @@ class TtMirror:
         if self.traces is not None:
             self.traces.replay(slot)
         else:
-            self.model.forward(self.combiner.input_ids, self.combiner.positions, self.ring[slot])
+            target = self.ring[0 if faults.active("ring-reuse-k1") else slot]
+            self.model.forward(self.combiner.input_ids, self.combiner.positions, target)
         if self.readback_cq != COMPUTE_CQ:
             self._launched[slot] = ttnn.record_event(self.device, cq_id=COMPUTE_CQ)
         self.launches += 1
 
     def readback_issue(self, slot: int) -> PendingReadback:
         cq = self.readback_cq
-        if cq != COMPUTE_CQ:
+        if cq != COMPUTE_CQ and not faults.active("readback-cq1-no-wait"):
             ttnn.wait_for_event(cq, self._launched[slot])  # the copy starts after the sampler
         host = self.ring[slot].cpu(blocking=False, cq_id=cq)
         event = ttnn.record_event(self.device, cq_id=cq)
@@ -100,6 +102,10 @@ class TtMirror:
         return PendingReadback(slot, host, event)
 
     def readback_complete(self, pending: Any) -> list[int]:
+        if faults.active("host-read-before-event"):
+            values = ttnn.to_torch(pending.host).reshape(-1)
+            ttnn.event_synchronize(pending.event)
+            return [int(v) for v in values.tolist()]
         ttnn.event_synchronize(pending.event)
         values = ttnn.to_torch(pending.host).reshape(-1)
         return [int(v) for v in values.tolist()]

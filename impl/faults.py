@@ -1,0 +1,74 @@
+"""Planted bugs: a catalog of known-bad variants of the implementation, switched at run time.
+
+Each entry is one real bug class from the async-scheduling and ttnn runtime references; the
+conformance suite must rediscover every one ("a checker that cannot rediscover known bugs proves
+nothing when it is green"). A bug is switched on for a block with `planted(id)` or for a whole
+process with the environment variable ``TTMIRROR_BUG=<id>``. Off (the default), every hook is a
+single failed comparison and the implementation behaves exactly as without this module.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Iterator
+
+ENV = "TTMIRROR_BUG"
+
+BUGS: dict[str, str] = {
+    "guard-off": "schedule: no previous-row map, in-flight rows combine from host placeholders",
+    "prev-row-not-remapped": "schedule: the previous-row map keeps the new row index after a "
+    "reorder (rows assumed not to move)",
+    "prev-row-skips-dropped": "schedule: the previous-row map counts only live rows, so a row "
+    "after a dropped one reads its neighbour",
+    "release-at-issue": "release: a slot is handed back once its readback is only issued",
+    "release-under-combine": "release: a slot is handed back while the next combine still reads it",
+    "combine-before-launch": "combine: runs before the previous step's sampler wrote its slot",
+    "deliver-dropped": "apply: tokens of rows dropped by finish, abort or preemption are delivered",
+    "stale-host-id-on-resume": "combine: a resumed request's host id is one position stale",
+    "host-read-before-event": "readback_complete (tt): the host copy is read before its event",
+    "readback-cq1-no-wait": "readback_issue (tt): CQ1 copies the slot without waiting for the "
+    "launch event",
+    "ring-reuse-k1": "launch (tt): the sampler always writes ring slot 0 (K=1 reuse, no check)",
+    "stage-cq1-no-event": "combine (tt): host inputs written on CQ1 with no event before the "
+    "combine on CQ0",
+}
+"""Bug id -> what goes wrong. Ids marked (tt) only exist on the tt backend."""
+
+TT_ONLY = frozenset(
+    {"host-read-before-event", "readback-cq1-no-wait", "ring-reuse-k1", "stage-cq1-no-event"}
+)
+
+_active: str | None = None
+
+
+def _from_env() -> str | None:
+    value = os.environ.get(ENV) or None
+    if value is not None and value not in BUGS:
+        raise ValueError(f"{ENV}={value!r} is not a planted bug; choose one of: {', '.join(BUGS)}")
+    return value
+
+
+_active = _from_env()
+
+
+def active(bug: str) -> bool:
+    """True while `bug` is switched on (the hooks' one question)."""
+    return _active == bug
+
+
+def current() -> str | None:
+    return _active
+
+
+@contextlib.contextmanager
+def planted(bug: str | None) -> Iterator[None]:
+    """Switch `bug` on for the block (None: every bug off); restores the previous setting."""
+    global _active
+    if bug is not None and bug not in BUGS:
+        raise ValueError(f"unknown planted bug {bug!r}; choose one of: {', '.join(BUGS)}")
+    previous, _active = _active, bug
+    try:
+        yield
+    finally:
+        _active = previous
