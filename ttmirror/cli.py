@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -162,6 +163,44 @@ def cmd_demo(ns: argparse.Namespace) -> int:
     return 0 if ok else 1
 
 
+def cmd_tlc(ns: argparse.Namespace) -> int:
+    from . import tlc
+
+    bounds = _bounds(ns)
+    ex = _explore(bounds)
+    try:
+        result = tlc.cross_check(bounds, ex, graph=not ns.no_graph)
+    except (tlc.TlcError, OSError, subprocess.TimeoutExpired) as e:
+        raise UsageError(str(e)) from None
+    if ns.json:
+        print(json.dumps(result, indent=1))
+        return 0 if result["agree"] else 1
+    v = result["verdicts"]
+    print(f"python explorer: {result['python_states']:,} states in {result['python_seconds']} s "
+          f"({result['python_states_per_second']:,} states/s)")
+    print(f"TLC:             {result['tlc_states']:,} states in {result['tlc_seconds']} s "
+          f"({result['tlc_states_per_second']:,} states/s, whole process)")
+    print(f"verdicts: python {v['python']['violated'] or 'all hold'}"
+          f" ({v['python']['length']}), TLC {v['tlc']['violated'] or 'all hold'}"
+          f" ({v['tlc']['length']}): {'agree' if v['agree'] else 'DISAGREE'}")
+    g = result["graph"]
+    if g is not None:
+        same = g["same_nodes"] and g["same_edges"]
+        print(f"state graph: {g['python_edges']:,} python edges, {g['tlc_edges']:,} TLC edges, "
+              f"nodes {'equal' if g['same_nodes'] else 'DIFFER'}, "
+              f"edges {'equal' if g['same_edges'] else 'DIFFER'}")
+        if not same:
+            print("  only in python: " + "; ".join(g["only_python"]))
+            print("  only in TLC:    " + "; ".join(g["only_tlc"]))
+    off = result["guard_off"]
+    if off is not None:
+        print(f"guard off: python {off['python_violated']} in {off['python_length']} steps, "
+              f"TLC {off['tlc_violated']} in {off['tlc_length']} steps: "
+              f"{'agree' if off['agree'] else 'DISAGREE'}")
+    print("AGREE" if result["agree"] else "DISAGREE")
+    return 0 if result["agree"] else 1
+
+
 def cmd_info(ns: argparse.Namespace) -> int:
     from .impl.info import backend_info  # imports ttnn and torch: only when asked
 
@@ -221,6 +260,13 @@ def build_parser() -> argparse.ArgumentParser:
     d = sub.add_parser("demo", help="the main job: check at default bounds, write graphs")
     d.add_argument("--out", default="out", help="directory for the graphs (default %(default)s)")
     d.set_defaults(func=cmd_demo)
+
+    t = sub.add_parser("tlc", help="run TLC on the TLA+ twin and cross-check the explorer")
+    _bounds_args(t)
+    t.add_argument("--no-graph", action="store_true",
+                   help="compare state counts and verdicts only, not the whole graph")
+    t.add_argument("--json", action="store_true", help="print one JSON object")
+    t.set_defaults(func=cmd_tlc)
 
     i = sub.add_parser("info", help="describe a backend: device, capability, async resolution")
     i.add_argument("--backend", default="tt", help="backend name (default %(default)s)")

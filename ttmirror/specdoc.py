@@ -1,4 +1,4 @@
-"""Keep the generated slot-lifecycle diagram in specs/mirrored-sampled-ids.md up to date.
+"""Keep the generated parts of specs/ up to date: the slot lifecycle and the TLC configs.
 
 `python -m ttmirror.specdoc` rewrites the block between the markers; a test fails when the
 committed copy differs from what the model generates.
@@ -12,6 +12,7 @@ from pathlib import Path
 from .model.explore import Exploration, explore
 from .model.state import Bounds
 from .render import to_mermaid
+from .tlc import write_configs
 from .views import project
 
 SPEC = Path(__file__).resolve().parent.parent / "specs" / "mirrored-sampled-ids.md"
@@ -35,6 +36,8 @@ def main() -> int:
     fresh = block(explore(Bounds()))
     SPEC.write_text(text.replace(current(text), fresh))
     print(f"updated {SPEC}")
+    for path in write_configs():
+        print(f"updated {path}")
     return 0
 
 
