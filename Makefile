@@ -29,12 +29,16 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install -q -e '.[dev]'
 	@touch $(STAMP)
 
-# Graphviz's dot renders SVG graphs; Debian's package provides it.
+# Graphviz's dot renders SVG graphs; Java runs TLC. Debian's packages provide both.
 system-deps:
-	@command -v dot >/dev/null 2>&1 || { \
-		echo "installing graphviz (dot)"; \
+	@missing=""; \
+	command -v dot >/dev/null 2>&1 || missing="$$missing graphviz"; \
+	command -v java >/dev/null 2>&1 || missing="$$missing openjdk-17-jre-headless"; \
+	if [ -n "$$missing" ]; then \
+		echo "installing$$missing"; \
 		SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
-		$$SUDO apt-get update -qq && $$SUDO apt-get install -y -qq graphviz >/dev/null; }
+		$$SUDO apt-get update -qq && $$SUDO apt-get install -y -qq $$missing >/dev/null; \
+	fi
 
 demo: setup
 	$(VENV)/bin/ttmirror demo --out out
