@@ -8,6 +8,7 @@ the apply that delivered them; slots are released as soon as the runner allows.
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
@@ -36,6 +37,10 @@ class EngineConfig:
     probe: ProbeSpec = field(default_factory=ProbeSpec)
     trace: bool = False
     guard: bool = True
+    drain_on_layout_change: bool = False
+    """The TT plugin's policy, for comparison only: before a step whose rows differ from the
+    previous step's (arrival, finish, preemption, reorder), retire every step in flight. The
+    mirror makes this unnecessary; it costs the overlap."""
 
 
 class Engine:
@@ -60,6 +65,8 @@ class Engine:
         self.order: Order = order or (lambda eligible: eligible)
         self.stop_ids: dict[int, frozenset[int]] = {}
         self._waiting: dict[int, _Waiting] = {}  # submitted, not admitted (no row free yet)
+        self._layout: tuple[int, ...] = ()  # rows of the last scheduled step
+        self.stats: Counter[str] = Counter()
         self.runner.allocate()
 
     def async_scheduling_enabled(self) -> bool:
@@ -102,22 +109,39 @@ class Engine:
         r = self.runner
         launched = False
         if r.can_schedule():
-            q = r.schedule(self.order(r.eligible()))
-            r.combine(q)
-            r.launch(q)
-            r.readback_issue(q)
-            launched = True
+            rows = list(self.order(r.eligible()))
+            if self.config.drain_on_layout_change and r.queue and tuple(rows) != self._layout:
+                while r.queue:
+                    self._retire_oldest()
+                self.stats["drains"] += 1
+                rows = list(self.order(r.eligible())) if r.can_schedule() else []
+            if rows:
+                q = r.schedule(rows)
+                self._layout = tuple(rows)
+                self._scheduled(q)
+                r.combine(q)
+                r.launch(q)
+                r.readback_issue(q)
+                launched = True
         retired = bool(r.queue) and (len(r.queue) >= r.depth or not launched)
         if retired:
-            r.readback_complete(0)
-            tokens = r.apply()
-            for req, token in tokens.items():
-                if token in self.stop_ids.get(req, ()) and r.status(req) == Status.RUNNING:
-                    r.finish(req)
-            for slot in range(len(r.slots)):
-                if r.releasable(slot):
-                    r.release(slot)
+            self._retire_oldest()
         return launched or retired
+
+    def _retire_oldest(self) -> None:
+        """Complete the oldest step's readback, apply it, stop-check, release what can be."""
+        r = self.runner
+        r.readback_complete(0)
+        tokens = r.apply()
+        for req, token in tokens.items():
+            if token in self.stop_ids.get(req, ()) and r.status(req) == Status.RUNNING:
+                r.finish(req)
+        for slot in range(len(r.slots)):
+            if r.releasable(slot):
+                r.release(slot)
+
+    def _scheduled(self, q: int) -> None:
+        """Hook between schedule and combine: stage what else the step needs (none here)."""
 
     def run(self, max_iterations: int = 1_000_000) -> None:
         for _ in range(max_iterations):

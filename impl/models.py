@@ -1,0 +1,176 @@
+"""Decoder models the serving loop runs: the probe, tiny transformers, cached checkpoints.
+
+Every model answers one question, `logits(context, pos)`: the next-token logits (float32, [V])
+after the token sequence `context` (prompt tokens, then generated ones; its last token is the
+one consumed at runner position `pos`). The serving mirror calls it once per row per step over
+the row's whole context (a recompute "KV cache"), so a row's numerics never depend on which
+other rows share its step: async and sync serving can then be compared token for token.
+
+- `probe`: next token = perm[(token + pos) mod V] (`probe.py`), as one-hot logits.
+- `tiny-qwen3`, `tiny-mistral`, `tiny-llama`: the real `transformers` architectures, built from
+  tiny configs with seeded random weights (no download), float32, eager attention.
+- checkpoints (`qwen3-0.6b`, ...): loaded only from the local Hugging Face cache, offline;
+  absent ones raise `CheckpointUnavailable` naming the checkpoint.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import torch
+
+from .probe import ProbeSpec, permutation
+
+
+class DecoderModel(Protocol):
+    name: str
+    vocab: int
+    max_context: int
+    """Most tokens a context may hold (prompt + generated)."""
+
+    def logits(self, context: torch.Tensor, pos: int) -> torch.Tensor:
+        """[V] float32 next-token logits after `context` ([L] int64), consumed at `pos`."""
+        ...
+
+
+class CheckpointUnavailable(RuntimeError):
+    """A real checkpoint is not in the local Hugging Face cache (nothing is downloaded)."""
+
+
+# --- the probe -----------------------------------------------------------------------------------
+
+
+class ProbeDecoder:
+    """The probe as a decoder: only the newest token and its position matter."""
+
+    name = "probe"
+
+    def __init__(self, spec: ProbeSpec | None = None) -> None:
+        self.spec = spec or ProbeSpec()
+        self.vocab = self.spec.vocab
+        self.max_context = self.spec.max_positions
+        self._perm = torch.tensor(permutation(self.spec))
+        # Sharp but finite: greedy is the probe function, seeded sampling still has choices.
+        self.scale = 2.0
+
+    def logits(self, context: torch.Tensor, pos: int) -> torch.Tensor:
+        out = torch.zeros(self.vocab, dtype=torch.float32)
+        out[self._perm[(int(context[-1]) + pos) % self.vocab]] = self.scale
+        return out
+
+
+# --- transformers --------------------------------------------------------------------------------
+
+
+class HfDecoder:
+    """A `transformers` causal LM, full-sequence forward per call, float32, no grad."""
+
+    def __init__(self, name: str, model: Any, max_context: int) -> None:
+        self.name = name
+        self.model = model.eval()
+        self.vocab = int(model.config.vocab_size)
+        self.max_context = max_context
+
+    def logits(self, context: torch.Tensor, pos: int) -> torch.Tensor:
+        with torch.inference_mode():
+            out = self.model(input_ids=context.reshape(1, -1), use_cache=False).logits
+        return out[0, -1].to(torch.float32)
+
+
+@dataclass(frozen=True)
+class TinyArch:
+    config_class: str
+    model_class: str
+
+
+TINY: dict[str, TinyArch] = {
+    "tiny-qwen3": TinyArch("Qwen3Config", "Qwen3ForCausalLM"),
+    "tiny-mistral": TinyArch("MistralConfig", "MistralForCausalLM"),
+    "tiny-llama": TinyArch("LlamaConfig", "LlamaForCausalLM"),
+}
+TINY_VOCAB = 256
+TINY_CONTEXT = 128
+
+
+def build_tiny(name: str, seed: int = 0) -> HfDecoder:
+    """A real architecture at toy size; weights from `seed`, so every build is identical."""
+    import transformers
+
+    arch = TINY[name]
+    config = getattr(transformers, arch.config_class)(
+        vocab_size=TINY_VOCAB,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        max_position_embeddings=TINY_CONTEXT,
+        tie_word_embeddings=False,
+        attn_implementation="eager",  # one attention kernel for every run: exact comparisons
+    )
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = getattr(transformers, arch.model_class)(config).to(torch.float32)
+    return HfDecoder(name, model, TINY_CONTEXT)
+
+
+CHECKPOINTS: dict[str, str] = {
+    "qwen3-0.6b": "Qwen/Qwen3-0.6B",
+    "qwen3-4b": "Qwen/Qwen3-4B",
+    "mistral-7b-v0.3": "mistralai/Mistral-7B-v0.3",
+    "llama-3.2-1b": "meta-llama/Llama-3.2-1B",
+    "internlm2": "internlm/internlm2_5-1_8b",
+}
+CHECKPOINT_CONTEXT = 256  # the serving workloads are short; recompute cost grows with context
+
+
+def checkpoint_path(name: str) -> str:
+    """The local snapshot of checkpoint `name`, or CheckpointUnavailable saying why not."""
+    repo = CHECKPOINTS[name]
+    try:
+        from huggingface_hub import snapshot_download
+
+        path = snapshot_download(repo, local_files_only=True)
+    except Exception as error:  # the hub raises several kinds for "not cached"
+        raise CheckpointUnavailable(
+            f"checkpoint {name} ({repo}) is not in the local Hugging Face cache "
+            f"({type(error).__name__}); nothing is downloaded"
+        ) from None
+    if not isinstance(path, str) or not os.path.isfile(os.path.join(path, "config.json")):
+        raise CheckpointUnavailable(f"checkpoint {name} ({repo}): cached snapshot has no config")
+    return path
+
+
+def load_checkpoint(name: str) -> HfDecoder:
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    path = checkpoint_path(name)
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(
+        path,
+        dtype=torch.float32,
+        attn_implementation="eager",
+        local_files_only=True,
+        trust_remote_code=name == "internlm2",  # internlm2 ships its modelling code
+    )
+    return HfDecoder(name, model, CHECKPOINT_CONTEXT)
+
+
+def model_names() -> list[str]:
+    return ["probe", *TINY, *CHECKPOINTS]
+
+
+def load_model(name: str, seed: int = 0) -> DecoderModel:
+    """Model `name`; ValueError if unknown, CheckpointUnavailable if a checkpoint is absent."""
+    loaders: dict[str, Callable[[], DecoderModel]] = {
+        "probe": lambda: ProbeDecoder(ProbeSpec(seed=seed)),
+        **{n: (lambda n=n: build_tiny(n, seed)) for n in TINY},  # type: ignore[misc]
+        **{n: (lambda n=n: load_checkpoint(n)) for n in CHECKPOINTS},  # type: ignore[misc]
+    }
+    if name not in loaders:
+        raise ValueError(f"unknown model {name!r}; choose one of: {', '.join(model_names())}")
+    return loaders[name]()

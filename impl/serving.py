@@ -1,0 +1,275 @@
+"""Continuous batching over the runner: prompts, a KV budget that preempts, device-resident context.
+
+`ServingEngine` is the engine (`engine.py`: depth 1 or 2 from the resolved async setting, the
+phases in pipeline order, stop tokens) plus what serving a decoder model needs:
+
+- requests carry a whole prompt (ids checked against the vocabulary at submit, before anything
+  is scheduled), max_tokens and stop ids;
+- each admitted request holds one KV block (a device row of the context table) until it
+  finishes, aborts or is preempted;
+- a KV budget in tokens: before each step, if the contexts the step would grow exceed it, the
+  newest-arrived running request is preempted (its block freed, its in-flight tokens dropped);
+  preempted requests resume first, when the budget allows, rebuilt from the host's token list;
+- each step stages its rows' context inputs (block, write index, prefill) between the runner's
+  schedule and combine.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+
+from .engine import Engine, EngineConfig, Order
+from .models import DecoderModel
+from .probe import ProbeSpec
+from .runner import CLOSED, Status
+from .serving_backend import ServingBackend
+from .serving_context import ContextRows
+
+
+class InvalidRequest(ValueError):
+    """A request the engine refuses at submit: nothing of it was scheduled."""
+
+
+@dataclass
+class ServingConfig:
+    async_scheduling: str = "auto"
+    rows: int = 8
+    slots: int = 2
+    kv_tokens: int | None = None
+    """KV budget in context tokens across admitted requests (None: no limit beyond rows)."""
+    trace: bool = False
+    guard: bool = True
+    drain_on_layout_change: bool = False
+
+
+@dataclass
+class _Request:
+    prompt: tuple[int, ...]
+    max_tokens: int
+    stop_ids: frozenset[int]
+    arrival: int
+
+
+@dataclass
+class KvStats:
+    preemptions: int = 0
+    resumes: int = 0
+    peak_tokens: int = 0
+    prefills: int = 0
+    preempted: set[int] = field(default_factory=set)
+
+
+class ServingEngine(Engine):
+    def __init__(
+        self,
+        backend: ServingBackend,
+        config: ServingConfig | None = None,
+        order: Order | None = None,
+    ) -> None:
+        self.model: DecoderModel = backend.model
+        self.serving = config or ServingConfig()
+        c = self.serving
+        super().__init__(
+            backend,
+            EngineConfig(
+                async_scheduling=c.async_scheduling,
+                rows=c.rows,
+                slots=c.slots,
+                # The runner checks ids and lengths against this range; the model is elsewhere.
+                probe=ProbeSpec(vocab=self.model.vocab, max_positions=self.model.max_context),
+                trace=c.trace,
+                guard=c.guard,
+                drain_on_layout_change=c.drain_on_layout_change,
+            ),
+            order,
+        )
+        assert backend.context is not None  # set when the runner allocated the mirror
+        self.context = backend.context
+        self.requests: dict[int, _Request] = {}
+        self.queued: list[int] = []  # submitted, never admitted, in arrival order
+        self.block_of: dict[int, int] = {}
+        self.free_blocks = list(range(c.rows))
+        self.needs_prefill: set[int] = set()
+        self.kv = KvStats()
+        self._arrivals = 0
+
+    # --- requests --------------------------------------------------------------------------------
+    def submit(  # type: ignore[override]
+        self,
+        req: int,
+        prompt: Sequence[int],
+        *,
+        max_tokens: int = 16,
+        stop_ids: Iterable[int] = (),
+    ) -> None:
+        """Queue a request; InvalidRequest (nothing queued) if the engine can never serve it."""
+        ids = self._check(req, prompt, max_tokens)
+        self.requests[req] = _Request(ids, max_tokens, frozenset(stop_ids), self._arrivals)
+        self._arrivals += 1
+        self.queued.append(req)
+
+    def abort(self, req: int) -> None:
+        if req in self.queued:
+            self.queued.remove(req)
+            self.requests.pop(req)
+            return
+        self.runner.abort(req)
+        self._reclaim()
+
+    def preempt(self, req: int) -> None:
+        self.runner.preempt(req)
+        self.kv.preemptions += 1
+        self.kv.preempted.add(req)
+        self._reclaim()
+
+    def resume(self, req: int) -> None:
+        raise NotImplementedError("the serving engine resumes preempted requests itself")
+
+    def tokens(self, req: int) -> list[int]:
+        return self.delivered(req)
+
+    def idle(self) -> bool:
+        r = self.runner
+        waiting = any(x.status == Status.PREEMPTED for x in r.requests.values())
+        return not self.queued and not waiting and not r.queue and not r.eligible()
+
+    def run(self, max_iterations: int = 1_000_000) -> None:
+        for _ in range(max_iterations):
+            self.step()
+            if self.idle():
+                return
+        raise RuntimeError(f"the engine did not go idle within {max_iterations} iterations")
+
+    # --- the engine's hooks ----------------------------------------------------------------------
+    def _admit(self) -> None:
+        """Reclaim blocks, preempt while over budget, then resume and admit while it fits."""
+        self._reclaim()
+        r = self.runner
+        victims = set()
+        while self._over_budget():
+            running = [q for q in self.block_of if r.status(q) == Status.RUNNING]
+            if not running:
+                break
+            victim = max(running, key=lambda q: self.requests[q].arrival)
+            self.preempt(victim)
+            victims.add(victim)
+        preempted = sorted(
+            (q for q, x in r.requests.items() if x.status == Status.PREEMPTED),
+            key=lambda q: self.requests[q].arrival,
+        )
+        for req in preempted:
+            # A request preempted just now waits a step: resuming it at once would only thrash.
+            if req in victims or not self._fits(req):
+                return  # first come, first served: nobody overtakes a preempted request
+            r.resume(req)
+            self._take_block(req)
+            self.kv.resumes += 1
+        while self.queued and self._fits(self.queued[0]):
+            req = self.queued.pop(0)
+            w = self.requests[req]
+            r.arrive(req, w.prompt[-1], max_tokens=w.max_tokens)
+            self.stop_ids[req] = w.stop_ids
+            self._take_block(req)
+        self.kv.peak_tokens = max(self.kv.peak_tokens, self._usage())
+
+    def _scheduled(self, q: int) -> None:
+        """Stage the step's context rows: block, write index, and prefill from host tokens."""
+        step = self.runner.queue[q]
+        active, block, write_at, prefill, request = ([] for _ in range(5))
+        prefill_ids: list[tuple[int, ...]] = []
+        for row in step.rows:
+            w = self.requests[row.req]
+            at = len(w.prompt) - 1 + row.pos
+            fresh = row.live and row.req in self.needs_prefill
+            active.append(int(row.live))
+            block.append(self.block_of.get(row.req, 0))
+            write_at.append(at)
+            prefill.append(int(fresh))
+            request.append(row.req)
+            if fresh:
+                # Re-entering: the block is rebuilt from the host's authoritative tokens.
+                known = w.prompt + tuple(self.runner.requests[row.req].delivered)
+                prefill_ids.append(known[:at])
+                self.needs_prefill.discard(row.req)
+                self.kv.prefills += 1
+            else:
+                prefill_ids.append(())
+        self.context.stage(
+            ContextRows(
+                tuple(active),
+                tuple(block),
+                tuple(write_at),
+                tuple(prefill),
+                tuple(prefill_ids),
+                tuple(request),
+            )
+        )
+
+    # --- KV blocks and budget --------------------------------------------------------------------
+    def _check(self, req: int, prompt: Sequence[int], max_tokens: int) -> tuple[int, ...]:
+        if req in self.requests or req in self.runner.requests:
+            raise InvalidRequest(f"request {req} was already submitted")
+        ids = tuple(prompt)
+        if not ids:
+            raise InvalidRequest(f"request {req}: the prompt is empty")
+        vocab = self.model.vocab
+        for i, t in enumerate(ids):
+            if isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < vocab:
+                raise InvalidRequest(
+                    f"request {req}: prompt id {t!r} at index {i} is outside the vocabulary "
+                    f"[0, {vocab}) of {self.model.name}"
+                )
+        if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
+            raise InvalidRequest(f"request {req}: max_tokens must be a positive integer")
+        need = len(ids) - 1 + max_tokens
+        if need > self.model.max_context - 1:
+            raise InvalidRequest(
+                f"request {req}: prompt ({len(ids)}) + max_tokens ({max_tokens}) exceeds the "
+                f"context of {self.model.name} ({self.model.max_context})"
+            )
+        budget = self.serving.kv_tokens
+        if budget is not None and need > budget:
+            raise InvalidRequest(
+                f"request {req}: it needs {need} KV tokens, the budget is {budget} in all"
+            )
+        return ids
+
+    def _context_after_step(self, req: int) -> int:
+        """Context tokens `req` holds once the next step ran (in-flight tokens included)."""
+        r = self.runner
+        grows = r.status(req) in (Status.WAITING, Status.RUNNING) and r.next_pos(req) < (
+            self.requests[req].max_tokens
+        )
+        return len(self.requests[req].prompt) - 1 + r.next_pos(req) + int(grows)
+
+    def _usage(self) -> int:
+        return sum(self._context_after_step(q) for q in self.block_of)
+
+    def _over_budget(self) -> bool:
+        budget = self.serving.kv_tokens
+        return budget is not None and self._usage() > budget
+
+    def _fits(self, req: int) -> bool:
+        if not self.free_blocks:
+            return False
+        budget = self.serving.kv_tokens
+        if budget is None:
+            return True
+        delivered = len(self.runner.requests[req].delivered) if req in self.runner.requests else 0
+        need = len(self.requests[req].prompt) + delivered  # its context after one step
+        return self._usage() + need <= budget
+
+    def _take_block(self, req: int) -> None:
+        self.block_of[req] = self.free_blocks.pop(0)
+        self.needs_prefill.add(req)
+
+    def _reclaim(self) -> None:
+        """Free the blocks of requests that closed or were preempted (device order keeps any
+        in-flight write to a freed block ahead of its next owner's prefill)."""
+        for req in list(self.block_of):
+            status = self.runner.status(req)
+            if status in CLOSED or status == Status.PREEMPTED:
+                self.free_blocks.append(self.block_of.pop(req))
+                self.needs_prefill.discard(req)
+        self.free_blocks.sort()

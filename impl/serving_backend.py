@@ -1,0 +1,154 @@
+"""A backend wrapper that serves a decoder model through the backend's own mirror.
+
+`ServingBackend(inner, model, sampling)` keeps everything the engine resolves from the backend
+(name, device, the async capability) and only changes what the mirror's launch computes: the
+model's forward over each row's device-resident context, then the sampler into the ring slot.
+The ring, combine, readback and their queue/event ordering stay the inner backend's.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Protocol
+
+import torch
+
+from .backend import Backend, Mirror, MirrorSpec, padded_rows
+from .cpu_backend import CpuBackend, CpuMirror
+from .device.sampling import sample_rows
+from .models import DecoderModel
+from .probe import ProbeSpec
+from .serving_context import ContextRows, SamplingParams, decode_rows
+
+
+class ContextStage(Protocol):
+    def stage(self, rows: ContextRows) -> None: ...
+
+
+class CpuDecoder:
+    """The cpu twin of `DeviceDecoder`: the same numerics on host tensors, synchronous."""
+
+    def __init__(
+        self, model: DecoderModel, width: int, blocks: int, sampling: SamplingParams
+    ) -> None:
+        self.model = model
+        self.width = width
+        self.sampling = sampling
+        self.history = torch.zeros(blocks, model.max_context, dtype=torch.int64)
+        self.rows = ContextRows((), (), (), (), (), ())
+        self.forwards = 0
+
+    def stage(self, rows: ContextRows) -> None:
+        self.rows = rows
+
+    def _column(self, values: tuple[int, ...]) -> torch.Tensor:
+        out = torch.zeros(self.width, dtype=torch.int64)
+        out[: len(values)] = torch.tensor(values, dtype=torch.int64)
+        return out
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        r = self.rows
+        table = torch.zeros(self.width, self.model.max_context, dtype=torch.int64)
+        for i, ids in enumerate(r.prefill_ids):
+            if ids:
+                table[i, : len(ids)] = torch.tensor(ids)
+        logits = decode_rows(
+            self.model,
+            self.history,
+            input_ids,
+            positions,
+            self._column(r.active),
+            self._column(r.block),
+            self._column(r.write_at),
+            self._column(r.prefill),
+            table,
+        )
+        self.forwards += 1
+        if self.sampling.greedy:
+            return torch.argmax(logits, dim=-1)
+        s, v = self.sampling, self.model.vocab
+        values = logits.to(torch.bfloat16).reshape(1, 1, self.width, v)  # as the device's typecast
+        indices = torch.arange(v).repeat(self.width, 1).reshape(1, 1, self.width, v)
+        full = lambda x: torch.full((self.width,), x)  # noqa: E731
+        return sample_rows(
+            values,
+            indices,
+            full(s.top_k),
+            full(s.top_p).to(torch.bfloat16),
+            full(1.0 / s.temperature).to(torch.bfloat16),
+            seed=int(s.seed or 0),
+            requests=self._column(r.request),
+            positions=positions,
+        ).reshape(-1)
+
+
+class CpuServingMirror(CpuMirror):
+    """CpuMirror's ring and combine; the launch runs the decoder instead of the probe."""
+
+    def __init__(self, spec: MirrorSpec, decoder: CpuDecoder) -> None:
+        # The probe table is not used here: build the smallest one rather than a [V+P, V] one.
+        super().__init__(dataclasses.replace(spec, probe=ProbeSpec(vocab=2, max_positions=1)))
+        self.spec = spec
+        self.decoder = decoder
+
+    def launch(self, slot: int) -> None:
+        self.ring[slot] = self.decoder.forward(self._input_ids, self._positions)
+        self.launches += 1
+
+
+class ServingBackend(Backend):
+    """`inner` ("tt" or "cpu" backend) serving `model` with `sampling`."""
+
+    def __init__(
+        self,
+        inner: Backend,
+        model: DecoderModel,
+        sampling: SamplingParams | None = None,
+        *,
+        device_delay_s: float = 0.0,
+    ) -> None:
+        self.inner = inner
+        self.model = model
+        self.sampling = sampling or SamplingParams()
+        self.device_delay_s = device_delay_s
+        self.name = inner.name
+        self.context: ContextStage | None = None
+        """The opened mirror's context stager: the engine stages each step's rows through it."""
+
+    def supports_async_sampled_token_readback(self) -> bool:
+        return self.inner.supports_async_sampled_token_readback()
+
+    def device_kind(self) -> str:
+        return self.inner.device_kind()
+
+    def info(self) -> dict[str, Any]:
+        return self.inner.info()
+
+    def open_mirror(self, spec: MirrorSpec) -> Mirror:
+        blocks = spec.rows  # a request holds a block only while it can hold a row
+        width = padded_rows(spec.rows)
+        if isinstance(self.inner, CpuBackend):
+            if spec.trace:
+                raise ValueError("the cpu backend has no traces: open the mirror with trace=False")
+            cpu = CpuDecoder(self.model, width, blocks, self.sampling)
+            self.context = cpu
+            return CpuServingMirror(spec, cpu)
+        from .serving_device import DeviceDecoder
+        from .tt_backend import TtBackend, TtMirror
+
+        if not isinstance(self.inner, TtBackend):
+            raise ValueError(f"cannot serve models on backend {self.inner.name!r}")
+        device = self.inner.open_device()
+        decoder = DeviceDecoder(
+            device, self.model, width, blocks, self.sampling, device_delay_s=self.device_delay_s
+        )
+        self.context = decoder
+        readback_cq = self.inner.readback_cq
+        if readback_cq is None:
+            readback_cq = 1 if getattr(device, "num_command_queues", 1) >= 2 else 0
+        return TtMirror(device, spec, readback_cq, model=decoder)
+
+    def close(self) -> None:
+        closer = getattr(self.inner, "close", None)
+        if closer is not None:
+            closer()

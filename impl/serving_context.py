@@ -1,0 +1,92 @@
+"""Per-row context of a serving step and the decoder step's numerics (shared by tt and cpu).
+
+Each request that holds a KV block owns one row of the `history` table ([blocks, max_context]
+token ids): it is the recompute form of a KV cache, and it lives on the device. A step's row i
+
+    1. prefill rows only: history[block, :at] = prefill_ids[i, :at]   (host's authoritative tokens)
+    2. history[block, at] = input_ids[i]          (the combined id: host's, or the mirror's)
+    3. logits[i] = model.logits(history[block, :at + 1], pos[i])
+
+so in steady decode the newest token reaches the context from the device only; the host rewrites
+a block from its own token list only when a request (re)enters: on arrival and after preemption,
+when the device row it had is no longer its.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from .models import DecoderModel
+
+UINT32_MASK = 0xFFFFFFFF
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """Greedy (`seed is None`) or seeded top-k/top-p sampling; one setting per engine."""
+
+    seed: int | None = None
+    top_k: int = 8
+    top_p: float = 0.9
+    temperature: float = 1.0
+
+    @property
+    def greedy(self) -> bool:
+        return self.seed is None
+
+    def describe(self) -> str:
+        if self.greedy:
+            return "greedy"
+        return f"seeded(seed={self.seed}, k={self.top_k}, p={self.top_p}, T={self.temperature})"
+
+
+@dataclass(frozen=True)
+class ContextRows:
+    """The host's part of one step's context, one entry per row (unused rows: inactive)."""
+
+    active: tuple[int, ...]
+    block: tuple[int, ...]
+    write_at: tuple[int, ...]
+    """Index in the context where the row's input id goes (prompt length - 1 + pos)."""
+    prefill: tuple[int, ...]
+    prefill_ids: tuple[tuple[int, ...], ...]
+    """For prefill rows: the context before `write_at`, from the host's token list."""
+    request: tuple[int, ...]
+    """The request each row holds: seeded sampling draws by (seed, request, position)."""
+
+    def any_prefill(self) -> bool:
+        return any(self.prefill)
+
+
+def decode_rows(
+    model: DecoderModel,
+    history: torch.Tensor,
+    input_ids: torch.Tensor,
+    positions: torch.Tensor,
+    active: torch.Tensor,
+    block: torch.Tensor,
+    write_at: torch.Tensor,
+    prefill: torch.Tensor,
+    prefill_ids: torch.Tensor,
+) -> torch.Tensor:
+    """Apply one step to `history` in place and return [rows, V] float32 logits.
+
+    Ids arrive as device integers: a -1 placeholder wraps to 2**32 - 1 and is clamped to the last
+    vocabulary id (a wrong token, as on a device, not a crash).
+    """
+    rows = input_ids.numel()
+    logits = torch.zeros(rows, model.vocab, dtype=torch.float32)
+    ids = (input_ids.reshape(-1).to(torch.int64) & UINT32_MASK).clamp(max=model.vocab - 1)
+    flags = active.reshape(-1).tolist()
+    for i in range(rows):
+        if not flags[i]:
+            continue
+        b, at = int(block.reshape(-1)[i]), int(write_at.reshape(-1)[i])
+        if int(prefill.reshape(-1)[i]):
+            history[b, :at] = prefill_ids[i, :at].to(history.dtype)
+        history[b, at] = int(ids[i])
+        context = history[b, : at + 1].to(torch.int64)
+        logits[i] = model.logits(context, int(positions.reshape(-1)[i]))
+    return logits

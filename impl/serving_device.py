@@ -1,0 +1,182 @@
+"""The serving forward on a TT device: the decoder step as a device op, the sampler into the slot.
+
+    stage(rows)                      copy_host_to_device_tensor of the step's context inputs (CQ0)
+    forward(input_ids, positions, slot), all on CQ0:
+      decoder_forward                history (the KV blocks) updated, logits [1, 1, W, V] float32
+      argmax(logits, output_tensor=slot)                                          greedy, or
+      typecast(logits -> bf16); sampling(values, indices, k, p, temp, seed, output_tensor=slot)
+
+The decoder op's numerics are `serving_context.decode_rows` (a torch function over the model):
+on the emulated device it is a program on the command queue like any ttnn op, reading and writing
+DRAM when the queue reaches it, so it is ordered by the queue, visible to the hazard checks, and
+traceable. No ttnn kernel computes a `transformers` model, so on a chip this op does not exist:
+there the TT model stacks' own decode would take its place (not shipped: never run here).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import torch
+import ttnn
+
+from .device import EmulatedMeshDevice, bind_sampling_identity
+from .device.commands import Program
+from .models import DecoderModel
+from .serving_context import ContextRows, SamplingParams, decode_rows
+
+
+def _allocate(device: Any, shape: list[int], dtype: ttnn.DataType) -> ttnn.Tensor:
+    return ttnn.allocate_tensor_on_device(ttnn.Shape(shape), dtype, ttnn.ROW_MAJOR_LAYOUT, device)
+
+
+def _host(values: torch.Tensor, dtype: ttnn.DataType) -> ttnn.Tensor:
+    return ttnn.from_torch(values, dtype=dtype, layout=ttnn.ROW_MAJOR_LAYOUT)
+
+
+def _ids(values: tuple[int, ...] | list[int], width: int) -> torch.Tensor:
+    row = torch.zeros(1, width, dtype=torch.int32)
+    if values:
+        row[0, : len(values)] = torch.tensor(values, dtype=torch.int32)
+    return row
+
+
+class DeviceDecoder:
+    """Persistent context tensors (allocated at load), the decoder op and the sampler."""
+
+    def __init__(
+        self,
+        device: Any,
+        model: DecoderModel,
+        width: int,
+        blocks: int,
+        sampling: SamplingParams,
+        cq: int = 0,
+        device_delay_s: float = 0.0,
+    ) -> None:
+        if not isinstance(device, EmulatedMeshDevice):
+            raise NotImplementedError(
+                f"the {model.name} forward runs as an emulated-device op; on a chip it needs the "
+                "TT model stack's decode, which is not part of ttmirror (use the emulated device)"
+            )
+        self.device = device
+        self.model = model
+        self.width = width
+        self.sampling = sampling
+        self.cq = cq
+        self.device_delay_s = device_delay_s
+        """Extra time the decoder op holds its queue (benchmarks: a chip's forward time)."""
+        length, vocab = model.max_context, model.vocab
+        self.history = _allocate(device, [blocks, length], ttnn.uint32)
+        self.active, self.block, self.write_at, self.prefill, self.request = (
+            _allocate(device, [1, width], ttnn.uint32) for _ in range(5)
+        )
+        self.prefill_ids = _allocate(device, [width, length], ttnn.uint32)
+        self.logits = _allocate(device, [1, 1, width, vocab], ttnn.float32)
+        for tensor, shape in (
+            (self.history, (blocks, length)),
+            (self.prefill_ids, (width, length)),
+            *((t, (1, width)) for t in (self.active, self.block, self.write_at, self.prefill)),
+            (self.request, (1, width)),
+        ):
+            # Zero-filled: no op ever reads uninitialised DRAM as a block index or token.
+            ttnn.copy_host_to_device_tensor(
+                _host(torch.zeros(shape, dtype=torch.int32), ttnn.uint32), tensor, cq_id=cq
+            )
+        if not sampling.greedy:
+            self.values = _allocate(device, [1, 1, width, vocab], ttnn.bfloat16)
+            self.indices = ttnn.from_torch(
+                torch.arange(vocab, dtype=torch.int32).repeat(width, 1).reshape(1, 1, width, vocab),
+                dtype=ttnn.int32,
+                layout=ttnn.ROW_MAJOR_LAYOUT,
+                device=device,
+                cq_id=cq,
+            )
+            self.k = ttnn.from_torch(
+                torch.full((width,), sampling.top_k, dtype=torch.int32),
+                dtype=ttnn.uint32,
+                layout=ttnn.ROW_MAJOR_LAYOUT,
+                device=device,
+                cq_id=cq,
+            )
+            self.p, self.temp = (
+                ttnn.from_torch(
+                    torch.full((width,), value, dtype=torch.bfloat16),
+                    dtype=ttnn.bfloat16,
+                    layout=ttnn.ROW_MAJOR_LAYOUT,
+                    device=device,
+                    cq_id=cq,
+                )
+                for value in (sampling.top_p, 1.0 / sampling.temperature)
+            )
+        self.forwards = 0
+
+    def stage(self, rows: ContextRows) -> None:
+        """Host writes of the step's context inputs, in queue order before its forward."""
+        w = self.width
+        for values, target in (
+            (rows.active, self.active),
+            (rows.block, self.block),
+            (rows.write_at, self.write_at),
+            (rows.prefill, self.prefill),
+            (rows.request, self.request),
+        ):
+            ttnn.copy_host_to_device_tensor(_host(_ids(values, w), ttnn.uint32), target, cq_id=0)
+        if rows.any_prefill():  # steady decode: nothing of the context comes from the host
+            table = torch.zeros(w, self.model.max_context, dtype=torch.int32)
+            for i, ids in enumerate(rows.prefill_ids):
+                if ids:
+                    table[i, : len(ids)] = torch.tensor(ids, dtype=torch.int32)
+            ttnn.copy_host_to_device_tensor(_host(table, ttnn.uint32), self.prefill_ids, cq_id=0)
+
+    def forward(self, input_ids: ttnn.Tensor, positions: ttnn.Tensor, slot: ttnn.Tensor) -> None:
+        """Enqueue the decoder op and the sampler; the sampler writes straight into `slot`."""
+        self._enqueue_decoder(input_ids, positions)
+        with ttnn.command_queue(self.cq):
+            if self.sampling.greedy:
+                ttnn.argmax(self.logits, dim=-1, output_tensor=slot)
+            else:
+                bind_sampling_identity(self.device, self.request, positions)
+                ttnn.typecast(self.logits, ttnn.bfloat16, output_tensor=self.values)
+                ttnn.sampling(
+                    self.values,
+                    self.indices,
+                    self.k,
+                    self.p,
+                    self.temp,
+                    seed=int(self.sampling.seed or 0),
+                    output_tensor=slot,
+                )
+        self.forwards += 1
+
+    def _enqueue_decoder(self, input_ids: ttnn.Tensor, positions: ttnn.Tensor) -> None:
+        inputs = [
+            input_ids,
+            positions,
+            self.active,
+            self.block,
+            self.write_at,
+            self.prefill,
+            self.prefill_ids,
+        ]
+        # Views at fixed addresses, as every emulated op: a trace replays the same bytes.
+        views = [t.data for t in inputs]
+        history, destination = self.history.data, self.logits.flat
+        model, delay = self.model, self.device_delay_s
+
+        def body() -> None:
+            started = time.perf_counter()
+            logits = decode_rows(model, history, *views)
+            destination.copy_(logits.reshape(-1))
+            if delay > 0:  # the rest of a chip's forward time (sleep frees the GIL, as a chip)
+                time.sleep(max(0.0, delay - (time.perf_counter() - started)))
+
+        program = Program(
+            "decoder_forward",
+            reads=tuple(t.buffer for t in (*inputs, self.history)),
+            writes=(self.history.buffer, self.logits.buffer),
+            body=body,
+            cache_key=("decoder_forward", id(self)),
+        )
+        self.device.launch(program, self.cq)
