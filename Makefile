@@ -15,9 +15,9 @@ PYTHON312 ?= $(shell for c in python3.12 "$$HOME/.pyenv/versions/3.12.1/bin/pyth
 help:
 	@echo "make demo         check the model at default bounds, write graphs to out/"
 	@echo "make test         the whole test suite (what CI runs)"
-	@echo "make bench-check  explorer speed at two bounds"
+	@echo "make bench-check  python explorer beside TLC at two bounds"
 	@echo "make bench-device emulated device commands per second"
-	@echo "make spec         regenerate the diagram in specs/"
+	@echo "make spec         regenerate the generated parts of specs/"
 	@echo "make lint         ruff + mypy"
 
 setup: $(STAMP) system-deps
