@@ -58,6 +58,8 @@ class KvStats:
     peak_tokens: int = 0
     prefills: int = 0
     preempted: set[int] = field(default_factory=set)
+    resumed_at: dict[int, int] = field(default_factory=dict)
+    """Tokens each resumed request had at its last resume."""
 
 
 class ServingEngine(Engine):
@@ -165,6 +167,7 @@ class ServingEngine(Engine):
             r.resume(req)
             self._take_block(req)
             self.kv.resumes += 1
+            self.kv.resumed_at[req] = len(r.requests[req].delivered)
         while self.queued and self._fits(self.queued[0]):
             req = self.queued.pop(0)
             w = self.requests[req]

@@ -1,0 +1,138 @@
+"""A serving workload: staggered arrivals, different lengths, stop tokens, an abort, KV pressure.
+
+Every event that changes what a request is owed is tied to the request's own progress (the
+tokens it has received), never to a step number, so the same workload must deliver the same
+tokens at depth 1 and depth 2. `run_workload` also records what really happened (stops hit,
+aborts with rows in flight, preemptions forced by the KV budget) so a test can require it.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from .runner import Status
+from .serving import ServingEngine
+
+
+@dataclass(frozen=True)
+class RequestPlan:
+    req: int
+    arrival: int
+    """Engine iteration at which it is submitted."""
+    prompt: tuple[int, ...]
+    max_tokens: int
+    stop_ids: frozenset[int] = frozenset()
+    abort_after: int | None = None
+    """Aborted once it has received this many tokens."""
+
+
+@dataclass
+class Outcome:
+    tokens: dict[int, list[int]]
+    statuses: dict[int, Status]
+    iterations: int
+    seconds: float
+    stats: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def generated(self) -> int:
+        return sum(len(t) for t in self.tokens.values())
+
+    def stopped(self, plan: list[RequestPlan]) -> list[int]:
+        """Requests that finished on a stop token before their max_tokens."""
+        by_req = {p.req: p for p in plan}
+        return [
+            r
+            for r, toks in self.tokens.items()
+            if self.statuses[r] == Status.FINISHED
+            and toks
+            and toks[-1] in by_req[r].stop_ids
+            and len(toks) < by_req[r].max_tokens
+        ]
+
+
+def standard_plan(vocab: int, requests: int = 8, scale: int = 1) -> list[RequestPlan]:
+    """The battery's workload: arrivals over the first dozen iterations, prompts of 2 to 6 ids,
+    6 to 15 tokens each, stop sets of a quarter of the vocabulary on every third request,
+    request 5 aborted after 3 tokens. Requests 1 and 2 have no stop and run together to
+    contexts of 13 and 19 tokens: a KV budget under 27 must preempt. `scale` multiplies the
+    lengths (benchmarks)."""
+    plan = []
+    for i in range(requests):
+        prompt = tuple((13 * i + 7 * j + 1) % vocab for j in range(2 + i % 5))
+        stops = (
+            frozenset((31 * i + 11 * j) % vocab for j in range(max(1, vocab // 4)))
+            if i % 3 == 0
+            else frozenset()
+        )
+        plan.append(
+            RequestPlan(
+                req=i,
+                arrival=(0, 0, 1, 2, 4, 6, 9, 12)[i % 8] + 14 * (i // 8),
+                prompt=prompt,
+                max_tokens=(6 + (5 * i) % 10) * scale,
+                stop_ids=stops,
+                abort_after=3 if i % 8 == 5 else None,
+            )
+        )
+    return plan
+
+
+def run_workload(
+    engine: ServingEngine,
+    plan: list[RequestPlan],
+    *,
+    on_step: Callable[[ServingEngine], None] | None = None,
+    max_iterations: int = 100_000,
+) -> Outcome:
+    runner = engine.runner
+    pending = sorted(plan, key=lambda p: (p.arrival, p.req))
+    by_req = {p.req: p for p in plan}
+    aborted: set[int] = set()
+    it = 0
+    start = time.perf_counter()
+    while True:
+        while pending and pending[0].arrival <= it:
+            p = pending.pop(0)
+            engine.submit(p.req, p.prompt, max_tokens=p.max_tokens, stop_ids=p.stop_ids)
+        engine.step()
+        if on_step is not None:
+            on_step(engine)
+        for req, r in list(runner.requests.items()):
+            p = by_req[req]
+            if (
+                p.abort_after is not None
+                and req not in aborted
+                and len(r.delivered) >= p.abort_after
+                and r.status in (Status.WAITING, Status.RUNNING, Status.PREEMPTED)
+            ):
+                engine.abort(req)
+                aborted.add(req)
+        it += 1
+        if not pending and engine.idle():
+            break
+        if it > max_iterations:
+            raise RuntimeError(f"the workload did not finish within {max_iterations} iterations")
+    seconds = time.perf_counter() - start
+    return Outcome(
+        tokens={req: list(r.delivered) for req, r in sorted(runner.requests.items())},
+        statuses={req: r.status for req, r in sorted(runner.requests.items())},
+        iterations=it,
+        seconds=seconds,
+        stats={
+            **runner.describe(),
+            **{f"engine_{k}": v for k, v in engine.stats.items()},
+            "kv_preemptions": engine.kv.preemptions,
+            "kv_resumes": engine.kv.resumes,
+            "kv_prefills": engine.kv.prefills,
+            "kv_peak_tokens": engine.kv.peak_tokens,
+            "preempted_requests": sorted(engine.kv.preempted),
+            "resumed_and_progressed": sorted(
+                r for r, at in engine.kv.resumed_at.items() if len(runner.requests[r].delivered) > at
+            ),
+            "aborted_requests": sorted(aborted),
+        },
+    )

@@ -1,0 +1,225 @@
+"""The serving parity battery: async (depth 2) serving equals sync (depth 1), token for token.
+
+One case per model: the probe, tiny Qwen3/Mistral/Llama built from seeded random weights, and
+the real checkpoints when they are in the local Hugging Face cache (else SKIP, naming them).
+Each case loads the engine with async scheduling on *auto* and first REQUIREs that it resolved
+on with max_concurrent_batches() == 2: a case whose async path never engages fails, it never
+skips. Then the same workload (staggered arrivals, different lengths, stop tokens, an abort, a
+KV budget that forces preemption) runs at depth 2 and at depth 1 (async off), greedy and seeded,
+on the emulated TT device with a seeded completion order and hazards raised; every scenario is
+checked to have really happened, and the outputs must be equal per request.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass
+from functools import cache
+
+import pytest
+import ttnn
+
+from ttmirror.impl.device import SeededScheduler, routing
+from ttmirror.impl.models import (
+    CHECKPOINTS,
+    TINY,
+    CheckpointUnavailable,
+    DecoderModel,
+    ProbeDecoder,
+    load_model,
+)
+from ttmirror.impl.probe import ProbeReference
+from ttmirror.impl.runner import Status
+from ttmirror.impl.serving import ServingConfig, ServingEngine
+from ttmirror.impl.serving_backend import ServingBackend
+from ttmirror.impl.serving_context import SamplingParams
+from ttmirror.impl.serving_workload import Outcome, RequestPlan, run_workload, standard_plan
+from ttmirror.impl.tt_backend import TtBackend
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+DRAM = 16 << 20
+ROWS = 6
+KV_TOKENS = 24  # requests 1 and 2 alone outgrow it (see standard_plan): preemption is forced
+SEED = 23
+SAMPLINGS = {"greedy": SamplingParams(), "seeded": SamplingParams(seed=SEED)}
+
+
+class AsyncGateError(AssertionError):
+    """The anti-vacuous gate: async scheduling did not engage."""
+
+
+@cache
+def _model(name: str) -> DecoderModel:
+    return load_model(name)
+
+
+@dataclass(frozen=True)
+class Run:
+    model: str
+    sampling: str
+    async_scheduling: str = "auto"
+    guard: bool = True
+    trace: bool = False
+
+
+def _require_async(enabled: bool, batches: int) -> None:
+    """REQUIRE(async_scheduling_enabled()); REQUIRE(max_concurrent_batches() == 2)."""
+    if not enabled:
+        raise AsyncGateError(
+            f"async scheduling resolved OFF (max_concurrent_batches={batches}): the depth-2 "
+            "path never engages"
+        )
+    if batches != 2:
+        raise AsyncGateError(f"max_concurrent_batches() is {batches}")
+
+
+def _serve(run: Run, plan: list[RequestPlan]) -> Outcome:
+    model = _model(run.model)
+    with routing.emulation(
+        force=True, dram_size=DRAM, hazard_mode="raise", scheduler=lambda: SeededScheduler(SEED)
+    ):
+        device = ttnn.open_mesh_device(
+            ttnn.MeshShape(1, 1), num_command_queues=2, trace_region_size=1 << 20
+        )
+        backend = ServingBackend(TtBackend(device), model, SAMPLINGS[run.sampling])
+        engine = ServingEngine(
+            backend,
+            ServingConfig(
+                async_scheduling=run.async_scheduling,
+                rows=ROWS,
+                kv_tokens=KV_TOKENS,
+                guard=run.guard,
+                trace=run.trace,
+            ),
+        )
+        try:
+            outcome = run_workload(engine, plan)
+            # What the engine resolved at load: the gate reads these.
+            outcome.stats["async_enabled"] = engine.async_scheduling_enabled()
+            outcome.stats["depth"] = engine.max_concurrent_batches()
+            outcome.stats["hazards"] = device.hazards.total
+        finally:
+            engine.close()
+            ttnn.close_mesh_device(device)
+    return outcome
+
+
+_runs: dict[Run, Outcome] = {}
+
+
+def _outcome(run: Run, gate: bool = False) -> Outcome:
+    if run not in _runs:
+        _runs[run] = _serve(run, standard_plan(_model(run.model).vocab))
+    out = _runs[run]
+    if gate:
+        _require_async(out.stats["async_enabled"], out.stats["depth"])
+    return out
+
+
+def _check_scenario(out: Outcome, plan: list[RequestPlan], depth: int) -> None:
+    """Each scenario of the workload really happened (a run that skipped one proves nothing)."""
+    s = out.stats
+    assert s["depth"] == depth
+    assert s["hazards"] == 0
+    assert out.stopped(plan), "no request finished on a stop token"
+    assert s["aborted_requests"] and all(
+        out.statuses[r] == Status.ABORTED for r in s["aborted_requests"]
+    ), "no abort happened"
+    assert s["kv_preemptions"] >= 1 and s["kv_resumes"] >= 1, "the KV budget forced no preemption"
+    assert s["kv_peak_tokens"] <= KV_TOKENS
+    # Resumed from the host's token list (its device row was gone), and went on generating.
+    assert s["resumed_and_progressed"], "no preempted request generated after its resume"
+    assert len({p.arrival for p in plan}) > 1 and len({p.max_tokens for p in plan}) > 1
+    assert all(out.statuses[p.req] in (Status.FINISHED, Status.ABORTED) for p in plan)
+    if depth == 2:
+        # The pipeline really ran two deep, rows really came from the mirror, and events really
+        # hit steps in flight.
+        assert s["overlapped_launches"] >= s["launches"] // 2
+        assert s["mirror_rows"] > 0
+        assert s.get("preempt_in_flight", 0) >= 1
+        assert s.get("abort_in_flight", 0) + s.get("finish_in_flight", 0) >= 1
+
+
+def _parity_case(model: str, sampling: str, async_scheduling: str = "auto") -> None:
+    plan = standard_plan(_model(model).vocab)
+    depth2 = _outcome(Run(model, sampling, async_scheduling), gate=True)
+    depth1 = _outcome(Run(model, sampling, "off"))
+    _check_scenario(depth2, plan, depth=2)
+    _check_scenario(depth1, plan, depth=1)
+    for p in plan:
+        assert depth2.tokens[p.req] == depth1.tokens[p.req], f"request {p.req} differs"
+    assert depth2.statuses == depth1.statuses
+
+
+# --- the battery ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("sampling", sorted(SAMPLINGS))
+@pytest.mark.parametrize("model", ["probe", *TINY])
+def test_async_serving_parity(model: str, sampling: str) -> None:
+    _parity_case(model, sampling)
+
+
+@pytest.fixture(params=sorted(CHECKPOINTS))
+def checkpoint(request: pytest.FixtureRequest) -> Iterator[str]:
+    name: str = request.param
+    try:
+        _model(name)
+    except CheckpointUnavailable as e:
+        pytest.skip(str(e))
+    yield name
+
+
+@pytest.mark.parametrize("sampling", sorted(SAMPLINGS))
+def test_async_serving_parity_checkpoint(checkpoint: str, sampling: str) -> None:
+    _parity_case(checkpoint, sampling)
+
+
+# --- the gate and the comparison can fail --------------------------------------------------------
+
+
+@pytest.mark.parametrize("model", ["probe", "tiny-qwen3"])
+def test_gate_fails_when_async_is_forced_off(model: str) -> None:
+    with pytest.raises(AsyncGateError, match="resolved OFF"):
+        _parity_case(model, "greedy", async_scheduling="off")
+
+
+def test_probe_matches_its_reference() -> None:
+    """Greedy probe tokens are a known function of (token, position): any stale id shows."""
+    model = _model("probe")
+    assert isinstance(model, ProbeDecoder)
+    reference = ProbeReference(model.spec)
+    out = _outcome(Run("probe", "greedy"), gate=True)
+    for p in standard_plan(model.vocab):
+        want = reference.sequence(p.prompt[-1], p.max_tokens)
+        got = out.tokens[p.req]
+        assert got == want[: len(got)]
+        if out.statuses[p.req] == Status.FINISHED and len(got) < p.max_tokens:
+            assert got[-1] in p.stop_ids
+
+
+def test_guard_off_breaks_parity() -> None:
+    """Twin: without the stale-host-ids guard, placeholders reach the model and tokens change."""
+    plan = standard_plan(_model("tiny-llama").vocab)
+    bad = _outcome(Run("tiny-llama", "greedy", guard=False), gate=True)
+    good = _outcome(Run("tiny-llama", "greedy", "off"))
+    assert any(bad.tokens[p.req] != good.tokens[p.req] for p in plan)
+
+
+def test_traced_depth2_matches_depth1() -> None:
+    """The decode step captured as traces at load and replayed: same tokens as eager depth 1."""
+    plan = standard_plan(_model("probe").vocab)
+    traced = _outcome(Run("probe", "seeded", trace=True), gate=True)
+    _check_scenario(traced, plan, depth=2)
+    assert traced.stats["trace_replays"] == traced.stats["launches"]
+    assert traced.tokens == _outcome(Run("probe", "seeded", "off")).tokens
+
+
+@pytest.mark.parametrize("model", ["probe", *TINY])
+def test_seeded_sampling_really_samples(model: str) -> None:
+    """The seeded cases are not greedy in disguise: some request's tokens differ."""
+    seeded = _outcome(Run(model, "seeded", "off")).tokens
+    greedy = _outcome(Run(model, "greedy", "off")).tokens
+    assert seeded != greedy
