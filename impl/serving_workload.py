@@ -131,7 +131,9 @@ def run_workload(
             "kv_peak_tokens": engine.kv.peak_tokens,
             "preempted_requests": sorted(engine.kv.preempted),
             "resumed_and_progressed": sorted(
-                r for r, at in engine.kv.resumed_at.items() if len(runner.requests[r].delivered) > at
+                r
+                for r, at in engine.kv.resumed_at.items()
+                if len(runner.requests[r].delivered) > at
             ),
             "aborted_requests": sorted(aborted),
         },
