@@ -17,11 +17,11 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any, Protocol
 
 import torch
 
+from .models_catalog import CHECKPOINTS, TINY_ARCHS, model_names
 from .probe import ProbeSpec, permutation
 
 
@@ -80,17 +80,7 @@ class HfDecoder:
         return out[0, -1].to(torch.float32)
 
 
-@dataclass(frozen=True)
-class TinyArch:
-    config_class: str
-    model_class: str
-
-
-TINY: dict[str, TinyArch] = {
-    "tiny-qwen3": TinyArch("Qwen3Config", "Qwen3ForCausalLM"),
-    "tiny-mistral": TinyArch("MistralConfig", "MistralForCausalLM"),
-    "tiny-llama": TinyArch("LlamaConfig", "LlamaForCausalLM"),
-}
+TINY = TINY_ARCHS
 TINY_VOCAB = 256
 TINY_CONTEXT = 128
 
@@ -99,8 +89,8 @@ def build_tiny(name: str, seed: int = 0) -> HfDecoder:
     """A real architecture at toy size; weights from `seed`, so every build is identical."""
     import transformers
 
-    arch = TINY[name]
-    config = getattr(transformers, arch.config_class)(
+    config_class, model_class = TINY[name]
+    config = getattr(transformers, config_class)(
         vocab_size=TINY_VOCAB,
         hidden_size=64,
         intermediate_size=128,
@@ -114,17 +104,10 @@ def build_tiny(name: str, seed: int = 0) -> HfDecoder:
     )
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        model = getattr(transformers, arch.model_class)(config).to(torch.float32)
+        model = getattr(transformers, model_class)(config).to(torch.float32)
     return HfDecoder(name, model, TINY_CONTEXT)
 
 
-CHECKPOINTS: dict[str, str] = {
-    "qwen3-0.6b": "Qwen/Qwen3-0.6B",
-    "qwen3-4b": "Qwen/Qwen3-4B",
-    "mistral-7b-v0.3": "mistralai/Mistral-7B-v0.3",
-    "llama-3.2-1b": "meta-llama/Llama-3.2-1B",
-    "internlm2": "internlm/internlm2_5-1_8b",
-}
 CHECKPOINT_CONTEXT = 256  # the serving workloads are short; recompute cost grows with context
 
 
@@ -158,10 +141,6 @@ def load_checkpoint(name: str) -> HfDecoder:
         trust_remote_code=name == "internlm2",  # internlm2 ships its modelling code
     )
     return HfDecoder(name, model, CHECKPOINT_CONTEXT)
-
-
-def model_names() -> list[str]:
-    return ["probe", *TINY, *CHECKPOINTS]
 
 
 def load_model(name: str, seed: int = 0) -> DecoderModel:

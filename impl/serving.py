@@ -106,7 +106,7 @@ class ServingEngine(Engine):
         stop_ids: Iterable[int] = (),
     ) -> None:
         """Queue a request; InvalidRequest (nothing queued) if the engine can never serve it."""
-        ids = self._check(req, prompt, max_tokens)
+        ids = self.validate(req, prompt, max_tokens)
         self.requests[req] = _Request(ids, max_tokens, frozenset(stop_ids), self._arrivals)
         self._arrivals += 1
         self.queued.append(req)
@@ -210,7 +210,8 @@ class ServingEngine(Engine):
         )
 
     # --- KV blocks and budget --------------------------------------------------------------------
-    def _check(self, req: int, prompt: Sequence[int], max_tokens: int) -> tuple[int, ...]:
+    def validate(self, req: int, prompt: Sequence[int], max_tokens: int) -> tuple[int, ...]:
+        """The request's prompt ids, or InvalidRequest saying why it can never be served."""
         if req in self.requests or req in self.runner.requests:
             raise InvalidRequest(f"request {req} was already submitted")
         ids = tuple(prompt)

@@ -1,0 +1,62 @@
+"""`ttmirror serve-demo`: outputs and timing on success; one line and exit 2 on bad input."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from ttmirror.cli import main
+
+
+def test_serve_demo_tt_prints_requests_and_timing() -> None:
+    # A subprocess: the tt backend routes ttnn to the emulated device for the whole process.
+    done = subprocess.run(
+        [sys.executable, "-m", "ttmirror", "serve-demo", "--model", "probe", "--backend", "tt"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    out = done.stdout
+    assert "max_concurrent_batches=2" in out and "async scheduling auto -> on" in out
+    assert out.count("  r") == 8 and "aborted" in out and "tok/s" in out
+    assert "preemptions" in out.splitlines()[-1]
+
+
+def test_serve_demo_cpu_seeded(capsys: pytest.CaptureFixture[str]) -> None:
+    code = main(["serve-demo", "--model", "probe", "--backend", "cpu", "--sampling", "seeded",
+                 "--requests", "3", "--max-tokens", "4"])
+    assert code == 0
+    assert "seeded(seed=0" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--prompt", "1,2,64"], "prompt id 64 at index 2 is outside the vocabulary [0, 64)"),
+        (["--prompt", "1,-3"], "prompt id -3 at index 1 is outside the vocabulary"),
+        (["--prompt", "a,b"], "--prompt must be comma-separated integers"),
+        (["--requests", "0"], "--requests must be at least 1"),
+        (["--model", "qwen3-4b"], "checkpoint qwen3-4b"),
+        (["--async-scheduling", "maybe"], "invalid choice"),
+    ],
+)
+def test_serve_demo_bad_input(
+    args: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    if args[:2] == ["--model", "qwen3-4b"]:
+        from ttmirror.impl.models import CheckpointUnavailable, checkpoint_path
+
+        try:
+            checkpoint_path("qwen3-4b")
+            pytest.skip("qwen3-4b is cached here")
+        except CheckpointUnavailable:
+            pass
+    base = ["serve-demo", "--backend", "cpu"] + ([] if "--model" in args else ["--model", "probe"])
+    code = main(base + args)
+    err = capsys.readouterr().err
+    assert code == 2
+    assert message in err
+    assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
