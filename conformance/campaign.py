@@ -1,0 +1,81 @@
+"""One Hypothesis campaign of the state machine: run it, time it, keep the shrunk failure.
+
+Every failure is written as an ITF trace into the directory the caller names; the result says
+where, with the seed, so a failure is its seed plus its trace and replays exactly.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from hypothesis import Verbosity, settings
+from hypothesis.stateful import run_state_machine_as_test
+
+from ..impl import faults
+from ..model.state import Bounds
+from . import itf
+from .lockstep import Divergence
+from .machine import EdgeSink, Recorder, machine
+
+
+@dataclass
+class Campaign:
+    backend: str
+    bug: str | None
+    seed: int | None
+    examples: int
+    steps: int
+    seconds: float
+    failed: bool
+    error: str | None = None
+    first_failure_examples: int | None = None
+    first_failure_seconds: float | None = None
+    trace_len: int | None = None
+    """Moves in the shrunk failing trace."""
+    trace_path: Path | None = None
+
+
+def run(
+    bounds: Bounds,
+    backend: str,
+    base: settings,
+    *,
+    seed: int | None = None,
+    bug: str | None = None,
+    trace_dir: Path | None = None,
+    on_run: EdgeSink | None = None,
+    max_examples: int | None = None,
+) -> Campaign:
+    """Run the state machine under `base` settings (a profile) with `bug` planted."""
+    recorder = Recorder(on_run=on_run)
+    cls = machine(bounds, backend, recorder)
+    overrides: dict[str, object] = {"verbosity": Verbosity.quiet}
+    if seed is not None:
+        overrides["derandomize"] = False
+        cls._hypothesis_internal_use_seed = seed  # type: ignore[attr-defined]
+    if max_examples is not None:
+        overrides["max_examples"] = max_examples
+    start = time.perf_counter()
+    error: BaseException | None = None
+    with faults.planted(bug):
+        try:
+            run_state_machine_as_test(cls, settings=settings(base, **overrides))  # type: ignore[arg-type]
+        except Exception as e:  # the shrunk failure, re-raised by Hypothesis
+            error = e
+    seconds = time.perf_counter() - start
+    result = Campaign(backend, bug, seed, recorder.examples, recorder.steps, seconds,
+                      failed=error is not None, error=None if error is None else str(error),
+                      first_failure_examples=recorder.first_failure_examples,
+                      first_failure_seconds=recorder.first_failure_seconds)
+    failure = recorder.last_failure
+    if error is not None and failure is not None:
+        result.trace_len = len(failure.moves)
+        if trace_dir is not None:
+            name = f"{bug or 'conformance'}-{backend}" + (f"-seed{seed}" if seed is not None else "")
+            err = failure.error if isinstance(failure.error, Divergence) else None
+            trace = itf.to_itf(bounds, backend, failure.prompts, failure.moves, failure.states,
+                               failure=err, bug=bug, seed=seed)
+            result.trace_path = itf.write(Path(trace_dir) / f"{name}.itf.json", trace)
+    return result

@@ -1,0 +1,313 @@
+"""Model and implementation in lockstep: one move at a time, checked after every move.
+
+This is the runner half of the quickcheck-dynamic split: the model (`model.actions`) decides
+what is enabled and what must happen; this module performs the same action on a `Runner` and
+checks that the abstraction of the runner equals the model state and that the model's
+invariants hold. Three kinds of move:
+
+- ``act``: a model action (enabled in the model); the implementation must accept it;
+- ``device``: complete the next command on CQ0 or CQ1 of the emulated device (the model does
+  not see it: the abstraction must not change);
+- ``refuse``: an action the model says is disabled; the implementation must refuse it with
+  `PhaseError` and change nothing (conformance in the other direction).
+
+Every random choice belongs to the caller (Hypothesis or the guided walker); the device runs
+under a `ManualScheduler`, so a list of moves replays exactly.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..impl.cpu_backend import CpuBackend
+from ..impl.probe import ProbeReference, ProbeSpec
+from ..impl.runner import PhaseError, Runner, RunnerConfig
+from ..model import actions as A
+from ..model.actions import Action
+from ..model.invariants import INVARIANTS
+from ..model.state import Bounds, State, Status, initial_state
+from .abstraction import Abstract, abstract, diff, project
+
+DRAM = 1 << 20
+TRACE_REGION = 1 << 20
+BACKENDS = ("tt", "cpu")
+
+MODEL_FNS: dict[str, Callable[..., State | None]] = {
+    "allocate": A.allocate,
+    "arrive": A.arrive,
+    "schedule": A.schedule,
+    "combine": A.combine,
+    "launch": A.launch,
+    "readback_issue": A.readback_issue,
+    "readback_complete": A.readback_complete,
+    "apply": A.apply,
+    "release": A.release,
+    "finish": A.finish,
+    "abort": A.abort,
+    "preempt": A.preempt,
+    "resume": A.resume,
+}
+
+
+def model_step(s: State, b: Bounds, action: Action) -> State | None:
+    """The model's next state for `action`, or None when it is disabled."""
+    fn = MODEL_FNS[action.name]
+    return fn(s, b, action.args) if action.name == "schedule" else fn(s, b, *action.args)
+
+
+@dataclass(frozen=True)
+class Move:
+    """One step of a run: ``kind`` is act, device or refuse; ``action`` what was done."""
+
+    kind: str
+    action: Action
+
+    def label(self) -> str:
+        if self.kind == "device":
+            return f"device(cq={self.action.args[0]})"
+        if self.kind == "refuse":
+            return f"refuse {self.action.label()}"
+        return self.action.label()
+
+
+class Divergence(AssertionError):
+    """The implementation and the model disagree (or a model invariant broke)."""
+
+    def __init__(self, kind: str, message: str, step: int) -> None:
+        super().__init__(f"step {step}: {kind}: {message}")
+        self.kind = kind
+        self.message = message
+        self.step = step
+
+
+def prompts_from(base: int, requests: int, vocab: int = 64) -> tuple[int, ...]:
+    """Distinct last-prompt tokens, so no two requests share a reference sequence."""
+    return tuple((base + 17 * r) % vocab for r in range(requests))
+
+
+def permissive(b: Bounds) -> Bounds:
+    """The model's finite-instance knobs opened up: what the implementation has no notion of.
+
+    The implementation has no preemption budget and no feature toggles, so an action that the
+    model disables only because of them is not one the implementation must refuse.
+    """
+    return b._replace(finish=True, abort=True, preempt=True, preemptions=1 << 30, condense=True)
+
+
+class Lockstep:
+    """A model state and a runner on one backend, moved together."""
+
+    def __init__(
+        self,
+        bounds: Bounds,
+        backend: str = "tt",
+        prompts: Sequence[int] = (),
+        *,
+        refusals: bool = True,
+    ) -> None:
+        """`refusals`: after every act, try every model-disabled action on the implementation."""
+        if bounds.release_at != "complete":
+            raise ValueError("the implementation has no --release-at issue switch; plant the "
+                             "release-at-issue bug instead")
+        if backend not in BACKENDS:
+            raise ValueError(f"unknown backend {backend!r}; choose one of: {', '.join(BACKENDS)}")
+        self.bounds = bounds
+        self.backend = backend
+        self.refusals = refusals
+        self.prompts = tuple(prompts) or prompts_from(0, bounds.requests)
+        if len(self.prompts) != bounds.requests:
+            raise ValueError(f"{bounds.requests} requests need {bounds.requests} prompts")
+        probe = ProbeSpec()
+        ref = ProbeReference(probe)
+        self.references = [ref.sequence(p, bounds.max_tokens + 1) for p in self.prompts]
+        self.device: Any = None
+        self.runner = Runner(self._open_backend(backend), RunnerConfig(
+            depth=bounds.depth, slots=bounds.slots, rows=max(1, bounds.requests),
+            max_tokens=bounds.max_tokens, guard=bounds.guard, probe=probe,
+        ))
+        self.state = initial_state(bounds)
+        self.moves: list[Move] = []
+        self.states: list[State] = []
+        """Model state after each move (states[i] follows moves[i])."""
+        self.failure: Divergence | None = None
+        self._succ: tuple[State, list[tuple[Action, State]]] | None = None
+
+    def _open_backend(self, name: str) -> Any:
+        if name == "cpu":
+            return CpuBackend()
+        import ttnn
+
+        from ..impl.device import ManualScheduler, routing
+        from ..impl.tt_backend import TtBackend
+
+        # Emulated unless a chip is present; the device advances only when a move says so.
+        routing.install(scheduler=ManualScheduler, hazard_mode="raise", dram_size=DRAM)
+        self.device = ttnn.open_mesh_device(
+            ttnn.MeshShape(1, 1), num_command_queues=2, trace_region_size=TRACE_REGION
+        )
+        return TtBackend(self.device)
+
+    def close(self) -> None:
+        try:
+            self.runner.close()
+        finally:
+            if self.device is not None:
+                import ttnn
+
+                ttnn.close_mesh_device(self.device)
+                self.device = None
+
+    # --- what may happen next --------------------------------------------------------------------
+    def successors(self) -> list[tuple[Action, State]]:
+        if self._succ is None or self._succ[0] is not self.state:
+            self._succ = (self.state, list(A.successors(self.state, self.bounds)))
+        return self._succ[1]
+
+    def enabled(self, name: str | None = None) -> list[Action]:
+        return [a for a, _ in self.successors() if name is None or a.name == name]
+
+    def emulated(self) -> bool:
+        from ..impl.device import EmulatedMeshDevice
+
+        return isinstance(self.device, EmulatedMeshDevice)
+
+    def device_ready(self, cq: int) -> bool:
+        if not self.emulated():
+            return False
+        return any(c.cq == cq for c in self.device.ready_commands())
+
+    def refusable(self) -> list[Action]:
+        """Actions disabled in the model (even with its finite-instance knobs opened up)."""
+        s, b = self.state, self.bounds
+        loose = permissive(b)
+        todo = tuple(A.eligible(s, b))
+        candidates = [Action("allocate"), Action("apply")]
+        candidates += [Action("schedule", todo), Action("schedule", todo[:-1])]
+        candidates += [Action(n, (r,)) for n in A.REQUEST_ACTIONS for r in range(b.requests)]
+        candidates += [Action(n, (q,)) for n in A.STEP_ACTIONS for q in range(b.depth)]
+        candidates += [Action("release", (k,)) for k in range(b.slots)]
+        out = []
+        for a in dict.fromkeys(candidates):
+            if a.name == "schedule" and not a.args and todo:
+                continue  # an empty order when requests are eligible: same as todo[:-1] below
+            if model_step(s, loose, a) is None:
+                out.append(a)
+        return out
+
+    # --- moves -----------------------------------------------------------------------------------
+    def act(self, action: Action, expected: State | None = None) -> State:
+        """Perform an enabled model action on both sides, then check. Returns the new state."""
+        step = len(self.moves)
+        nxt = expected
+        if nxt is None:
+            nxt = model_step(self.state, self.bounds, action)
+        self._record(Move("act", action), nxt if nxt is not None else self.state)
+        if nxt is None:
+            self._fail("not-enabled", f"{action.label()} is disabled in the model", step)
+        try:
+            self._call(action)
+        except PhaseError as e:
+            self._fail("refused", f"the implementation refused {action.label()}: {e}", step)
+        except Exception as e:  # a hazard report or a crash: both are failures of the impl
+            self._fail(_kind(e), f"{action.label()}: {type(e).__name__}: {e}", step)
+        assert nxt is not None
+        self.state = nxt
+        self.check(step)
+        if self.refusals:
+            for disabled in self.refusable():
+                self.refuse(disabled, record=False)
+            self.check(step)  # once for the batch: each refusal must have changed nothing
+        return nxt
+
+    def advance_device(self, cq: int) -> None:
+        """Complete the next command on `cq`: a device-side event the model does not see."""
+        step = len(self.moves)
+        self._record(Move("device", Action("device", (cq,))), self.state)
+        try:
+            self.device.step(cq)
+        except Exception as e:
+            self._fail(_kind(e), f"device(cq={cq}): {type(e).__name__}: {e}", step)
+        self.check(step)
+
+    def refuse(self, action: Action, *, record: bool = True) -> None:
+        """A model-disabled action: the implementation must raise PhaseError, changing nothing.
+
+        With `record` False the move enters the trace only if it fails (after every act, each
+        disabled action is tried this way: recording them all would bury the trace).
+        """
+        step = len(self.moves)
+        self._record(Move("refuse", action), self.state)
+        try:
+            self._call(action)
+        except PhaseError:
+            pass
+        except Exception as e:
+            self._fail(_kind(e), f"refuse {action.label()}: {type(e).__name__}: {e}", step)
+        else:
+            self._fail("accepted", f"the implementation accepted {action.label()}, which the "
+                       "model disables", step)
+        if record:
+            self.check(step)
+        else:
+            self.moves.pop()
+            self.states.pop()
+
+    def check(self, step: int) -> None:
+        """Abstraction equals the model state; the model's invariants hold."""
+        expected, got = project(self.state), self.observe()
+        if expected != got:
+            self._fail("state", "; ".join(diff(expected, got)), step)
+        for inv in INVARIANTS:
+            if not inv.holds(self.state, self.bounds):
+                self._fail("invariant", f"{inv.name} is violated", step)
+
+    def observe(self) -> Abstract:
+        return abstract(self.runner.abstract(), self.references)
+
+    # --- helpers ---------------------------------------------------------------------------------
+    def _record(self, move: Move, state: State) -> None:
+        self.moves.append(move)
+        self.states.append(state)
+
+    def _fail(self, kind: str, message: str, step: int) -> None:
+        self.failure = Divergence(kind, message, step)
+        raise self.failure
+
+    def _call(self, action: Action) -> None:
+        r, args = self.runner, action.args
+        match action.name:
+            case "allocate":
+                r.allocate()
+            case "arrive":
+                r.arrive(args[0], self.prompts[args[0]], max_tokens=self.bounds.max_tokens)
+            case "schedule":
+                r.schedule(list(args))
+            case "apply":
+                r.apply()
+            case name if name in A.STEP_ACTIONS or name in A.REQUEST_ACTIONS or name == "release":
+                getattr(r, name)(args[0])
+            case _:
+                raise ValueError(f"unknown action {action.name!r}")
+
+
+def _kind(error: BaseException) -> str:
+    from ..impl.device import HazardError
+
+    if isinstance(error, HazardError):
+        return f"hazard:{error.hazard.kind}"
+    return "crash"
+
+
+@dataclass
+class RunResult:
+    """What a finished run did (for coverage and reports)."""
+
+    moves: list[Move] = field(default_factory=list)
+    states: list[State] = field(default_factory=list)
+    failure: Divergence | None = None
+
+
+def status_name(s: State, req: int) -> str:
+    return Status(s.requests[req].status).name

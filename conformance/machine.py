@@ -1,0 +1,126 @@
+"""The Hypothesis state machine: the model's actions, device progress and request events as rules.
+
+Each model action is one rule whose precondition is the model's enabledness (some instance of it
+is enabled); the rule draws one enabled instance (a queue position, a request, a slot, a row
+order) and performs it in lockstep (`Lockstep.act`), which checks the abstraction, the model's
+invariants and that every model-disabled action is refused. Two more rules complete the next
+command on CQ0 or CQ1 of the emulated device. Hypothesis' swarm testing switches rules off per
+example, which is what reaches the deep states (a resumed request decoding from host ids needs
+some fifteen moves without an abort in between).
+
+`machine(bounds, backend)` builds the class; `Recorder` keeps what the runs did, so a failure
+becomes an ITF trace: Hypothesis replays the shrunk example last, so the last failing run recorded
+is the minimal one.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, initialize, precondition, rule
+
+from ..model.actions import ALL_ACTIONS
+from ..model.state import Bounds
+from .lockstep import Lockstep, Move, prompts_from
+
+type EdgeSink = Callable[[Lockstep], None]
+
+
+@dataclass
+class FailedRun:
+    moves: list[Move]
+    states: list[Any]
+    prompts: tuple[int, ...]
+    error: Any
+
+
+@dataclass
+class Recorder:
+    """Shared by every example of one campaign."""
+
+    start: float = field(default_factory=time.perf_counter)
+    examples: int = 0
+    steps: int = 0
+    first_failure_examples: int | None = None
+    first_failure_seconds: float | None = None
+    last_failure: FailedRun | None = None
+    on_run: EdgeSink | None = None
+    """Called with every finished run (coverage accounting)."""
+
+    def finished(self, ls: Lockstep) -> None:
+        self.steps += len(ls.moves)
+        if self.on_run is not None:
+            self.on_run(ls)
+        if ls.failure is None:
+            return
+        if self.first_failure_examples is None:
+            self.first_failure_examples = self.examples
+            self.first_failure_seconds = time.perf_counter() - self.start
+        self.last_failure = FailedRun(list(ls.moves), list(ls.states), ls.prompts, ls.failure)
+
+
+def _action_rule(name: str) -> Any:
+    @precondition(lambda self: self.ls is not None and bool(self.ls.enabled(name)))
+    @rule(data=st.data())
+    def perform(self: Any, data: st.DataObject) -> None:
+        action = data.draw(st.sampled_from(self.ls.enabled(name)), label=name)
+        self.ls.act(action)
+
+    perform.__name__ = name
+    return perform
+
+
+def _device_rule(cq: int) -> Any:
+    @precondition(lambda self: self.ls is not None and self.ls.device_ready(cq))
+    @rule()
+    def complete(self: Any) -> None:
+        self.ls.advance_device(cq)
+
+    complete.__name__ = f"device_cq{cq}"
+    return complete
+
+
+def machine(bounds: Bounds, backend: str, recorder: Recorder) -> type[RuleBasedStateMachine]:
+    """A RuleBasedStateMachine class for these bounds and backend, reporting to `recorder`."""
+
+    class Conformance(RuleBasedStateMachine):
+        def __init__(self) -> None:
+            super().__init__()
+            recorder.examples += 1
+            self.ls: Lockstep | None = None  # opened by the initialize rule, which runs first
+
+        @initialize(base=st.integers(0, 63))
+        def prompts(self, base: int) -> None:
+            # Distinct prompts per request; drawn, so a failure's trace says which.
+            self.ls = Lockstep(bounds, backend, prompts_from(base, bounds.requests))
+
+        def teardown(self) -> None:
+            if self.ls is None:
+                return
+            try:
+                self.ls.close()
+            finally:
+                recorder.finished(self.ls)
+
+    def stuck(self: Any) -> bool:
+        return self.ls is not None and not self.ls.enabled() and not any(
+            self.ls.device_ready(cq) for cq in (0, 1))
+
+    @precondition(stuck)
+    @rule()
+    def settled(self: Any) -> None:
+        """Nothing is enabled (every request closed): conformance still holds, nothing moves."""
+        assert self.ls is not None
+        self.ls.check(len(self.ls.moves))
+
+    Conformance.settled = settled  # type: ignore[attr-defined]
+    for name in ALL_ACTIONS:
+        setattr(Conformance, name, _action_rule(name))
+    for cq in (0, 1):
+        setattr(Conformance, f"device_cq{cq}", _device_rule(cq))
+    Conformance.__name__ = Conformance.__qualname__ = f"Conformance_{backend}"
+    return Conformance
