@@ -128,7 +128,7 @@ def explore(bounds: Bounds, progress: Progress | None = None, every: int = 5000)
                 ex.finals.append(node)
             else:
                 ex.deadlocks.append(node)
-        if progress is not None and len(ex.states) % every == 0:
+        if progress is not None and node % every == 0:  # node ids count the expansions
             progress(len(ex.states), ex.transitions, len(frontier))
     ex.graph.add_nodes_from(range(len(ex.states)))
     ex.graph.add_edges_from(

@@ -82,14 +82,16 @@ class _Progress:
 
     def __init__(self) -> None:
         self.start = time.perf_counter()
+        self.last = 0.0
         self.shown = False
         self.tty = sys.stderr.isatty()
 
     def __call__(self, states: int, transitions: int, frontier: int) -> None:
-        elapsed = time.perf_counter() - self.start
-        if elapsed < 1.0 or not self.tty:
+        now = time.perf_counter()
+        elapsed = now - self.start
+        if elapsed < 1.0 or not self.tty or (frontier and now - self.last < 0.2):
             return
-        self.shown = True
+        self.shown, self.last = True, now
         sys.stderr.write(
             f"\rexploring: {states:>9,} states {transitions:>10,} transitions "
             f"frontier {frontier:>7,}  {elapsed:5.1f} s"
