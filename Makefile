@@ -10,13 +10,14 @@ STAMP  := $(VENV)/.installed
 PYTHON312 ?= $(shell for c in python3.12 "$$HOME/.pyenv/versions/3.12.1/bin/python3.12" /usr/local/bin/python3.12 /usr/bin/python3.12; do \
 	if "$$c" -c 'import sys; assert sys.version_info[:2] == (3, 12)' >/dev/null 2>&1; then echo "$$c"; break; fi; done)
 
-.PHONY: help demo test lint bench-check bench-device spec setup system-deps clean
+.PHONY: help demo test lint bench-check bench-device spec setup system-deps clean bench-engine
 
 help:
 	@echo "make demo         check the model at default bounds, write graphs to out/"
 	@echo "make test         the whole test suite (what CI runs)"
 	@echo "make bench-check  python explorer beside TLC at two bounds"
 	@echo "make bench-device emulated device commands per second"
+	@echo "make bench-engine serving tokens/s at depth 2 vs 1; overlap under layout churn"
 	@echo "make spec         regenerate the generated parts of specs/"
 	@echo "make lint         ruff + mypy"
 
@@ -62,3 +63,6 @@ spec: setup
 
 bench-device: setup
 	$(PY) benchmarks/bench_device.py
+
+bench-engine: setup
+	$(PY) benchmarks/bench_engine.py

@@ -104,13 +104,10 @@ class ServingBackend(Backend):
         inner: Backend,
         model: DecoderModel,
         sampling: SamplingParams | None = None,
-        *,
-        device_delay_s: float = 0.0,
     ) -> None:
         self.inner = inner
         self.model = model
         self.sampling = sampling or SamplingParams()
-        self.device_delay_s = device_delay_s
         self.name = inner.name
         self.context: ContextStage | None = None
         """The opened mirror's context stager: the engine stages each step's rows through it."""
@@ -139,9 +136,7 @@ class ServingBackend(Backend):
         if not isinstance(self.inner, TtBackend):
             raise ValueError(f"cannot serve models on backend {self.inner.name!r}")
         device = self.inner.open_device()
-        decoder = DeviceDecoder(
-            device, self.model, width, blocks, self.sampling, device_delay_s=self.device_delay_s
-        )
+        decoder = DeviceDecoder(device, self.model, width, blocks, self.sampling)
         self.context = decoder
         readback_cq = self.inner.readback_cq
         if readback_cq is None:
