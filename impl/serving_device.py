@@ -42,6 +42,12 @@ def _ids(values: tuple[int, ...] | list[int], width: int) -> torch.Tensor:
     return row
 
 
+def dram_bytes(model: DecoderModel, width: int, blocks: int) -> int:
+    """DRAM the decoder's persistent tensors take (logits f32, values bf16, indices i32, the
+    context tables), to size an emulated device for large vocabularies."""
+    return width * model.vocab * (4 + 2 + 4) + (blocks + width) * model.max_context * 4
+
+
 class DeviceDecoder:
     """Persistent context tensors (allocated at load), the decoder op and the sampler."""
 

@@ -82,6 +82,14 @@ def cmd_serve_demo(ns: argparse.Namespace) -> int:
     if prompt is not None:
         plan[0] = replace(plan[0], prompt=prompt)
     sampling = SamplingParams(seed=ns.seed) if ns.sampling == "seeded" else SamplingParams()
+    if ns.backend == "tt":
+        from .impl.backend import padded_rows
+        from .impl.device import install
+        from .impl.device.device import DEFAULT_DRAM_SIZE
+        from .impl.serving_device import dram_bytes
+
+        # Without a chip: an emulated device with room for the model's vocabulary.
+        install(dram_size=DEFAULT_DRAM_SIZE + dram_bytes(model, padded_rows(8), 8))
     backend = ServingBackend(get_backend(ns.backend), model, sampling)
     try:
         engine = ServingEngine(

@@ -20,6 +20,7 @@ from functools import cache
 import pytest
 import ttnn
 
+from ttmirror.impl.backend import padded_rows
 from ttmirror.impl.device import SeededScheduler, routing
 from ttmirror.impl.models import (
     CHECKPOINTS,
@@ -34,6 +35,7 @@ from ttmirror.impl.runner import Status
 from ttmirror.impl.serving import ServingConfig, ServingEngine
 from ttmirror.impl.serving_backend import ServingBackend
 from ttmirror.impl.serving_context import SamplingParams
+from ttmirror.impl.serving_device import dram_bytes
 from ttmirror.impl.serving_workload import Outcome, RequestPlan, run_workload, standard_plan
 from ttmirror.impl.tt_backend import TtBackend
 
@@ -77,8 +79,9 @@ def _require_async(enabled: bool, batches: int) -> None:
 
 def _serve(run: Run, plan: list[RequestPlan]) -> Outcome:
     model = _model(run.model)
+    dram = DRAM + dram_bytes(model, padded_rows(ROWS), ROWS)  # checkpoints: large vocabularies
     with routing.emulation(
-        force=True, dram_size=DRAM, hazard_mode="raise", scheduler=lambda: SeededScheduler(SEED)
+        force=True, dram_size=dram, hazard_mode="raise", scheduler=lambda: SeededScheduler(SEED)
     ):
         device = ttnn.open_mesh_device(
             ttnn.MeshShape(1, 1), num_command_queues=2, trace_region_size=1 << 20
