@@ -140,7 +140,8 @@ def load_checkpoint(name: str) -> HfDecoder:
         local_files_only=True,
         trust_remote_code=name == "internlm2",  # internlm2 ships its modelling code
     )
-    return HfDecoder(name, model, CHECKPOINT_CONTEXT)
+    limit = getattr(model.config, "max_position_embeddings", None) or CHECKPOINT_CONTEXT
+    return HfDecoder(name, model, min(CHECKPOINT_CONTEXT, int(limit)))
 
 
 def load_model(name: str, seed: int = 0) -> DecoderModel:
