@@ -123,7 +123,7 @@ def serve(
 
     def record(e: ServingEngine) -> None:
         if e.runner.steps > len(layouts):
-            layouts.append(e._layout)
+            layouts.append(e.last_layout)
 
     outcome = run_workload(engine, plan, on_step=record)
     outcome.stats["device_compute_s"] = getattr(backend.context, "compute_s", 0.0)

@@ -4,6 +4,11 @@ One iteration schedules, combines, launches step N+1 and issues its readback, an
 completes step N's readback and applies it, so at depth 2 the host builds step N+1 before it
 knows step N's tokens (the mirror supplies them on device). Stop tokens are checked right after
 the apply that delivered them; slots are released as soon as the runner allows.
+
+Subclasses hook in through `_admit` (before each step: which requests enter the runner) and
+`_scheduled(q)` (between schedule and combine: stage what else the step needs); the serving
+loop (`serving.py`) uses both. `drain_on_layout_change` reproduces the TT plugin's policy for
+comparison (benchmarks): it retires every step in flight whenever the rows change.
 """
 
 from __future__ import annotations
@@ -74,6 +79,11 @@ class Engine:
 
     def max_concurrent_batches(self) -> int:
         return self.scheduling.max_concurrent_batches()
+
+    @property
+    def last_layout(self) -> tuple[int, ...]:
+        """The requests of the last scheduled step, in row order."""
+        return self._layout
 
     # --- requests --------------------------------------------------------------------------------
     def submit(
