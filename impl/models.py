@@ -83,10 +83,14 @@ class HfDecoder:
 TINY = TINY_ARCHS
 TINY_VOCAB = 256
 TINY_CONTEXT = 128
+# What sets an architecture apart at toy size. Mistral is Llama plus a sliding window: without
+# one (and with the same seed) the two would be the same function, and one case would be moot.
+TINY_EXTRA: dict[str, dict[str, Any]] = {"tiny-mistral": {"sliding_window": 8}}
 
 
 def build_tiny(name: str, seed: int = 0) -> HfDecoder:
-    """A real architecture at toy size; weights from `seed`, so every build is identical."""
+    """A real architecture at toy size; weights from `seed` (offset per architecture), so every
+    build of one name is identical and no two names share weights."""
     import transformers
 
     config_class, model_class = TINY[name]
@@ -101,9 +105,10 @@ def build_tiny(name: str, seed: int = 0) -> HfDecoder:
         max_position_embeddings=TINY_CONTEXT,
         tie_word_embeddings=False,
         attn_implementation="eager",  # one attention kernel for every run: exact comparisons
+        **TINY_EXTRA.get(name, {}),
     )
     with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
+        torch.manual_seed(1000 * seed + list(TINY).index(name))
         model = getattr(transformers, model_class)(config).to(torch.float32)
     return HfDecoder(name, model, TINY_CONTEXT)
 

@@ -226,3 +226,9 @@ def test_seeded_sampling_really_samples(model: str) -> None:
     seeded = _outcome(Run(model, "seeded", "off")).tokens
     greedy = _outcome(Run(model, "greedy", "off")).tokens
     assert seeded != greedy
+
+
+def test_tiny_architectures_are_distinct_models() -> None:
+    """Three cases, three functions: no two tiny architectures serve the same tokens."""
+    served = [_outcome(Run(name, "greedy", "off")).tokens for name in TINY]
+    assert all(a != b for i, a in enumerate(served) for b in served[i + 1 :])
