@@ -13,7 +13,7 @@ PYTHON312 ?= $(shell for c in python3.12 "$$HOME/.pyenv/versions/3.12.1/bin/pyth
 .PHONY: help demo test lint bench-check bench-device spec setup system-deps clean bench-engine
 
 help:
-	@echo "make demo         check the model at default bounds, write graphs to out/"
+	@echo "make demo         check the model, write graphs to out/, serve a tiny Qwen3 at depth 2"
 	@echo "make test         the whole test suite (what CI runs)"
 	@echo "make bench-check  python explorer beside TLC at two bounds"
 	@echo "make bench-device emulated device commands per second"
@@ -43,6 +43,7 @@ system-deps:
 
 demo: setup
 	$(VENV)/bin/ttmirror demo --out out
+	$(VENV)/bin/ttmirror serve-demo --model tiny-qwen3 --backend tt
 
 test: setup
 	$(VENV)/bin/ruff check .

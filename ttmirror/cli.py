@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
+import os
 import subprocess
 import sys
 import time
@@ -282,6 +283,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    # ttnn logs its whole config at DEBUG on import; users want our output, not that.
+    os.environ.setdefault("LOGURU_LEVEL", "WARNING")
     try:
         ns = build_parser().parse_args(argv)
         return int(ns.func(ns))
