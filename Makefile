@@ -1,5 +1,7 @@
 # ttmirror — two commands matter on a fresh machine: `make demo` and `make test`.
 SHELL := /bin/bash
+# ttnn logs its whole config at DEBUG on import; keep benchmark and test output readable.
+export LOGURU_LEVEL ?= WARNING
 .DEFAULT_GOAL := help
 
 VENV   := .venv
