@@ -85,7 +85,9 @@ def project(s: State) -> Abstract:
                 slot=step.slot,
                 src_slot=step.src_slot,
                 phase=int(step.phase),
-                rows=tuple((r.req, r.pos, r.prev_row, r.live) if r.live else DEAD for r in step.rows),
+                rows=tuple(
+                    (r.req, r.pos, r.prev_row, r.live) if r.live else DEAD for r in step.rows
+                ),
                 host_copy=step.host_copy,
             )
             for step in s.queue

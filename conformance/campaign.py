@@ -17,7 +17,7 @@ from ..impl import faults
 from ..model.state import Bounds
 from . import itf
 from .lockstep import Divergence
-from .machine import EdgeSink, Recorder, machine
+from .machine import EdgeSink, FailedRun, Recorder, machine
 
 
 @dataclass
@@ -35,6 +35,8 @@ class Campaign:
     trace_len: int | None = None
     """Moves in the shrunk failing trace."""
     trace_path: Path | None = None
+    failing: FailedRun | None = None
+    """The last (shrunk, when Hypothesis shrank) failing run."""
 
 
 def run(
@@ -70,10 +72,12 @@ def run(
                       first_failure_examples=recorder.first_failure_examples,
                       first_failure_seconds=recorder.first_failure_seconds)
     failure = recorder.last_failure
+    result.failing = failure if error is not None else None
     if error is not None and failure is not None:
         result.trace_len = len(failure.moves)
         if trace_dir is not None:
-            name = f"{bug or 'conformance'}-{backend}" + (f"-seed{seed}" if seed is not None else "")
+            name = f"{bug or 'conformance'}-{backend}"
+            name += f"-seed{seed}" if seed is not None else ""
             err = failure.error if isinstance(failure.error, Divergence) else None
             trace = itf.to_itf(bounds, backend, failure.prompts, failure.moves, failure.states,
                                failure=err, bug=bug, seed=seed)

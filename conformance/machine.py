@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from hypothesis import strategies as st
+from hypothesis import target
 from hypothesis.stateful import RuleBasedStateMachine, initialize, precondition, rule
 
 from ..model.actions import ALL_ACTIONS
@@ -64,24 +65,31 @@ class Recorder:
 
 
 def _action_rule(name: str) -> Any:
-    @precondition(lambda self: self.ls is not None and bool(self.ls.enabled(name)))
-    @rule(data=st.data())
     def perform(self: Any, data: st.DataObject) -> None:
         action = data.draw(st.sampled_from(self.ls.enabled(name)), label=name)
         self.ls.act(action)
 
-    perform.__name__ = name
-    return perform
+    # Named before decorating: swarm testing switches rules on and off by name.
+    perform.__name__ = perform.__qualname__ = name
+    enabled = precondition(lambda self: self.ls is not None and bool(self.ls.enabled(name)))
+    return enabled(rule(data=st.data())(perform))
 
 
 def _device_rule(cq: int) -> Any:
-    @precondition(lambda self: self.ls is not None and self.ls.device_ready(cq))
-    @rule()
     def complete(self: Any) -> None:
         self.ls.advance_device(cq)
 
-    complete.__name__ = f"device_cq{cq}"
-    return complete
+    complete.__name__ = complete.__qualname__ = f"device_cq{cq}"
+    ready = precondition(lambda self: self.ls is not None and self.ls.device_ready(cq))
+    return ready(rule()(complete))
+
+
+def richness(ls: Lockstep) -> float:
+    """How much of the model one example exercised: distinct actions, tokens, resumptions."""
+    kinds = {m.action.name for m in ls.moves if m.kind == "act"}
+    tokens = sum(len(r.delivered) for r in ls.state.requests)
+    resumed = sum(r.preemptions for r in ls.state.requests if r.delivered)
+    return float(len(kinds) + tokens + 2 * resumed)
 
 
 def machine(bounds: Bounds, backend: str, recorder: Recorder) -> type[RuleBasedStateMachine]:
@@ -101,6 +109,9 @@ def machine(bounds: Bounds, backend: str, recorder: Recorder) -> type[RuleBasedS
         def teardown(self) -> None:
             if self.ls is None:
                 return
+            # Targeting: steer generation toward rich examples (many kinds of action, tokens
+            # delivered, requests back from preemption), where the deep bugs live.
+            target(richness(self.ls), label="richness")
             try:
                 self.ls.close()
             finally:

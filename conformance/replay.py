@@ -1,0 +1,120 @@
+"""Replay a list of moves against model and implementation, and shrink failing ones.
+
+A replay is deterministic: the device advances only on ``device`` moves (and on the host's own
+blocking calls), and every other choice is in the moves. `replay` says whether the moves conform,
+reproduce a failure, or are not a behaviour of the model at all (an act the model disables, a
+refusal of an action it enables, a device move with nothing ready, or a model state that differs
+from the one the trace claims).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from ..model.state import Bounds
+from .itf import encode_state
+from .lockstep import Divergence, Lockstep, Move, model_step, permissive
+
+CONFORMS, FAILS, INVALID = "conforms", "fails", "invalid"
+
+
+@dataclass
+class Row:
+    index: int
+    label: str
+    outcome: str
+    """ok, or what diverged."""
+
+
+@dataclass
+class Outcome:
+    status: str
+    rows: list[Row]
+    divergence: Divergence | None = None
+    reason: str | None = None
+    """Why the moves are invalid for this model."""
+
+
+def replay(
+    bounds: Bounds,
+    backend: str,
+    prompts: Sequence[int],
+    moves: Sequence[Move],
+    claimed: Sequence[dict[str, Any]] | None = None,
+) -> Outcome:
+    """Run `moves` in lockstep; `claimed[i]` is the trace's encoded model state after move i."""
+    ls = Lockstep(bounds, backend, prompts)
+    rows: list[Row] = []
+    try:
+        for i, move in enumerate(moves):
+            reason = _invalid(ls, move)
+            if reason is not None:
+                return Outcome(INVALID, rows, reason=f"move {i + 1} ({move.label()}): {reason}")
+            try:
+                if move.kind == "act":
+                    ls.act(move.action)
+                elif move.kind == "device":
+                    ls.advance_device(move.action.args[0])
+                else:
+                    ls.refuse(move.action)
+            except Divergence as d:
+                rows.append(Row(i + 1, move.label(), f"DIVERGES: {d.kind}: {d.message}"))
+                return Outcome(FAILS, rows, divergence=d)
+            if claimed is not None:
+                mine = {k: v for k, v in encode_state(ls.state).items()}
+                theirs = {k: claimed[i].get(k) for k in mine}
+                if mine != theirs:
+                    return Outcome(INVALID, rows, reason=f"move {i + 1} ({move.label()}): the "
+                                   "trace's model state is not this model's")
+            rows.append(Row(i + 1, move.label(), "ok"))
+    finally:
+        ls.close()
+    return Outcome(CONFORMS, rows)
+
+
+def _invalid(ls: Lockstep, move: Move) -> str | None:
+    if move.kind == "act":
+        if move.action.name not in ("allocate", "arrive", "schedule", "combine", "launch",
+                                    "readback_issue", "readback_complete", "apply", "release",
+                                    "finish", "abort", "preempt", "resume"):
+            return f"unknown action {move.action.name!r}"
+        if model_step(ls.state, ls.bounds, move.action) is None:
+            return "the model disables it"
+    elif move.kind == "device":
+        if move.action.args[0] not in (0, 1):
+            return "no such command queue"
+        if not ls.device_ready(move.action.args[0]):
+            return "no command is ready on that queue (or the device is not emulated)"
+    elif move.kind == "refuse":
+        try:
+            enabled = model_step(ls.state, permissive(ls.bounds), move.action) is not None
+        except (KeyError, IndexError, TypeError):
+            return "not an action of this model"
+        if enabled:
+            return "the model enables it, so the implementation need not refuse it"
+    else:
+        return f"unknown move kind {move.kind!r}"
+    return None
+
+
+def shrink(
+    moves: list[Move], fails: Callable[[list[Move]], bool], *, budget: int = 400
+) -> list[Move]:
+    """Greedy one-move deletion to a fixpoint (at most `budget` replays): still failing, shorter.
+
+    Deleting a move can make a later one invalid for the model; such candidates simply do not
+    fail (`replay` calls them invalid), so every result is a real behaviour of the model.
+    """
+    best, tries, changed = list(moves), 0, True
+    while changed and tries < budget:
+        changed = False
+        i = len(best) - 1
+        while i >= 0 and tries < budget:
+            candidate = best[:i] + best[i + 1:]
+            tries += 1
+            if fails(candidate):
+                best, changed = candidate, True
+            i -= 1
+    return best
