@@ -69,3 +69,9 @@ bench-device: setup
 
 bench-engine: setup
 	$(PY) benchmarks/bench_engine.py
+
+.PHONY: fuzz-long
+# The conformance state machine under HypoFuzz: a long coverage-guided campaign over all cores,
+# sharing .hypothesis/ with dev runs (stop it with Ctrl-C; the dashboard prints its address).
+fuzz-long: setup
+	$(VENV)/bin/hypothesis fuzz --no-dashboard -- conformance/fuzz_target.py

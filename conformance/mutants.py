@@ -7,8 +7,10 @@ by deterministic replay (`replay.shrink`) and written as an ITF trace.
 
 from __future__ import annotations
 
+import functools
 import random
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -16,7 +18,7 @@ from typing import Any
 from hypothesis import Phase, settings
 
 from ..impl import faults
-from ..model.explore import explore
+from ..model.explore import Exploration, explore
 from ..model.state import Bounds, State, initial_state
 from . import campaign, itf
 from .coverage import Coverage, GuidedWalker
@@ -44,7 +46,9 @@ class Kill:
 
 
 def kill(bug: str, bounds: Bounds, backend: str, base: settings, *, walk_seconds: float,
-         trace_dir: Path | None, coverage: Coverage | None = None, seed: int = 0) -> Kill:
+         trace_dir: Path | None, explored: Callable[[], Exploration] | None = None,
+         seed: int = 0) -> Kill:
+    """Find `bug`: Hypothesis first, then guided walks from fresh coverage of `explored`."""
     no_shrink = settings(base, phases=[Phase.explicit, Phase.generate, Phase.target])
     result = campaign.run(bounds, backend, no_shrink, bug=bug)
     moves: list[Move] | None = None
@@ -57,7 +61,7 @@ def kill(bug: str, bounds: Bounds, backend: str, base: settings, *, walk_seconds
         step = getattr(result.failing.error, "step", len(moves) - 1)
         moves = moves[: step + 1]
     else:
-        cov = coverage or Coverage(explore(bounds))
+        cov = Coverage(explored() if explored is not None else explore(bounds))
         walker = GuidedWalker(cov, backend, random.Random(seed))
         walk_start = time.perf_counter()
         with faults.planted(bug):
@@ -101,11 +105,13 @@ def model_states(bounds: Bounds, moves: list[Move]) -> list[State]:
 
 
 def matrix(bounds: Bounds, backend: str, base: settings, *, bugs: list[str] | None = None,
-           walk_seconds: float = 60.0, trace_dir: Path | None = None) -> list[Kill]:
+           walk_seconds: float = 60.0, trace_dir: Path | None = None,
+           explored: Exploration | None = None) -> list[Kill]:
+    """One kill per bug (tt-only bugs skipped on cpu); the graph is explored at most once."""
     chosen = bugs or [b for b in faults.BUGS if backend == "tt" or b not in faults.TT_ONLY]
-    out = []
+    graph = functools.cache(lambda: explored or explore(bounds))
+    out: list[Kill] = []
     for bug in chosen:
-        # A fresh coverage per bug: each walk campaign starts from nothing, like a CI run.
         out.append(kill(bug, bounds, backend, base, walk_seconds=walk_seconds,
-                        trace_dir=trace_dir))
+                        trace_dir=trace_dir, explored=graph))
     return out

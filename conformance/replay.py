@@ -80,7 +80,11 @@ def _invalid(ls: Lockstep, move: Move) -> str | None:
                                     "readback_issue", "readback_complete", "apply", "release",
                                     "finish", "abort", "preempt", "resume"):
             return f"unknown action {move.action.name!r}"
-        if model_step(ls.state, ls.bounds, move.action) is None:
+        try:
+            enabled = model_step(ls.state, ls.bounds, move.action) is not None
+        except (IndexError, TypeError):
+            return "its arguments do not fit the action"
+        if not enabled:
             return "the model disables it"
     elif move.kind == "device":
         if move.action.args[0] not in (0, 1):

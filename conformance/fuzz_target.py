@@ -1,0 +1,17 @@
+"""The state machine as pytest test cases, for HypoFuzz (`make fuzz-long`).
+
+HypoFuzz collects Hypothesis tests through pytest and fuzzes them as one long, multi-process,
+coverage-guided campaign, sharing the example database (.hypothesis/) with `dev` runs. This
+file is not named test_*, so the ordinary suite never collects it; pass it explicitly.
+"""
+
+from __future__ import annotations
+
+from ttmirror.conformance.machine import Recorder, machine
+from ttmirror.conformance.profiles import profile
+from ttmirror.model.state import Bounds
+
+TestConformanceTT = machine(Bounds(), "tt", Recorder()).TestCase
+TestConformanceTT.settings = profile("dev")
+TestConformanceCpu = machine(Bounds(), "cpu", Recorder()).TestCase
+TestConformanceCpu.settings = profile("dev")
