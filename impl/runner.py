@@ -383,7 +383,7 @@ class Runner:
             positions[i] = row.pos
             if row.prev_row is None:
                 host_ids[i] = self.host_token(row.req, row.pos)
-                if row.pos > 1 and self.requests[row.req].preemptions and faults.active(
+                if row.pos > 0 and self.requests[row.req].preemptions and faults.active(
                     "stale-host-id-on-resume"
                 ):
                     host_ids[i] = self.host_token(row.req, row.pos - 1)
