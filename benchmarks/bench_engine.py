@@ -21,13 +21,11 @@ import argparse
 import itertools
 import statistics
 import sys
-import time
 from dataclasses import dataclass
 
 import ttnn
 
 from ttmirror.impl.device import ThreadedScheduler, routing
-from ttmirror.impl.device.device import EmulatedMeshDevice
 from ttmirror.impl.models import ProbeDecoder
 from ttmirror.impl.probe import ProbeSpec
 from ttmirror.impl.serving import ServingConfig, ServingEngine
@@ -37,35 +35,6 @@ from ttmirror.impl.tt_backend import TtBackend
 
 MODEL = ProbeDecoder(ProbeSpec(seed=5))
 ROWS = 8
-
-
-class TimedScheduler(ThreadedScheduler):
-    """A worker thread per CQ where each command named in `costs` occupies its queue for that
-    long before it completes. The wait releases the device lock (as a chip runs on its own),
-    so the host keeps enqueueing meanwhile; ThreadedScheduler runs bodies under the lock."""
-
-    def __init__(self, costs: dict[str, float]) -> None:
-        super().__init__()
-        self.costs = costs
-
-    def _work(self, cq: int) -> None:
-        device = self._device
-        assert isinstance(device, EmulatedMeshDevice)
-        queue = device.queues[cq]
-        with device.condition:
-            while not self._stop:
-                if not (queue and queue[0].ready()):
-                    device.condition.wait(timeout=0.5)
-                    continue
-                deadline = time.perf_counter() + self.costs.get(queue[0].name, 0.0)
-                while (left := deadline - time.perf_counter()) > 0 and not self._stop:
-                    device.condition.wait(timeout=left)  # only this worker pops this queue
-                try:
-                    device.step(cq)
-                except BaseException as error:
-                    self.failure = error
-                    device.condition.notify_all()
-                    return
 
 
 def steady_plan(requests: int = 16) -> list[RequestPlan]:
@@ -113,7 +82,7 @@ class Measured:
 def serve(
     plan: list[RequestPlan], mode: str, delay_s: float, drain: bool = False
 ) -> Measured:
-    routing.settings.scheduler = lambda: TimedScheduler({"decoder_forward": delay_s})
+    routing.settings.scheduler = lambda: ThreadedScheduler({"decoder_forward": delay_s})
     device = ttnn.open_mesh_device(ttnn.MeshShape(1, 1), num_command_queues=2)
     backend = ServingBackend(TtBackend(device), MODEL)
     engine = ServingEngine(

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import random
 import threading
+import time
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Protocol
 
 from .commands import Command
@@ -64,9 +66,15 @@ class SeededScheduler(ManualScheduler):
 
 
 class ThreadedScheduler:
-    """Real concurrency for soak runs: completion order depends on the OS scheduler."""
+    """Real concurrency for soak runs: completion order depends on the OS scheduler.
 
-    def __init__(self) -> None:
+    `costs` gives named commands a device time: the command occupies its queue that long
+    before it completes, and the wait releases the device lock (a chip runs on its own), so
+    the host keeps enqueueing meanwhile.
+    """
+
+    def __init__(self, costs: Mapping[str, float] | None = None) -> None:
+        self.costs: Mapping[str, float] = costs or {}
         self._threads: list[threading.Thread] = []
         self._stop = False
         self._device: EmulatedMeshDevice | None = None
@@ -87,15 +95,18 @@ class ThreadedScheduler:
         queue = device.queues[cq]
         with device.condition:
             while not self._stop:
-                if queue and queue[0].ready():
-                    try:
-                        device.step(cq)
-                    except BaseException as error:
-                        self.failure = error
-                        device.condition.notify_all()
-                        return
-                else:
+                if not (queue and queue[0].ready()):
                     device.condition.wait(timeout=0.5)
+                    continue
+                deadline = time.perf_counter() + self.costs.get(queue[0].name, 0.0)
+                while (left := deadline - time.perf_counter()) > 0 and not self._stop:
+                    device.condition.wait(timeout=left)  # only this worker pops this queue
+                try:
+                    device.step(cq)
+                except BaseException as error:
+                    self.failure = error
+                    device.condition.notify_all()
+                    return
 
     def enqueued(self, device: EmulatedMeshDevice) -> None:
         device.condition.notify_all()
