@@ -53,7 +53,7 @@ test: setup
 
 lint: setup
 	$(VENV)/bin/ruff check .
-	$(VENV)/bin/mypy model ttmirror impl
+	$(VENV)/bin/mypy model ttmirror impl conformance
 
 bench-check: setup
 	$(PY) benchmarks/bench_check.py
