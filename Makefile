@@ -49,6 +49,7 @@ demo: setup
 
 test: setup
 	$(VENV)/bin/ruff check .
+	$(VENV)/bin/mypy model ttmirror impl conformance
 	$(PY) -m pytest -q
 
 lint: setup
