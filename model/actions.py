@@ -76,19 +76,14 @@ ALL_ACTIONS = (
 # Derived values (operators): read the state, never change it.
 
 
-def live_rows(s: State, req: int) -> list[tuple[int, int]]:
-    """(queue position, row) of every in-flight row of ``req`` whose token will be delivered."""
-    return [
-        (q, i)
-        for q, step in enumerate(s.queue)
-        for i, row in enumerate(step.rows)
-        if row.live and row.req == req
-    ]
+def in_flight(s: State, req: int) -> int:
+    """How many in-flight rows of ``req`` will still deliver a token."""
+    return sum(row.live and row.req == req for step in s.queue for row in step.rows)
 
 
 def next_pos(s: State, req: int) -> int:
     """Position of ``req``'s newest token: delivered ones plus those still in flight."""
-    return len(s.requests[req].delivered) + len(live_rows(s, req))
+    return len(s.requests[req].delivered) + in_flight(s, req)
 
 
 def host_token(s: State, req: int, pos: int) -> Token:

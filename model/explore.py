@@ -35,7 +35,6 @@ class Exploration:
     """Invariant name -> id of the first (shallowest) state that breaks it."""
     sometimes: dict[str, bool] = field(default_factory=dict)
     """Applicable "sometimes" check -> reached at least once."""
-    sometimes_witness: dict[str, int] = field(default_factory=dict)
     deadlocks: list[int] = field(default_factory=list)
     cannot_finish: list[int] = field(default_factory=list)
     finals: list[int] = field(default_factory=list)
@@ -121,7 +120,6 @@ def explore(bounds: Bounds, progress: Progress | None = None, every: int = 5000)
                 for check in list(pending):
                     if check.reached(s, action, t):
                         ex.sometimes[check.name] = True
-                        ex.sometimes_witness[check.name] = target
                         pending.remove(check)
         if not moved:
             if is_final(s):

@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import NamedTuple
 
-from .actions import READ_RELEASED, REWRITE_WITH_READER, Action
+from .actions import READ_RELEASED, REWRITE_WITH_READER, Action, in_flight
 from .state import CLOSED, Bounds, Phase, State, Status
 
 # ---------------------------------------------------------------------------------------------
@@ -75,10 +75,6 @@ GRAPH_PROPERTIES = ("NoDeadlock", "CanAlwaysFinish")
 # "Sometimes" checks: transition predicates, each applicable only where the bounds allow it.
 
 
-def _has_live_row(s: State, req: int) -> bool:
-    return any(row.live and row.req == req for step in s.queue for row in step.rows)
-
-
 def combined_from_mirror(s: State, a: Action, t: State) -> bool:
     """A row was combined from the previous step's slot (the mirror)."""
     return a.name == "combine" and any(r.prev_row is not None for r in s.queue[a.args[0]].rows)
@@ -93,17 +89,17 @@ def combined_from_host(s: State, a: Action, t: State) -> bool:
 
 def finish_with_step_in_flight(s: State, a: Action, t: State) -> bool:
     """A request finished on a stop token while a later step for it was in flight."""
-    return a.name == "finish" and _has_live_row(s, a.args[0])
+    return a.name == "finish" and in_flight(s, a.args[0]) > 0
 
 
 def abort_hits_in_flight(s: State, a: Action, t: State) -> bool:
     """An abort hit a request with a step in flight."""
-    return a.name == "abort" and _has_live_row(s, a.args[0])
+    return a.name == "abort" and in_flight(s, a.args[0]) > 0
 
 
 def preempt_hits_in_flight(s: State, a: Action, t: State) -> bool:
     """A preemption hit a request with a step in flight."""
-    return a.name == "preempt" and _has_live_row(s, a.args[0])
+    return a.name == "preempt" and in_flight(s, a.args[0]) > 0
 
 
 def row_moves(s: State, a: Action, t: State) -> bool:

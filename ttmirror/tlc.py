@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .model.explore import Exploration
+from .model.explore import Exploration, explore
 from .model.invariants import INVARIANTS
 from .model.state import Bounds, Phase, Request, Row, Slot, State, Status, Step
 
@@ -310,8 +310,6 @@ def cross_check(bounds: Bounds, ex: Exploration, graph: bool = True) -> dict[str
             comparison = compare_graphs(ex, run.dot)
         guard_off: dict[str, Any] | None = None
         if bounds.guard:
-            from .model.explore import explore
-
             bad = bounds._replace(guard=False)
             bad_ex = explore(bad)
             bad_run = run_tlc(bad, Path(tmp) / "guard_off")

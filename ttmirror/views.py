@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from enum import IntEnum
 
-from .model.actions import writer
+from .model.actions import in_flight, writer
 from .model.explore import Exploration, changes
 from .model.state import Phase, State, Step
 
@@ -58,8 +58,8 @@ def slot_phase(s: State, slot: int) -> str:
 def request_phase(s: State, req: int) -> str:
     """One request's lifecycle: status, tokens delivered, where its newest token lives."""
     r = s.requests[req]
-    in_flight = sum(row.live and row.req == req for step in s.queue for row in step.rows)
-    where = f"newest on device ({in_flight} in flight)" if in_flight else "newest on host"
+    n = in_flight(s, req)
+    where = f"newest on device ({n} in flight)" if n else "newest on host"
     return f"{r.status.name.lower()}, {len(r.delivered)} delivered, {where}"
 
 
