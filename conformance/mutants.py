@@ -8,7 +8,6 @@ by deterministic replay (`replay.shrink`) and written as an ITF trace.
 from __future__ import annotations
 
 import functools
-import random
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
@@ -20,8 +19,8 @@ from hypothesis import Phase, settings
 from ..impl import faults
 from ..model.explore import Exploration, explore
 from ..model.state import Bounds, State, initial_state
-from . import campaign, itf
-from .coverage import Coverage, GuidedWalker
+from . import campaign, itf, walks
+from .coverage import Coverage
 from .lockstep import Move, model_step
 from .replay import FAILS, replay, shrink
 
@@ -62,15 +61,14 @@ def kill(bug: str, bounds: Bounds, backend: str, base: settings, *, walk_seconds
         moves = moves[: step + 1]
     else:
         cov = Coverage(explored() if explored is not None else explore(bounds))
-        walker = GuidedWalker(cov, backend, random.Random(seed))
         walk_start = time.perf_counter()
         with faults.planted(bug):
-            failure = walker.run(1.0, walk_seconds)
-        if failure is not None:
-            by, examples = "walk", walker.walks + 1
+            walked = walks.run(cov, backend, seed=seed, until=1.0, seconds=walk_seconds)
+        if walked.failure is not None:
+            by, examples = "walk", walked.failure.walk + 1
             seconds = result.seconds + (time.perf_counter() - walk_start)
-            moves = failure.lockstep.moves[: failure.error.step + 1]
-            prompts = failure.lockstep.prompts
+            moves = walked.failure.moves[: walked.failure.step + 1]
+            prompts = walked.failure.prompts
     if moves is None:
         return Kill(bug, False, None, None, None, None, None, None)
 

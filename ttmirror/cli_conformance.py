@@ -1,7 +1,7 @@
 """Subcommands for the conformance suite: fuzz, mutants and replay.
 
     ttmirror fuzz    [--backend tt|cpu] [--examples N] [--seed S] [--seconds T] [--min-edges F]
-                     [--profile ci|dev|nightly] [--traces DIR] [--json] [bounds]
+                     [--jobs N] [--profile ci|dev|nightly] [--traces DIR] [--json] [bounds]
     ttmirror mutants [--backend tt|cpu] [--bug ID ...] [--walk-seconds T] [--traces DIR] [--json]
     ttmirror replay  TRACE.json [--backend tt|cpu] [--bug ID]
 
@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import random
+import os
 import sys
 import time
 from pathlib import Path
@@ -30,10 +30,13 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     f.add_argument("--examples", type=int, default=200,
                    help="Hypothesis examples before the guided walks (default %(default)s)")
     f.add_argument("--seed", type=int, default=0, help="the one seed (default %(default)s)")
-    f.add_argument("--seconds", type=float, default=120.0,
-                   help="budget of the guided walks (default %(default)s)")
+    f.add_argument("--seconds", type=float, default=3600.0,
+                   help="most seconds of guided walks; they stop sooner once --min-edges is "
+                   "reached (default %(default)s)")
     f.add_argument("--min-edges", type=float, default=0.95,
-                   help="fail below this edges_covered (default %(default)s)")
+                   help="walk until this edges_covered; fail below it (default %(default)s)")
+    f.add_argument("--jobs", type=int, default=os.cpu_count() or 1,
+                   help="worker processes replaying the walks (default: the cores, %(default)s)")
     f.add_argument("--profile", choices=("ci", "dev", "nightly"), default=None,
                    help="Hypothesis profile (default $TTMIRROR_PROFILE, else ci)")
     f.add_argument("--traces", default="out/traces",
@@ -61,9 +64,11 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
 
 
 def cmd_fuzz(ns: argparse.Namespace) -> int:
+    import gc
+
     from .cli import UsageError, _bounds
-    from .conformance import campaign, itf, profiles
-    from .conformance.coverage import Coverage, GuidedWalker
+    from .conformance import campaign, itf, profiles, walks
+    from .conformance.coverage import Coverage
     from .impl import faults
     from .model.explore import explore
 
@@ -71,29 +76,37 @@ def cmd_fuzz(ns: argparse.Namespace) -> int:
     if bounds.release_at != "complete":
         raise UsageError("--release-at issue has no implementation counterpart; use "
                          "`ttmirror mutants --bug release-at-issue`")
-    if ns.examples < 0 or ns.seconds < 0 or not 0 <= ns.min_edges <= 1:
-        raise UsageError("--examples and --seconds must be >= 0, --min-edges in [0, 1]")
+    if ns.examples < 0 or ns.seconds < 0 or not 0 <= ns.min_edges <= 1 or ns.jobs < 1:
+        raise UsageError("--examples and --seconds must be >= 0, --jobs >= 1, --min-edges in "
+                         "[0, 1]")
     trace_dir = Path(ns.traces)
     start = time.perf_counter()
     cov = Coverage(explore(bounds))
+    gc.freeze()  # the graph lives to the end: keep the collector from rescanning it
     explored = time.perf_counter()
     failure_path: Path | None = None
     failure_msg: str | None = None
+    _say(f"explored {cov.total_edges:,} edges in {explored - start:.0f} s; "
+         f"Hypothesis: {ns.examples} examples")
     result = campaign.run(bounds, ns.backend, profiles.profile(ns.profile), seed=ns.seed,
                           trace_dir=trace_dir, on_run=cov.record,
                           max_examples=max(1, ns.examples))
+    walked = walks.Report(jobs=ns.jobs)
     if result.failed:
         failure_path, failure_msg = result.trace_path, result.error
     else:
-        walker = GuidedWalker(cov, ns.backend, random.Random(ns.seed))
-        failed = walker.run(ns.min_edges, ns.seconds)
-        if failed is not None:
-            ls, err = failed.lockstep, failed.error
-            trace = itf.to_itf(bounds, ns.backend, ls.prompts, ls.moves, ls.states, failure=err,
-                               bug=faults.current(), seed=ns.seed)
-            failure_path = itf.write(trace_dir / f"walk-{ns.backend}-seed{ns.seed}.itf.json",
-                                     trace)
-            failure_msg = str(err)
+        _say(f"Hypothesis: {result.examples} examples, edges_covered {cov.edges_covered:.4f}; "
+             f"guided walks on {ns.jobs} worker(s) until {ns.min_edges}")
+        walked = walks.run(cov, ns.backend, seed=ns.seed, until=ns.min_edges,
+                           seconds=ns.seconds, jobs=ns.jobs, progress=_walk_progress,
+                           every=10.0 if sys.stderr.isatty() else 30.0)
+        if walked.failure is not None:
+            failed = walked.failure
+            trace = itf.to_itf(bounds, ns.backend, failed.prompts, failed.moves, failed.states,
+                               failure=failed.error, bug=faults.current(), seed=ns.seed)
+            failure_path = itf.write(
+                trace_dir / f"walk-{ns.backend}-seed{ns.seed}-walk{failed.walk}.itf.json", trace)
+            failure_msg = str(failed.error)
     seconds = time.perf_counter() - explored
     report = {
         "backend": ns.backend,
@@ -107,6 +120,10 @@ def cmd_fuzz(ns: argparse.Namespace) -> int:
         "steps_per_second": round(cov.steps / seconds, 1) if seconds > 0 else None,
         "seconds": round(seconds, 2),
         "explore_seconds": round(explored - start, 2),
+        "hypothesis_examples": result.examples,
+        "walks": walked.walks,
+        "jobs": ns.jobs,
+        "stopped": walked.stopped or ("failure" if result.failed else ""),
         "min_edges": ns.min_edges,
         "failure": failure_msg,
         "trace": str(failure_path) if failure_path else None,
@@ -116,14 +133,29 @@ def cmd_fuzz(ns: argparse.Namespace) -> int:
         print(json.dumps(report, indent=1))
     else:
         for key, value in report.items():
-            print(f"{key:>17}: {value}")
+            print(f"{key:>19}: {value}")
     if failure_msg is not None:
         print(f"ttmirror: conformance failure with seed {ns.seed}; trace {failure_path}; "
               f"replay with `ttmirror replay {failure_path}`", file=sys.stderr)
     elif not ok:
         print(f"ttmirror: coverage below the minimum: actions {cov.actions_covered:.3f}, "
-              f"edges {cov.edges_covered:.4f} < {ns.min_edges}", file=sys.stderr)
+              f"edges {cov.edges_covered:.4f} < {ns.min_edges} (walks stopped: "
+              f"{walked.stopped}; raise --seconds or --jobs)", file=sys.stderr)
     return 0 if ok else 1
+
+
+def _say(line: str) -> None:
+    print(f"ttmirror fuzz: {line}", file=sys.stderr, flush=True)
+
+
+def _walk_progress(report: object, cov: object) -> None:
+    from .conformance.coverage import Coverage
+    from .conformance.walks import Report
+
+    assert isinstance(report, Report) and isinstance(cov, Coverage)
+    rate = report.steps / report.seconds if report.seconds > 0 else 0.0
+    _say(f"{report.seconds:6.0f} s  walks {report.walks:,}  edges_covered "
+         f"{cov.edges_covered:.4f}  {rate:,.0f} steps/s")
 
 
 def cmd_mutants(ns: argparse.Namespace) -> int:

@@ -1,0 +1,272 @@
+"""Planned walks replayed against the implementation, in this process or across worker processes.
+
+The planner (`coverage.Planner`) decides every walk's actions up front, from the seed and the
+graph alone; each walk's device completions and prompts come from its own generator, seeded by
+(seed, walk number). A walk therefore does the same thing whichever process runs it, so a
+campaign over many processes plans the same walks as one over a single process, and a failing
+walk is its seed plus its trace.
+
+Refusals (every model-disabled action must be refused) are tried once per model state and
+process rather than after every act: a walk's prefix revisits states that earlier walks checked.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import random
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from multiprocessing.connection import Connection, wait
+from typing import Any
+
+from ..impl import faults
+from ..model.actions import Action
+from ..model.state import Bounds, State
+from .coverage import Coverage, Planner
+from .lockstep import Divergence, Lockstep, Move, prompts_from
+
+DEVICE_MOVES = 0.35
+"""Chance of completing one more device command before each act (the device lags the host)."""
+BATCH = 8
+"""Walks per message to a worker; two messages stay in flight per worker."""
+
+
+@dataclass
+class Walk:
+    id: int
+    actions: list[Action]
+
+
+@dataclass
+class FailedWalk:
+    """A walk that diverged: enough to write its trace (and to cross a process boundary)."""
+
+    walk: int
+    prompts: tuple[int, ...]
+    moves: list[Move]
+    states: list[State]
+    kind: str
+    message: str
+    step: int
+
+    @property
+    def error(self) -> Divergence:
+        return Divergence(self.kind, self.message, self.step)
+
+
+@dataclass
+class WalkResult:
+    walk: int
+    steps: int
+    """Moves performed: acts and device completions."""
+    failure: FailedWalk | None = None
+
+
+def walk_rng(seed: int, walk: int) -> random.Random:
+    """The generator of one walk's prompts and device completions."""
+    return random.Random(f"{seed}/{walk}")
+
+
+class Executor:
+    """Runs walks in lockstep on one backend, remembering which states' refusals were tried."""
+
+    def __init__(self, bounds: Bounds, backend: str, seed: int) -> None:
+        self.bounds, self.backend, self.seed = bounds, backend, seed
+        self.refused: set[State] = set()
+
+    def run(self, walk: Walk) -> WalkResult:
+        rng = walk_rng(self.seed, walk.id)
+        prompts = prompts_from(rng.randrange(64), self.bounds.requests)
+        ls = Lockstep(self.bounds, self.backend, prompts, refused=self.refused)
+        try:
+            for action in walk.actions:
+                while rng.random() < DEVICE_MOVES:
+                    ready = [cq for cq in (0, 1) if ls.device_ready(cq)]
+                    if not ready:
+                        break
+                    ls.advance_device(rng.choice(ready))
+                ls.act(action)
+        except Divergence as d:
+            failed = FailedWalk(walk.id, ls.prompts, list(ls.moves), list(ls.states), d.kind,
+                                d.message, d.step)
+            return WalkResult(walk.id, len(ls.moves), failed)
+        finally:
+            ls.close()
+        return WalkResult(walk.id, len(ls.moves))
+
+
+@dataclass
+class Report:
+    """What a campaign of walks did, and why it stopped."""
+
+    walks: int = 0
+    """Walks that conformed."""
+    steps: int = 0
+    seconds: float = 0.0
+    jobs: int = 1
+    failure: FailedWalk | None = None
+    stopped: str = ""
+    """Why the walks stopped: covered, budget, exhausted or failure."""
+    log: list[str] = field(default_factory=list)
+
+
+type Progress = Callable[[Report, Coverage], None]
+
+
+def run(cov: Coverage, backend: str, *, seed: int, until: float, seconds: float, jobs: int = 1,
+        progress: Progress | None = None, every: float = 5.0) -> Report:
+    """Plan and replay walks until edges_covered reaches `until`, `seconds` pass, or one fails.
+
+    `jobs` > 1 replays the walks in that many worker processes (each with its own emulated
+    device); the planned bug, if any, is planted in each of them.
+    """
+    planner = Planner(cov, random.Random(seed))
+    report = Report(jobs=jobs)
+    start = time.perf_counter()
+    deadline = start + seconds
+    goal = int(until * cov.total_edges + 0.999999)
+    pending: dict[int, list[int]] = {}  # walk id -> edge ids, planned and not yet confirmed
+
+    def plan(most: int) -> list[Walk]:
+        """Up to `most` walks, while the goal is not planned yet and time is left."""
+        out: list[Walk] = []
+        while len(out) < most and planner.closed < goal and time.perf_counter() < deadline:
+            path = planner.plan()
+            if path is None:
+                report.stopped = "exhausted"
+                break
+            walk = Walk(planner.planned - 1, [planner.action(e) for e in path])
+            pending[walk.id] = path
+            out.append(walk)
+        return out
+
+    pool = _Pool(cov.ex.bounds, backend, seed, jobs) if jobs > 1 else None
+    local = Executor(cov.ex.bounds, backend, seed) if pool is None else None
+    next_report = start + every
+    try:
+        while report.failure is None:
+            if progress is not None and time.perf_counter() >= next_report:
+                report.seconds = time.perf_counter() - start
+                progress(report, cov)
+                next_report = time.perf_counter() + every
+            if local is not None:
+                batch = plan(1)
+                if not batch:
+                    break
+                _confirm(local.run(batch[0]), planner, cov, pending, report)
+                continue
+            assert pool is not None
+            while pool.hungry() and (batch := plan(BATCH)):
+                pool.send(batch)
+            if not pool.busy():
+                break
+            for result in pool.receive(timeout=0.5):
+                _confirm(result, planner, cov, pending, report)
+    finally:
+        if pool is not None:
+            pool.close(kill=report.failure is not None)
+    report.seconds = time.perf_counter() - start
+    if report.failure is not None:
+        report.stopped = "failure"
+    elif len(cov.edges) >= goal:
+        report.stopped = "covered"
+    elif not report.stopped:
+        report.stopped = "budget"
+    if progress is not None:
+        progress(report, cov)
+    return report
+
+
+def _confirm(result: WalkResult, planner: Planner, cov: Coverage, pending: dict[int, list[int]],
+             report: Report) -> None:
+    path = pending.pop(result.walk)
+    report.steps += result.steps
+    cov.steps += result.steps
+    if result.failure is not None:
+        if report.failure is None or result.walk < report.failure.walk:
+            report.failure = result.failure
+        return
+    report.walks += 1
+    for e in path:
+        u, v = planner.edge(e)
+        cov.mark(u, v, planner.action(e).name)
+
+
+class _Pool:
+    """Worker processes, each replaying the batches of walks it is sent."""
+
+    def __init__(self, bounds: Bounds, backend: str, seed: int, jobs: int) -> None:
+        ctx = multiprocessing.get_context("spawn")  # fresh interpreters: torch and fork do not mix
+        self.conns: list[Connection] = []
+        self.procs: list[Any] = []
+        self.inflight: dict[Connection, int] = {}
+        for _ in range(jobs):
+            parent, child = ctx.Pipe()
+            proc = ctx.Process(target=_serve, args=(bounds, backend, seed, faults.current(), child),
+                               daemon=True)
+            proc.start()
+            child.close()
+            self.conns.append(parent)
+            self.procs.append(proc)
+            self.inflight[parent] = 0
+
+    def hungry(self) -> bool:
+        return min(self.inflight.values()) < 2
+
+    def busy(self) -> bool:
+        return any(self.inflight.values())
+
+    def send(self, batch: list[Walk]) -> None:
+        conn = min(self.conns, key=lambda c: self.inflight[c])
+        conn.send(batch)
+        self.inflight[conn] += 1
+
+    def receive(self, timeout: float) -> list[WalkResult]:
+        out: list[WalkResult] = []
+        for conn in wait([c for c in self.conns if self.inflight[c]], timeout=timeout):
+            assert isinstance(conn, Connection)
+            try:
+                message = conn.recv()
+            except (EOFError, OSError):
+                raise RuntimeError("a walk worker process died; rerun with --jobs 1 to see "
+                                   "why") from None
+            if isinstance(message, str):
+                raise RuntimeError(f"a walk worker failed: {message}")
+            self.inflight[conn] -= 1
+            out.extend(message)
+        return out
+
+    def close(self, kill: bool) -> None:
+        for conn, proc in zip(self.conns, self.procs, strict=True):
+            if kill:
+                proc.terminate()
+            else:
+                try:
+                    conn.send(None)
+                except (BrokenPipeError, OSError):
+                    proc.terminate()
+        for proc in self.procs:
+            proc.join(timeout=10)
+            if proc.is_alive():
+                proc.kill()
+        for conn in self.conns:
+            conn.close()
+
+
+def _serve(bounds: Bounds, backend: str, seed: int, bug: str | None, conn: Connection) -> None:
+    """A worker: replay each batch it receives, answer with the results; None ends it."""
+    import os
+
+    os.environ.setdefault("LOGURU_LEVEL", "WARNING")
+    import torch
+
+    torch.set_num_threads(1)  # one core per worker: the workers are the parallelism
+    executor = Executor(bounds, backend, seed)
+    with faults.planted(bug):
+        while (batch := conn.recv()) is not None:
+            try:
+                conn.send([executor.run(walk) for walk in batch])
+            except Exception as e:  # a harness error, not a divergence: say it in one line
+                conn.send(f"{type(e).__name__}: {e}")
+                return

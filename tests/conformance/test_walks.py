@@ -1,0 +1,109 @@
+"""Planned walks: the planner covers every edge with valid paths, the plan depends on the seed
+alone (not on how many processes replay it), refusals are tried once per state, and a planted
+bug is found by walks in worker processes, with a trace that replays it."""
+
+from __future__ import annotations
+
+import itertools
+import random
+
+import networkx as nx
+import pytest
+
+from ttmirror.conformance import walks
+from ttmirror.conformance.coverage import Coverage, Planner
+from ttmirror.conformance.lockstep import Lockstep, model_step
+from ttmirror.conformance.replay import CONFORMS, FAILS, replay
+from ttmirror.impl import faults
+from ttmirror.model.explore import Exploration, explore
+from ttmirror.model.state import Bounds, initial_state
+
+SMALL = Bounds(requests=1)
+
+
+@pytest.fixture(scope="module")
+def small() -> Coverage:
+    return Coverage(explore(SMALL))
+
+
+def test_planner_covers_every_edge_with_paths_from_the_initial_state(small: Coverage) -> None:
+    planner = Planner(Coverage(small.ex), random.Random(3))
+    g, seen, count = small.ex.graph, set(), 0
+    while (path := planner.plan()) is not None:
+        count += 1
+        edges = [planner.edge(e) for e in path]
+        assert edges[0][0] == 0
+        assert all(a[1] == b[0] for a, b in itertools.pairwise(edges))
+        assert set(edges) - seen, "every planned walk takes at least one new edge"
+        seen |= set(edges)
+        state = initial_state(SMALL)  # each edge's action leads where the graph says
+        for e, (_, v) in zip(path, edges, strict=True):
+            state = model_step(state, SMALL, planner.action(e))
+            assert state == small.ex.states[v]
+    assert seen == set(g.edges()) and planner.closed == g.number_of_edges()
+    # No fewer walks than the DAG needs: one per unit of out-degree over in-degree.
+    assert count >= sum(max(0, g.out_degree(u) - g.in_degree(u)) for u in g if u != 0)
+
+
+def test_planner_gain_is_the_longest_path_of_open_edges(small: Coverage) -> None:
+    planner = Planner(Coverage(small.ex), random.Random(0))
+    for _ in range(20):
+        planner.plan()
+    planner.recompute()
+    g = nx.DiGraph()
+    for e in range(len(planner.target)):
+        u, v = planner.edge(e)
+        g.add_edge(u, v, w=planner.open[e])
+    longest = nx.dag_longest_path_length(g, weight="w")
+    assert planner.gain[0] == longest > 0
+
+
+def test_the_plan_depends_on_the_seed_not_on_the_jobs(small: Coverage) -> None:
+    one, two = Coverage(small.ex), Coverage(small.ex)
+    a = walks.run(one, "tt", seed=5, until=1.0, seconds=120, jobs=1)
+    b = walks.run(two, "tt", seed=5, until=1.0, seconds=120, jobs=2)
+    assert a.failure is None and b.failure is None
+    assert a.stopped == b.stopped == "covered" and one.edges_covered == 1.0
+    assert a.walks == b.walks and one.edges == two.edges and a.steps == b.steps
+
+
+def test_refusals_are_tried_once_per_model_state() -> None:
+    refused: set = set()
+    ls = Lockstep(SMALL, "cpu", refused=refused)
+    tried = 0
+    original = ls.refuse
+
+    def counting(action, *, record=True):  # type: ignore[no-untyped-def]
+        nonlocal tried
+        tried += 1
+        original(action, record=record)
+
+    ls.refuse = counting  # type: ignore[method-assign]
+    try:
+        ls.act(ls.enabled("allocate")[0])
+        first = tried
+        assert first > 0 and ls.state in refused
+    finally:
+        ls.close()
+    again = Lockstep(SMALL, "cpu", refused=refused)
+    again.refuse = counting  # type: ignore[method-assign]
+    try:
+        again.act(again.enabled("allocate")[0])
+        assert tried == first  # the same state: its refusals were already tried
+    finally:
+        again.close()
+
+
+def test_walks_in_worker_processes_find_a_planted_bug_and_its_trace_replays(
+    default_run: Exploration,
+) -> None:
+    bug = "prev-row-not-remapped"
+    cov = Coverage(default_run)
+    with faults.planted(bug):
+        report = walks.run(cov, "tt", seed=0, until=1.0, seconds=120, jobs=2)
+    assert report.stopped == "failure" and report.failure is not None
+    failed = report.failure
+    moves = failed.moves[: failed.step + 1]
+    with faults.planted(bug):
+        assert replay(Bounds(), "tt", failed.prompts, moves).status == FAILS
+    assert replay(Bounds(), "tt", failed.prompts, moves).status == CONFORMS
