@@ -16,7 +16,7 @@ import multiprocessing
 import random
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from multiprocessing.connection import Connection, wait
 from typing import Any
 
@@ -108,7 +108,6 @@ class Report:
     failure: FailedWalk | None = None
     stopped: str = ""
     """Why the walks stopped: covered, budget, exhausted or failure."""
-    log: list[str] = field(default_factory=list)
 
 
 type Progress = Callable[[Report, Coverage], None]

@@ -297,4 +297,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    # Run as `python -m ttmirror.cli`, this file is __main__ and the subcommand modules import a
+    # second copy as ttmirror.cli: use that copy, so their UsageError is the one main() catches.
+    from ttmirror.cli import main as canonical_main
+
+    sys.exit(canonical_main())

@@ -67,10 +67,6 @@ def cmd_fuzz(ns: argparse.Namespace) -> int:
     import gc
 
     from .cli import UsageError, _bounds
-    from .conformance import campaign, itf, profiles, walks
-    from .conformance.coverage import Coverage
-    from .impl import faults
-    from .model.explore import explore
 
     bounds = _bounds(ns)
     if bounds.release_at != "complete":
@@ -79,6 +75,12 @@ def cmd_fuzz(ns: argparse.Namespace) -> int:
     if ns.examples < 0 or ns.seconds < 0 or not 0 <= ns.min_edges <= 1 or ns.jobs < 1:
         raise UsageError("--examples and --seconds must be >= 0, --jobs >= 1, --min-edges in "
                          "[0, 1]")
+    # Checked before the imports below: they load torch and ttnn, which take seconds.
+    from .conformance import campaign, itf, profiles, walks
+    from .conformance.coverage import Coverage
+    from .impl import faults
+    from .model.explore import explore
+
     trace_dir = Path(ns.traces)
     start = time.perf_counter()
     cov = Coverage(explore(bounds))

@@ -5,7 +5,12 @@ bug is found by walks in worker processes, with a trace that replays it."""
 from __future__ import annotations
 
 import itertools
+import json
+import os
 import random
+import subprocess
+import sys
+from pathlib import Path
 
 import networkx as nx
 import pytest
@@ -107,3 +112,42 @@ def test_walks_in_worker_processes_find_a_planted_bug_and_its_trace_replays(
     with faults.planted(bug):
         assert replay(Bounds(), "tt", failed.prompts, moves).status == FAILS
     assert replay(Bounds(), "tt", failed.prompts, moves).status == CONFORMS
+
+
+def _fuzz(tmp_path: Path, *args: str, bug: str | None = None) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if k != faults.ENV}
+    if bug is not None:
+        env[faults.ENV] = bug
+    return subprocess.run(
+        [sys.executable, "-m", "ttmirror.cli", "fuzz", "--requests", "1", "--examples", "20",
+         "--jobs", "2", "--traces", str(tmp_path), *args],
+        capture_output=True, text=True, timeout=600, env=env,
+    )
+
+
+def test_fuzz_json_contract_and_coverage(tmp_path: Path) -> None:
+    done = _fuzz(tmp_path, "--json")
+    assert done.returncode == 0, done.stderr[-2000:]
+    report = json.loads(done.stdout)
+    assert report["actions_covered"] == 1.0 and report["edges_covered"] >= 0.95
+    assert report["steps"] > 0 and report["steps_per_second"] > 0 and report["seed"] == 0
+    assert report["stopped"] == "covered" and report["walks"] > 0 and report["jobs"] == 2
+    assert "edges_covered" in done.stderr  # progress went to stderr, not into the JSON
+
+
+def test_fuzz_with_a_planted_bug_fails_with_a_trace_that_replays(tmp_path: Path) -> None:
+    done = _fuzz(tmp_path, "--json", bug="guard-off")
+    assert done.returncode == 1
+    trace = json.loads(done.stdout)["trace"]
+    assert trace and Path(trace).exists() and "seed 0" in done.stderr
+    env = {**os.environ, faults.ENV: "guard-off"}
+    again = subprocess.run([sys.executable, "-m", "ttmirror.cli", "replay", trace],
+                           capture_output=True, text=True, timeout=300, env=env)
+    assert again.returncode == 1, again.stdout[-2000:]
+
+
+@pytest.mark.parametrize("args", [["--jobs", "0"], ["--min-edges", "2"], ["--seconds", "-1"]])
+def test_fuzz_rejects_impossible_parameters_in_one_line(tmp_path: Path, args: list[str]) -> None:
+    done = _fuzz(tmp_path, *args)
+    assert done.returncode == 2
+    assert done.stderr.strip().count("\n") == 0 and "Traceback" not in done.stderr
