@@ -123,7 +123,7 @@ class Planner:
 
     def plan(self) -> list[int] | None:
         """The edge ids of the next walk, marked as planned; None when nothing is left."""
-        if self.planned % self.refresh == 0:
+        if self.planned and self.planned % self.refresh == 0:  # __init__ computed the first
             self.recompute()
         path = self._greedy()
         if not path:  # stale gains led nowhere new: refresh once and retry

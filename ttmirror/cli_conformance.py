@@ -17,6 +17,11 @@ import os
 import sys
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # imported for real inside the commands: they load torch and ttnn
+    from .conformance.coverage import Coverage
+    from .conformance.walks import Report
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -150,11 +155,7 @@ def _say(line: str) -> None:
     print(f"ttmirror fuzz: {line}", file=sys.stderr, flush=True)
 
 
-def _walk_progress(report: object, cov: object) -> None:
-    from .conformance.coverage import Coverage
-    from .conformance.walks import Report
-
-    assert isinstance(report, Report) and isinstance(cov, Coverage)
+def _walk_progress(report: Report, cov: Coverage) -> None:
     rate = report.steps / report.seconds if report.seconds > 0 else 0.0
     _say(f"{report.seconds:6.0f} s  walks {report.walks:,}  edges_covered "
          f"{cov.edges_covered:.4f}  {rate:,.0f} steps/s")
