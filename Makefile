@@ -49,12 +49,12 @@ demo: setup
 
 test: setup
 	$(VENV)/bin/ruff check .
-	$(VENV)/bin/mypy model ttmirror impl conformance
+	$(VENV)/bin/mypy model ttmirror impl serving conformance
 	$(PY) -m pytest -q
 
 lint: setup
 	$(VENV)/bin/ruff check .
-	$(VENV)/bin/mypy model ttmirror impl conformance
+	$(VENV)/bin/mypy model ttmirror impl serving conformance
 
 bench-check: setup
 	$(PY) benchmarks/bench_check.py

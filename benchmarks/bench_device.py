@@ -17,7 +17,7 @@ import time
 import torch
 import ttnn
 
-from ttmirror.impl.device import EmulatedMeshDevice, routing
+from ttmirror.impl.device import EmulatedMeshDevice, Emulator, open_device
 
 ROWS, VOCAB = 32, 64
 
@@ -112,8 +112,9 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5)
     args = parser.parse_args()
 
-    routing.install(force=True, hazard_mode="count")
-    device = ttnn.open_mesh_device(mesh_shape=ttnn.MeshShape(1, 1), num_command_queues=2)
+    device = open_device(
+        num_command_queues=2, emulator=Emulator(hazard_mode="count"), emulated=True
+    )
     assert isinstance(device, EmulatedMeshDevice)
     emulated_round(device, 300)  # warm: program cache, torch kernels
     golden_round(300)

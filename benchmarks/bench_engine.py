@@ -25,13 +25,13 @@ from dataclasses import dataclass
 
 import ttnn
 
-from ttmirror.impl.device import ThreadedScheduler, routing
-from ttmirror.impl.models import ProbeDecoder
+from ttmirror.impl.device import Emulator, ThreadedScheduler, open_device
 from ttmirror.impl.probe import ProbeSpec
-from ttmirror.impl.serving import ServingConfig, ServingEngine
-from ttmirror.impl.serving_backend import ServingBackend
-from ttmirror.impl.serving_workload import Outcome, RequestPlan, run_workload
 from ttmirror.impl.tt_backend import TtBackend
+from ttmirror.serving.backend import ServingBackend
+from ttmirror.serving.batching import ServingConfig, ServingEngine
+from ttmirror.serving.models import ProbeDecoder
+from ttmirror.serving.workload import Outcome, RequestPlan, run_workload
 
 MODEL = ProbeDecoder(ProbeSpec(seed=5))
 ROWS = 8
@@ -82,8 +82,13 @@ class Measured:
 def serve(
     plan: list[RequestPlan], mode: str, delay_s: float, drain: bool = False
 ) -> Measured:
-    routing.settings.scheduler = lambda: ThreadedScheduler({"decoder_forward": delay_s})
-    device = ttnn.open_mesh_device(ttnn.MeshShape(1, 1), num_command_queues=2)
+    device = open_device(
+        num_command_queues=2,
+        emulator=Emulator(
+            scheduler=lambda: ThreadedScheduler({"decoder_forward": delay_s}), hazard_mode="raise"
+        ),
+        emulated=True,
+    )
     backend = ServingBackend(TtBackend(device), MODEL)
     engine = ServingEngine(
         backend, ServingConfig(async_scheduling=mode, rows=ROWS, drain_on_layout_change=drain)
@@ -111,6 +116,41 @@ def longest_same_layout(layouts: list[tuple[int, ...]]) -> int:
     return longest
 
 
+def calibrate() -> tuple[float, float]:
+    """The host's time per step (a sync run's step time, less the decoder op's own compute), and
+    that compute; the decoder op then occupies the queue that long, so device == host per step."""
+    serve(steady_plan(4), "off", 0.0)  # warm: program cache, torch kernels
+    bare = serve(steady_plan(), "off", 0.0).outcome
+    steps = bare.stats["launches"]
+    compute = bare.stats["device_compute_s"] / steps
+    return bare.seconds / steps - compute, compute
+
+
+def steady(rounds: int, delay: float) -> tuple[float, float]:
+    """Median tokens/s at depth 2 and at depth 1, interleaved so drift hits both alike."""
+    d2, d1 = [], []
+    for _ in range(rounds):
+        d2.append(serve(steady_plan(), "auto", delay))
+        d1.append(serve(steady_plan(), "off", delay))
+    for a, b in zip(d2, d1, strict=True):
+        assert a.outcome.tokens == b.outcome.tokens, "depth 2 and depth 1 tokens differ"
+    return (
+        statistics.median(m.tokens_per_s for m in d2),
+        statistics.median(m.tokens_per_s for m in d1),
+    )
+
+
+def churn(delay: float) -> tuple[Measured, Measured, int]:
+    """Our engine and the drain-on-layout-change policy on a workload whose rows keep moving;
+    returns both and the longest run of steps with one layout."""
+    ours = serve(churn_plan(), "auto", delay)
+    drain = serve(churn_plan(), "auto", delay, drain=True)
+    assert ours.outcome.tokens == drain.outcome.tokens, "the drain policy changed the tokens"
+    gap = max(longest_same_layout(ours.layouts), longest_same_layout(drain.layouts))
+    assert gap <= 3, f"the churn workload kept one layout for {gap} steps"
+    return ours, drain, gap
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=3)
@@ -120,31 +160,11 @@ def main() -> None:
     # The emulated device's workers share the host's GIL (a chip does not): hand it over
     # quickly, or a finished command waits up to the default 5 ms to be noticed.
     sys.setswitchinterval(args.switch_interval)
-    routing.install(force=True, hazard_mode="raise")
 
-    # Calibrate: the host's time per step (a sync run's step time, less the decoder op's own
-    # compute); the decoder op then occupies the queue that long, so device == host per step.
-    serve(steady_plan(4), "off", 0.0)  # warm: program cache, torch kernels
-    bare = serve(steady_plan(), "off", 0.0).outcome
-    steps = bare.stats["launches"]
-    compute = bare.stats["device_compute_s"] / steps
-    host_step = bare.seconds / steps - compute
+    host_step, compute = calibrate()
     delay = host_step
-
-    d2, d1 = [], []
-    for _ in range(args.rounds):  # interleaved, so drift hits both alike
-        d2.append(serve(steady_plan(), "auto", delay))
-        d1.append(serve(steady_plan(), "off", delay))
-    for a, b in zip(d2, d1, strict=True):
-        assert a.outcome.tokens == b.outcome.tokens, "depth 2 and depth 1 tokens differ"
-    rate2 = statistics.median(m.tokens_per_s for m in d2)
-    rate1 = statistics.median(m.tokens_per_s for m in d1)
-
-    ours = serve(churn_plan(), "auto", delay)
-    drain = serve(churn_plan(), "auto", delay, drain=True)
-    assert ours.outcome.tokens == drain.outcome.tokens, "the drain policy changed the tokens"
-    gap = max(longest_same_layout(ours.layouts), longest_same_layout(drain.layouts))
-    assert gap <= 3, f"the churn workload kept one layout for {gap} steps"
+    rate2, rate1 = steady(args.rounds, delay)
+    ours, drain, gap = churn(delay)
     launches = ours.outcome.stats["launches"]
 
     print(

@@ -8,7 +8,7 @@
 model                  implementation                               note
 =====================  ===========================================  ==============================
 allocated, next_slot   same fields                                  exact
-queue[q].slot,         StepView.slot, src_slot, phase               exact (phases share numbering)
+queue[q].slot,         StepView.slot, src_slot, phase               exact; phases by name
 src_slot, phase
 queue[q].rows[i]       RowView(req, pos, prev_row, live)            a dropped row (live False)
                                                                     maps to the model's DEAD_ROW
@@ -16,7 +16,8 @@ queue[q].host_copy     StepView.host_copy (int ids)                 id -> token,
 slots[k]               SlotView(written, released)                  content None <-> not written;
                                                                     content itself: see below
 requests[r]            RequestView(status, delivered, closed_at,    absent from the view = ABSENT;
-                       unchecked, preemptions)                      delivered ids -> tokens
+                       unchecked, preemptions)                      statuses by name; delivered
+                                                                    ids -> tokens
 broken                 (ghost, no counterpart)                      checked as a model invariant
 rows[i].consumed       (device-internal, not observed)              see below
 =====================  ===========================================  ==============================
@@ -41,8 +42,9 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
+from ..impl import runner
 from ..impl.runner import RowView, RunnerView
-from ..model.state import GARBAGE, State, Status, Token
+from ..model.state import GARBAGE, Phase, State, Status, Token
 
 DEAD = (-1, 0, None, False)
 """The model's DEAD_ROW, projected: (req, pos, prev_row, live)."""
@@ -51,13 +53,15 @@ DEAD = (-1, 0, None, False)
 class AStep(NamedTuple):
     slot: int
     src_slot: int | None
-    phase: int
+    phase: str
+    """The phase's name, shared by the model's `Phase` and the runner's."""
     rows: tuple[tuple[int, int, int | None, bool], ...]
     host_copy: tuple[Token, ...] | None
 
 
 class ARequest(NamedTuple):
     status: str
+    """The status's name, shared by the model's `Status` and the runner's."""
     delivered: tuple[Token, ...]
     closed_at: int | None
     unchecked: bool
@@ -84,7 +88,7 @@ def project(s: State) -> Abstract:
             AStep(
                 slot=step.slot,
                 src_slot=step.src_slot,
-                phase=int(step.phase),
+                phase=step.phase.name,
                 rows=tuple(
                     (r.req, r.pos, r.prev_row, r.live) if r.live else DEAD for r in step.rows
                 ),
@@ -98,6 +102,16 @@ def project(s: State) -> Abstract:
             for r in s.requests
         ),
     )
+
+
+def phase_name(phase: runner.Phase) -> str:
+    """The model's phase of the same name (KeyError: the runner has a phase the model lacks)."""
+    return Phase[phase.name].name
+
+
+def status_name(status: runner.Status) -> str:
+    """The model's status of the same name (KeyError: the runner has one the model lacks)."""
+    return Status[status.name].name
 
 
 def token(reference: list[int], req: int, pos: int, value: int) -> Token:
@@ -130,7 +144,7 @@ def abstract(view: RunnerView, references: list[list[int]]) -> Abstract:
             AStep(
                 slot=step.slot,
                 src_slot=step.src_slot,
-                phase=int(step.phase),
+                phase=phase_name(step.phase),
                 rows=tuple(_row(row) for row in step.rows),
                 host_copy=host_copy,
             )
@@ -143,7 +157,7 @@ def abstract(view: RunnerView, references: list[list[int]]) -> Abstract:
             continue
         delivered = tuple(token(references[r], r, i + 1, v) for i, v in enumerate(rv.delivered))
         requests.append(
-            ARequest(Status(int(rv.status)).name, delivered, rv.closed_at, rv.unchecked,
+            ARequest(status_name(rv.status), delivered, rv.closed_at, rv.unchecked,
                      rv.preemptions)
         )
     return Abstract(

@@ -141,15 +141,14 @@ class Lockstep:
     def _open_backend(self, name: str) -> Any:
         if name == "cpu":
             return CpuBackend()
-        import ttnn
-
-        from ..impl.device import ManualScheduler, routing
+        from ..impl.device import Emulator, ManualScheduler, open_device
         from ..impl.tt_backend import TtBackend
 
         # Emulated unless a chip is present; the device advances only when a move says so.
-        routing.install(scheduler=ManualScheduler, hazard_mode="raise", dram_size=DRAM)
-        self.device = ttnn.open_mesh_device(
-            ttnn.MeshShape(1, 1), num_command_queues=2, trace_region_size=TRACE_REGION
+        self.device = open_device(
+            num_command_queues=2,
+            trace_region_size=TRACE_REGION,
+            emulator=Emulator(scheduler=ManualScheduler, hazard_mode="raise", dram_size=DRAM),
         )
         return TtBackend(self.device)
 

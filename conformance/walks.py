@@ -120,76 +120,103 @@ def run(cov: Coverage, backend: str, *, seed: int, until: float, seconds: float,
     `jobs` > 1 replays the walks in that many worker processes (each with its own emulated
     device); the planned bug, if any, is planted in each of them.
     """
-    planner = Planner(cov, random.Random(seed))
-    report = Report(jobs=jobs)
-    start = time.perf_counter()
-    deadline = start + seconds
-    goal = int(until * cov.total_edges + 0.999999)
-    pending: dict[int, list[int]] = {}  # walk id -> edge ids, planned and not yet confirmed
-
-    def plan(most: int) -> list[Walk]:
-        """Up to `most` walks, while the goal is not planned yet and time is left."""
-        out: list[Walk] = []
-        while len(out) < most and planner.closed < goal and time.perf_counter() < deadline:
-            path = planner.plan()
-            if path is None:
-                report.stopped = "exhausted"
-                break
-            walk = Walk(planner.planned - 1, [planner.action(e) for e in path])
-            pending[walk.id] = path
-            out.append(walk)
-        return out
-
+    campaign = _Campaign(cov, seed=seed, until=until, seconds=seconds, jobs=jobs)
     pool = _Pool(cov.ex.bounds, backend, seed, jobs) if jobs > 1 else None
     local = Executor(cov.ex.bounds, backend, seed) if pool is None else None
-    next_report = start + every
+    next_report = campaign.start + every
     try:
-        while report.failure is None:
+        while campaign.report.failure is None:
             if progress is not None and time.perf_counter() >= next_report:
-                report.seconds = time.perf_counter() - start
-                progress(report, cov)
+                progress(campaign.elapsed(), cov)
                 next_report = time.perf_counter() + every
-            if local is not None:
-                batch = plan(1)
-                if not batch:
-                    break
-                _confirm(local.run(batch[0]), planner, cov, pending, report)
-                continue
-            assert pool is not None
-            while pool.hungry() and (batch := plan(BATCH)):
-                pool.send(batch)
-            if not pool.busy():
+            busy = campaign.walk_here(local) if local is not None else campaign.feed(pool)
+            if not busy:
                 break
-            for result in pool.receive(timeout=0.5):
-                _confirm(result, planner, cov, pending, report)
     finally:
         if pool is not None:
-            pool.close(kill=report.failure is not None)
-    report.seconds = time.perf_counter() - start
-    if report.failure is not None:
-        report.stopped = "failure"
-    elif len(cov.edges) >= goal:
-        report.stopped = "covered"
-    elif not report.stopped:
-        report.stopped = "budget"
+            pool.close(kill=campaign.report.failure is not None)
+    report = campaign.finish()
     if progress is not None:
         progress(report, cov)
     return report
 
 
-def _confirm(result: WalkResult, planner: Planner, cov: Coverage, pending: dict[int, list[int]],
-             report: Report) -> None:
-    path = pending.pop(result.walk)
-    report.steps += result.steps
-    cov.steps += result.steps
-    if result.failure is not None:
-        if report.failure is None or result.walk < report.failure.walk:
-            report.failure = result.failure
-        return
-    report.walks += 1
-    for e in path:
-        u, v = planner.edge(e)
-        cov.mark(u, v, planner.action(e).name)
+class _Campaign:
+    """The walks of one `run`: planned toward the goal, confirmed as their results come back."""
+
+    def __init__(self, cov: Coverage, *, seed: int, until: float, seconds: float,
+                 jobs: int) -> None:
+        self.cov = cov
+        self.planner = Planner(cov, random.Random(seed))
+        self.report = Report(jobs=jobs)
+        self.start = time.perf_counter()
+        self.deadline = self.start + seconds
+        self.goal = int(until * cov.total_edges + 0.999999)
+        self.pending: dict[int, list[int]] = {}
+        """Walk id -> its edge ids, planned and not yet confirmed."""
+
+    def elapsed(self) -> Report:
+        self.report.seconds = time.perf_counter() - self.start
+        return self.report
+
+    def plan(self, most: int) -> list[Walk]:
+        """Up to `most` walks, while the goal is not planned yet and time is left."""
+        out: list[Walk] = []
+        planner, goal, deadline = self.planner, self.goal, self.deadline
+        while len(out) < most and planner.closed < goal and time.perf_counter() < deadline:
+            path = planner.plan()
+            if path is None:
+                self.report.stopped = "exhausted"
+                break
+            walk = Walk(planner.planned - 1, [planner.action(e) for e in path])
+            self.pending[walk.id] = path
+            out.append(walk)
+        return out
+
+    def walk_here(self, executor: Executor) -> bool:
+        """Plan one walk and replay it in this process; False when none is left to plan."""
+        batch = self.plan(1)
+        if not batch:
+            return False
+        self.confirm(executor.run(batch[0]))
+        return True
+
+    def feed(self, pool: _Pool | None) -> bool:
+        """Keep the workers fed and confirm what came back; False once they are all idle."""
+        assert pool is not None
+        while pool.hungry() and (batch := self.plan(BATCH)):
+            pool.send(batch)
+        if not pool.busy():
+            return False
+        for result in pool.receive(timeout=0.5):
+            self.confirm(result)
+        return True
+
+    def confirm(self, result: WalkResult) -> None:
+        """Count a walk's steps; mark its edges covered if it conformed, else keep its failure
+        (the lowest-numbered failing walk, whichever worker finished first)."""
+        path = self.pending.pop(result.walk)
+        report = self.report
+        report.steps += result.steps
+        self.cov.steps += result.steps
+        if result.failure is not None:
+            if report.failure is None or result.walk < report.failure.walk:
+                report.failure = result.failure
+            return
+        report.walks += 1
+        for e in path:
+            u, v = self.planner.edge(e)
+            self.cov.mark(u, v, self.planner.action(e).name)
+
+    def finish(self) -> Report:
+        report = self.elapsed()
+        if report.failure is not None:
+            report.stopped = "failure"
+        elif len(self.cov.edges) >= self.goal:
+            report.stopped = "covered"
+        elif not report.stopped:
+            report.stopped = "budget"
+        return report
 
 
 class _Pool:

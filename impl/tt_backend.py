@@ -23,6 +23,7 @@ import ttnn
 from . import faults
 from .backend import Backend, Mirror, MirrorSpec, StepInputs
 from .combine import DeviceCombine
+from .device import EmulatedMeshDevice, Emulator, device_info, open_device
 from .ring import Ring
 from .trace import DecodeTraces
 from .tt_model import TtProbeModel
@@ -128,7 +129,8 @@ class TtMirror:
 
 
 class TtBackend(Backend):
-    """`device`: an open mesh device to use (else one is opened, on the emulator if no chip)."""
+    """`device`: an open mesh device to use; else one is opened at load through
+    `device.open_device` (a chip when present, else the emulated device built as `emulator`)."""
 
     name = "tt"
 
@@ -138,18 +140,18 @@ class TtBackend(Backend):
         *,
         readback_cq: int | None = None,
         trace_region_size: int = DEFAULT_TRACE_REGION,
+        emulator: Emulator | None = None,
     ) -> None:
         self.device = device
         self.readback_cq = readback_cq
         self.trace_region_size = trace_region_size
+        self.emulator = emulator
         self._owns_device = False
 
     def supports_async_sampled_token_readback(self) -> bool:
         return True  # TtMirror keeps sampled ids in the ring and combines them on device
 
     def device_kind(self) -> str:
-        from .device import EmulatedMeshDevice, device_info
-
         if self.device is not None:
             return "emulated" if isinstance(self.device, EmulatedMeshDevice) else "chip"
         kind: str = device_info()["device"]
@@ -157,13 +159,10 @@ class TtBackend(Backend):
 
     def open_device(self) -> Any:
         if self.device is None:
-            from .device import install
-
-            install()  # routes to the emulated device only when no chip is present
-            self.device = ttnn.open_mesh_device(
-                ttnn.MeshShape(1, 1),
+            self.device = open_device(
                 num_command_queues=2,
                 trace_region_size=self.trace_region_size,
+                emulator=self.emulator,
             )
             self._owns_device = True
         return self.device
@@ -183,8 +182,6 @@ class TtBackend(Backend):
             self._owns_device = False
 
     def info(self) -> dict[str, Any]:
-        from .device import device_info
-
         return device_info()
 
 

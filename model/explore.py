@@ -80,63 +80,85 @@ def explore(bounds: Bounds, progress: Progress | None = None, every: int = 5000)
     """Visit every reachable state within ``bounds`` and check every property."""
     validate_bounds(bounds)
     start = time.perf_counter()
-    init = initial_state(bounds)
-    index: dict[State, int] = {init: 0}
-    ex = Exploration(bounds=bounds, graph=nx.DiGraph(), states=[init], parent=[None])
-    ex.graph.add_node(0)
-    checks = [c for c in SOMETIMES if c.applies(bounds)]
-    ex.sometimes = {c.name: False for c in checks}
-    pending = list(checks)
-    frontier: deque[int] = deque([0])
-    # (action label, changed variables) per edge, built into the graph once at the end.
-    labels: dict[tuple[int, int], tuple[str, str]] = {}
+    search = _Search(bounds)
+    ex, frontier = search.ex, search.frontier
     while frontier:
         node = frontier.popleft()
-        s = ex.states[node]
-        broken = [inv.name for inv in INVARIANTS if not inv.holds(s, bounds)]
-        if broken:
-            ex.broken_nodes.add(node)
-            for name in broken:
-                ex.violations.setdefault(name, node)
-            continue  # a broken state is a counterexample's end: nothing beyond it matters
-        moved = False
-        for action, t in successors(s, bounds):
-            moved = True
-            ex.transitions += 1
-            target = index.get(t)
-            if target is None:
-                target = len(ex.states)
-                index[t] = target
-                ex.states.append(t)
-                ex.parent.append((node, action))
-                frontier.append(target)
-            key = (node, target)
-            label = action.label()
-            if key in labels:
-                labels[key] = (labels[key][0] + " | " + label, labels[key][1])
-            else:
-                labels[key] = (label, changed_variables(s, t))
-            if pending:
-                for check in list(pending):
-                    if check.reached(s, action, t):
-                        ex.sometimes[check.name] = True
-                        pending.remove(check)
-        if not moved:
-            if is_final(s):
-                ex.finals.append(node)
-            else:
-                ex.deadlocks.append(node)
+        search.visit(node)
         if progress is not None and node % every == 0:  # node ids count the expansions
             progress(len(ex.states), ex.transitions, len(frontier))
-    ex.graph.add_nodes_from(range(len(ex.states)))
-    ex.graph.add_edges_from(
-        (u, v, {"action": label, "changed": changed}) for (u, v), (label, changed) in labels.items()
-    )
-    ex.cannot_finish = _cannot_finish(ex)
+    search.finish()
     ex.seconds = time.perf_counter() - start
     if progress is not None:
         progress(len(ex.states), ex.transitions, 0)
     return ex
+
+
+class _Search:
+    """One breadth-first search: the states seen, the frontier, and each edge's label."""
+
+    def __init__(self, bounds: Bounds) -> None:
+        init = initial_state(bounds)
+        self.bounds = bounds
+        self.ex = Exploration(bounds=bounds, graph=nx.DiGraph(), states=[init], parent=[None])
+        self.index: dict[State, int] = {init: 0}
+        self.frontier: deque[int] = deque([0])
+        checks = [c for c in SOMETIMES if c.applies(bounds)]
+        self.ex.sometimes = {c.name: False for c in checks}
+        self.pending = checks
+        """The "sometimes" checks not reached yet."""
+        self.labels: dict[tuple[int, int], tuple[str, str]] = {}
+        """(action label, changed variables) per edge, built into the graph once at the end."""
+
+    def visit(self, node: int) -> None:
+        """Check a state's invariants, then expand it (unless it is broken)."""
+        ex, s = self.ex, self.ex.states[node]
+        broken = [inv.name for inv in INVARIANTS if not inv.holds(s, self.bounds)]
+        if broken:
+            ex.broken_nodes.add(node)
+            for name in broken:
+                ex.violations.setdefault(name, node)
+            return  # a broken state is a counterexample's end: nothing beyond it matters
+        moved = False
+        for action, t in successors(s, self.bounds):
+            moved = True
+            ex.transitions += 1
+            self.edge(node, s, action, t)
+        if not moved:
+            (ex.finals if is_final(s) else ex.deadlocks).append(node)
+
+    def edge(self, node: int, s: State, action: Action, t: State) -> None:
+        """Record the transition s -action-> t, discovering t if it is new."""
+        ex = self.ex
+        target = self.index.get(t)
+        if target is None:
+            target = len(ex.states)
+            self.index[t] = target
+            ex.states.append(t)
+            ex.parent.append((node, action))
+            self.frontier.append(target)
+        key = (node, target)
+        label = action.label()
+        labels = self.labels
+        if key in labels:
+            labels[key] = (labels[key][0] + " | " + label, labels[key][1])
+        else:
+            labels[key] = (label, changed_variables(s, t))
+        if self.pending:
+            for check in list(self.pending):
+                if check.reached(s, action, t):
+                    ex.sometimes[check.name] = True
+                    self.pending.remove(check)
+
+    def finish(self) -> None:
+        """Build the graph from the recorded edges and check that every state can finish."""
+        ex = self.ex
+        ex.graph.add_nodes_from(range(len(ex.states)))
+        ex.graph.add_edges_from(
+            (u, v, {"action": label, "changed": changed})
+            for (u, v), (label, changed) in self.labels.items()
+        )
+        ex.cannot_finish = _cannot_finish(ex)
 
 
 def _cannot_finish(ex: Exploration) -> list[int]:

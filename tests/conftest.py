@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import sys
+from collections.abc import Callable, Iterator
 from functools import cache
 
 import pytest
@@ -25,3 +26,17 @@ def explored() -> Callable[[Bounds], Exploration]:
 @pytest.fixture(scope="session")
 def default_run() -> Exploration:
     return _explored(Bounds())
+
+
+@pytest.fixture(autouse=True)
+def every_emulated_device_closed() -> Iterator[None]:
+    """Fail a test that leaves an emulated device open: ttnn stays routed until it closes."""
+    yield
+    routing = sys.modules.get("ttmirror.impl.device.routing")  # never imported: nothing to check
+    if routing is None:
+        return
+    left = routing.open_devices()
+    for device in left:
+        device.close()
+    if left:
+        pytest.fail(f"the test left {len(left)} emulated device(s) open; ttnn was routed to them")

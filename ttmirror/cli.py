@@ -7,75 +7,23 @@ Exit codes: 0 everything holds, 1 a property is violated (or a situation never o
 from __future__ import annotations
 
 import argparse
-import importlib
 import json
 import os
 import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import NoReturn
 
-from . import report
+from . import cli_conformance, cli_serving, report
+from .arguments import DEFAULTS, Parser, UsageError, add_bounds, bounds_from, emit, mkdir
 from .model.explore import Exploration, explore
-from .model.state import Bounds, validate_bounds
+from .model.state import Bounds
 from .render import FORMATS, render
 from .views import counterexample_view, project
 
-DEFAULTS = Bounds()
-PLUGINS = ("cli_conformance", "cli_serving")
-"""Modules adding subcommands: each has ``register(subparsers)``; they may import from here."""
-
-
-class UsageError(Exception):
-    """Bad arguments or input: reported in one line, exit 2."""
-
-
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> NoReturn:
-        raise UsageError(message)
-
-
-def _bounds_args(p: argparse.ArgumentParser) -> None:
-    g = p.add_argument_group("bounds")
-    g.add_argument("--depth", type=int, default=DEFAULTS.depth,
-                   help="max_concurrent_batches D: 1 (sync) or 2 (async) (default %(default)s)")
-    g.add_argument("--slots", type=int, default=DEFAULTS.slots,
-                   help="mirror slots K in the ring (default %(default)s)")
-    g.add_argument("--requests", type=int, default=DEFAULTS.requests,
-                   help="requests (default %(default)s)")
-    g.add_argument("--max-tokens", type=int, default=DEFAULTS.max_tokens,
-                   help="tokens per request (default %(default)s)")
-    g.add_argument("--preemptions", type=int, default=DEFAULTS.preemptions,
-                   help="preemptions per request (default %(default)s)")
-    t = p.add_argument_group("features and variants")
-    bool_flag = argparse.BooleanOptionalAction
-    t.add_argument("--finish", action=bool_flag, default=DEFAULTS.finish,
-                   help="stop tokens: early finish known only after readback")
-    t.add_argument("--abort", action=bool_flag, default=DEFAULTS.abort, help="user aborts")
-    t.add_argument("--preempt", action=bool_flag, default=DEFAULTS.preempt, help="preemption")
-    t.add_argument("--condense", action=bool_flag, default=DEFAULTS.condense,
-                   help="rows may be condensed/reordered between steps")
-    t.add_argument("--guard", action=bool_flag, default=DEFAULTS.guard,
-                   help="the stale-host-ids guard (--no-guard: the known-bad variant)")
-    t.add_argument("--release-at", choices=("complete", "issue"), default=DEFAULTS.release_at,
-                   help="when a slot may be released: readback complete (correct) or issue "
-                        "(known-bad)")
-
-
-def _bounds(ns: argparse.Namespace) -> Bounds:
-    b = Bounds(
-        depth=ns.depth, slots=ns.slots, requests=ns.requests, max_tokens=ns.max_tokens,
-        preemptions=ns.preemptions, finish=ns.finish, abort=ns.abort, preempt=ns.preempt,
-        condense=ns.condense, guard=ns.guard, release_at=ns.release_at,
-    )
-    if ns.preemptions < 0:
-        raise UsageError(f"--preemptions must be 0 or more, got {ns.preemptions}")
-    try:
-        validate_bounds(b)
-    except ValueError as e:
-        raise UsageError(str(e)) from None
-    return b
+PLUGINS = (cli_conformance, cli_serving)
+"""Modules adding subcommands, each with ``register(subparsers)``: their heavy imports (torch,
+ttnn) happen inside their commands, so importing them here costs nothing."""
 
 
 class _Progress:
@@ -113,7 +61,7 @@ def _explore(b: Bounds) -> Exploration:
 
 
 def cmd_check(ns: argparse.Namespace) -> int:
-    ex = _explore(_bounds(ns))
+    ex = _explore(bounds_from(ns))
     if ns.json:
         print(json.dumps(report.as_json(ex), indent=1))
     else:
@@ -122,7 +70,7 @@ def cmd_check(ns: argparse.Namespace) -> int:
 
 
 def cmd_graph(ns: argparse.Namespace) -> int:
-    ex = _explore(_bounds(ns))
+    ex = _explore(bounds_from(ns))
     try:
         if ns.view == "counterexample":
             view = counterexample_view(ex)
@@ -131,13 +79,13 @@ def cmd_graph(ns: argparse.Namespace) -> int:
         text = render(view, ns.format)
     except (ValueError, RuntimeError) as e:
         raise UsageError(str(e)) from None
-    _emit(text, ns.output)
+    emit(text, ns.output)
     return 0
 
 
 def cmd_demo(ns: argparse.Namespace) -> int:
     out = Path(ns.out)
-    _mkdir(out)
+    mkdir(out)
     print("== ttmirror check at the default bounds (D=2, K=2, 2 requests, all features)")
     ex = _explore(DEFAULTS)
     print(report.as_text(ex))
@@ -145,7 +93,7 @@ def cmd_demo(ns: argparse.Namespace) -> int:
     written = []
     for fmt, ext in (("mermaid", "mmd"), ("svg", "svg")):
         path = out / f"slot-lifecycle.{ext}"
-        _emit(render(project(ex, "slot", 0), fmt), str(path))
+        emit(render(project(ex, "slot", 0), fmt), str(path))
         written.append(path)
     print("\n== the guard-off variant (--no-guard) must fail")
     bad = _explore(DEFAULTS._replace(guard=False))
@@ -157,10 +105,10 @@ def cmd_demo(ns: argparse.Namespace) -> int:
         print(f"guard off: {cex[0]} violated, shortest counterexample {len(cex[1])} steps")
         for fmt, ext in (("mermaid", "mmd"), ("svg", "svg")):
             path = out / f"guard-off-counterexample.{ext}"
-            _emit(render(counterexample_view(bad), fmt), str(path))
+            emit(render(counterexample_view(bad), fmt), str(path))
             written.append(path)
             path = out / f"guard-off-request0.{ext}"
-            _emit(render(project(bad, "request", 0), fmt), str(path))
+            emit(render(project(bad, "request", 0), fmt), str(path))
             written.append(path)
     print("\nwrote " + ", ".join(str(p) for p in written))
     return 0 if ok else 1
@@ -169,7 +117,7 @@ def cmd_demo(ns: argparse.Namespace) -> int:
 def cmd_tlc(ns: argparse.Namespace) -> int:
     from . import tlc
 
-    bounds = _bounds(ns)
+    bounds = bounds_from(ns)
     ex = _explore(bounds)
     try:
         result = tlc.cross_check(bounds, ex, graph=not ns.no_graph)
@@ -219,38 +167,18 @@ def cmd_info(ns: argparse.Namespace) -> int:
     return 0
 
 
-def _mkdir(path: Path) -> None:
-    try:
-        path.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        raise UsageError(f"cannot create {path}: {e.strerror}") from None
-
-
-def _emit(text: str, output: str | None) -> None:
-    if output is None or output == "-":
-        sys.stdout.write(text)
-        return
-    path = Path(output)
-    tmp = path.with_name(path.name + ".tmp")
-    try:
-        tmp.write_text(text)
-        tmp.replace(path)  # never leave a half-written file in place of a good one
-    except OSError as e:
-        raise UsageError(f"cannot write {output}: {e.strerror}") from None
-
-
 def build_parser() -> argparse.ArgumentParser:
-    p = _Parser(prog="ttmirror", description=__doc__.splitlines()[0])
-    sub = p.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+    p = Parser(prog="ttmirror", description=__doc__.splitlines()[0])
+    sub = p.add_subparsers(dest="command", metavar="COMMAND", parser_class=Parser)
     sub.required = True
 
     c = sub.add_parser("check", help="explore every interleaving and check every property")
-    _bounds_args(c)
+    add_bounds(c)
     c.add_argument("--json", action="store_true", help="print one JSON object")
     c.set_defaults(func=cmd_check)
 
     g = sub.add_parser("graph", help="draw a state graph (full, or one slot's / request's view)")
-    _bounds_args(g)
+    add_bounds(g)
     g.add_argument("--view", choices=("full", "slot", "request", "counterexample"),
                    default="slot", help="which projection (default %(default)s)")
     g.add_argument("--slot", type=int, default=0, help="slot for --view slot")
@@ -265,7 +193,7 @@ def build_parser() -> argparse.ArgumentParser:
     d.set_defaults(func=cmd_demo)
 
     t = sub.add_parser("tlc", help="run TLC on the TLA+ twin and cross-check the explorer")
-    _bounds_args(t)
+    add_bounds(t)
     t.add_argument("--no-graph", action="store_true",
                    help="compare state counts and verdicts only, not the whole graph")
     t.add_argument("--json", action="store_true", help="print one JSON object")
@@ -278,7 +206,7 @@ def build_parser() -> argparse.ArgumentParser:
     i.add_argument("--json", action="store_true", help="print one JSON object")
     i.set_defaults(func=cmd_info)
     for plugin in PLUGINS:
-        importlib.import_module(f".{plugin}", __package__).register(sub)
+        plugin.register(sub.add_parser)
     return p
 
 
@@ -297,8 +225,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    # Run as `python -m ttmirror.cli`, this file is __main__ and the subcommand modules import a
-    # second copy as ttmirror.cli: use that copy, so their UsageError is the one main() catches.
-    from ttmirror.cli import main as canonical_main
-
-    sys.exit(canonical_main())
+    sys.exit(main())

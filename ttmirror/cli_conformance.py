@@ -16,20 +16,22 @@ import json
 import os
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
+
+from .arguments import AddParser, UsageError, add_bounds, bounds_from
+from .model.state import Bounds
 
 if TYPE_CHECKING:  # imported for real inside the commands: they load torch and ttnn
     from .conformance.coverage import Coverage
     from .conformance.walks import Report
 
 
-def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def register(add_parser: AddParser) -> None:
     """Add fuzz, mutants and replay to the `ttmirror` parser."""
-    from .cli import _bounds_args
-
-    f = sub.add_parser("fuzz", help="state machine + guided walks in lockstep with the model")
-    _bounds_args(f)
+    f = add_parser("fuzz", help="state machine + guided walks in lockstep with the model")
+    add_bounds(f)
     f.add_argument("--backend", choices=("tt", "cpu"), default="tt",
                    help="tt: the emulated device (a chip if present); cpu (default %(default)s)")
     f.add_argument("--examples", type=int, default=200,
@@ -49,7 +51,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     f.add_argument("--json", action="store_true", help="print one JSON object")
     f.set_defaults(func=cmd_fuzz)
 
-    m = sub.add_parser("mutants", help="kill matrix: the suite against every planted bug")
+    m = add_parser("mutants", help="kill matrix: the suite against every planted bug")
     m.add_argument("--backend", choices=("tt", "cpu"), default="tt")
     m.add_argument("--bug", action="append", default=None, help="only this bug (repeatable)")
     m.add_argument("--profile", choices=("ci", "dev", "nightly"), default="ci")
@@ -59,7 +61,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     m.add_argument("--json", action="store_true", help="print a JSON list")
     m.set_defaults(func=cmd_mutants)
 
-    r = sub.add_parser("replay", help="re-run an ITF trace against model and implementation")
+    r = add_parser("replay", help="re-run an ITF trace against model and implementation")
     r.add_argument("trace", help="an ITF trace written by fuzz, mutants or the test suite")
     r.add_argument("--backend", choices=("tt", "cpu"), default=None,
                    help="override the trace's backend")
@@ -71,54 +73,94 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
 def cmd_fuzz(ns: argparse.Namespace) -> int:
     import gc
 
-    from .cli import UsageError, _bounds
+    bounds = _fuzz_bounds(ns)
+    # Checked before the imports below: they load torch and ttnn, which take seconds.
+    from .conformance import campaign, profiles
+    from .conformance.coverage import Coverage
+    from .model.explore import explore
 
-    bounds = _bounds(ns)
+    start = time.perf_counter()
+    cov = Coverage(explore(bounds))
+    gc.freeze()  # the graph lives to the end: keep the collector from rescanning it
+    explored = time.perf_counter()
+    _say(f"explored {cov.total_edges:,} edges in {explored - start:.0f} s; "
+         f"Hypothesis: {ns.examples} examples")
+    result = campaign.run(bounds, ns.backend, profiles.profile(ns.profile), seed=ns.seed,
+                          trace_dir=Path(ns.traces), on_run=cov.record,
+                          max_examples=max(1, ns.examples))
+    walked: Report | None = None
+    failure: _Failure | None = None
+    if result.failed:
+        failure = _Failure(result.trace_path, result.error)
+    else:
+        _say(f"Hypothesis: {result.examples} examples, edges_covered {cov.edges_covered:.4f}; "
+             f"guided walks on {ns.jobs} worker(s) until {ns.min_edges}")
+        walked, failure = _walk(ns, bounds, cov)
+    report = {
+        "backend": ns.backend,
+        "bounds": bounds._asdict(),
+        "seed": ns.seed,
+        **_coverage_figures(cov, time.perf_counter() - explored),
+        "explore_seconds": round(explored - start, 2),
+        "hypothesis_examples": result.examples,
+        "walks": walked.walks if walked else 0,
+        "jobs": ns.jobs,
+        "stopped": walked.stopped if walked else "failure",
+        "min_edges": ns.min_edges,
+        "failure": failure.message if failure else None,
+        "trace": str(failure.path) if failure and failure.path else None,
+    }
+    ok = failure is None and cov.actions_covered == 1.0 and cov.edges_covered >= ns.min_edges
+    _print_report(report, ns.json)
+    if failure is not None:
+        print(f"ttmirror: conformance failure with seed {ns.seed}; trace {failure.path}; "
+              f"replay with `ttmirror replay {failure.path}`", file=sys.stderr)
+    elif not ok:
+        print(f"ttmirror: coverage below the minimum: actions {cov.actions_covered:.3f}, "
+              f"edges {cov.edges_covered:.4f} < {ns.min_edges} (walks stopped: "
+              f"{report['stopped']}; raise --seconds or --jobs)", file=sys.stderr)
+    return 0 if ok else 1
+
+
+def _fuzz_bounds(ns: argparse.Namespace) -> Bounds:
+    """The bounds and budgets of `fuzz`, checked (a `UsageError` before anything loads)."""
+    bounds = bounds_from(ns)
     if bounds.release_at != "complete":
         raise UsageError("--release-at issue has no implementation counterpart; use "
                          "`ttmirror mutants --bug release-at-issue`")
     if ns.examples < 0 or ns.seconds < 0 or not 0 <= ns.min_edges <= 1 or ns.jobs < 1:
         raise UsageError("--examples and --seconds must be >= 0, --jobs >= 1, --min-edges in "
                          "[0, 1]")
-    # Checked before the imports below: they load torch and ttnn, which take seconds.
-    from .conformance import campaign, itf, profiles, walks
-    from .conformance.coverage import Coverage
-    from .impl import faults
-    from .model.explore import explore
+    return bounds
 
-    trace_dir = Path(ns.traces)
-    start = time.perf_counter()
-    cov = Coverage(explore(bounds))
-    gc.freeze()  # the graph lives to the end: keep the collector from rescanning it
-    explored = time.perf_counter()
-    failure_path: Path | None = None
-    failure_msg: str | None = None
-    _say(f"explored {cov.total_edges:,} edges in {explored - start:.0f} s; "
-         f"Hypothesis: {ns.examples} examples")
-    result = campaign.run(bounds, ns.backend, profiles.profile(ns.profile), seed=ns.seed,
-                          trace_dir=trace_dir, on_run=cov.record,
-                          max_examples=max(1, ns.examples))
-    walked = walks.Report(jobs=ns.jobs)
-    if result.failed:
-        failure_path, failure_msg = result.trace_path, result.error
-    else:
-        _say(f"Hypothesis: {result.examples} examples, edges_covered {cov.edges_covered:.4f}; "
-             f"guided walks on {ns.jobs} worker(s) until {ns.min_edges}")
-        walked = walks.run(cov, ns.backend, seed=ns.seed, until=ns.min_edges,
-                           seconds=ns.seconds, jobs=ns.jobs, progress=_walk_progress,
-                           every=10.0 if sys.stderr.isatty() else 30.0)
-        if walked.failure is not None:
-            failed = walked.failure
-            trace = itf.to_itf(bounds, ns.backend, failed.prompts, failed.moves, failed.states,
-                               failure=failed.error, bug=faults.current(), seed=ns.seed)
-            failure_path = itf.write(
-                trace_dir / f"walk-{ns.backend}-seed{ns.seed}-walk{failed.walk}.itf.json", trace)
-            failure_msg = str(failed.error)
-    seconds = time.perf_counter() - explored
-    report = {
-        "backend": ns.backend,
-        "bounds": bounds._asdict(),
-        "seed": ns.seed,
+
+@dataclass(frozen=True)
+class _Failure:
+    """A conformance failure: where its ITF trace was written, and what diverged."""
+
+    path: Path | None
+    message: str | None
+
+
+def _walk(ns: argparse.Namespace, bounds: Bounds, cov: Coverage) -> tuple[Report, _Failure | None]:
+    """The guided walks; a failing walk is written as an ITF trace named after seed and walk."""
+    from .conformance import itf, walks
+    from .impl import faults
+
+    walked = walks.run(cov, ns.backend, seed=ns.seed, until=ns.min_edges, seconds=ns.seconds,
+                       jobs=ns.jobs, progress=_walk_progress,
+                       every=10.0 if sys.stderr.isatty() else 30.0)
+    failed = walked.failure
+    if failed is None:
+        return walked, None
+    trace = itf.to_itf(bounds, ns.backend, failed.prompts, failed.moves, failed.states,
+                       failure=failed.error, bug=faults.current(), seed=ns.seed)
+    name = f"walk-{ns.backend}-seed{ns.seed}-walk{failed.walk}.itf.json"
+    return walked, _Failure(itf.write(Path(ns.traces) / name, trace), str(failed.error))
+
+
+def _coverage_figures(cov: Coverage, seconds: float) -> dict[str, Any]:
+    return {
         "actions_covered": round(cov.actions_covered, 4),
         "edges_covered": round(cov.edges_covered, 4),
         "edges": len(cov.edges),
@@ -126,29 +168,15 @@ def cmd_fuzz(ns: argparse.Namespace) -> int:
         "steps": cov.steps,
         "steps_per_second": round(cov.steps / seconds, 1) if seconds > 0 else None,
         "seconds": round(seconds, 2),
-        "explore_seconds": round(explored - start, 2),
-        "hypothesis_examples": result.examples,
-        "walks": walked.walks,
-        "jobs": ns.jobs,
-        "stopped": walked.stopped or ("failure" if result.failed else ""),
-        "min_edges": ns.min_edges,
-        "failure": failure_msg,
-        "trace": str(failure_path) if failure_path else None,
     }
-    ok = failure_msg is None and cov.actions_covered == 1.0 and cov.edges_covered >= ns.min_edges
-    if ns.json:
+
+
+def _print_report(report: dict[str, Any], as_json: bool) -> None:
+    if as_json:
         print(json.dumps(report, indent=1))
-    else:
-        for key, value in report.items():
-            print(f"{key:>19}: {value}")
-    if failure_msg is not None:
-        print(f"ttmirror: conformance failure with seed {ns.seed}; trace {failure_path}; "
-              f"replay with `ttmirror replay {failure_path}`", file=sys.stderr)
-    elif not ok:
-        print(f"ttmirror: coverage below the minimum: actions {cov.actions_covered:.3f}, "
-              f"edges {cov.edges_covered:.4f} < {ns.min_edges} (walks stopped: "
-              f"{walked.stopped}; raise --seconds or --jobs)", file=sys.stderr)
-    return 0 if ok else 1
+        return
+    for key, value in report.items():
+        print(f"{key:>19}: {value}")
 
 
 def _say(line: str) -> None:
@@ -162,10 +190,8 @@ def _walk_progress(report: Report, cov: Coverage) -> None:
 
 
 def cmd_mutants(ns: argparse.Namespace) -> int:
-    from .cli import UsageError
     from .conformance import mutants, profiles
     from .impl import faults
-    from .model.state import Bounds
 
     for bug in ns.bug or []:
         if bug not in faults.BUGS:
@@ -186,7 +212,6 @@ def cmd_mutants(ns: argparse.Namespace) -> int:
 
 
 def cmd_replay(ns: argparse.Namespace) -> int:
-    from .cli import UsageError
     from .conformance import itf
     from .conformance.replay import CONFORMS, INVALID, replay
     from .impl import faults

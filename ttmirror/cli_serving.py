@@ -5,16 +5,22 @@ from __future__ import annotations
 import argparse
 import os
 import time
-from typing import Any
+from dataclasses import replace
+from typing import TYPE_CHECKING, Any
 
-from .cli import UsageError
+from .arguments import AddParser, UsageError
+
+if TYPE_CHECKING:  # imported for real inside the command: they load torch and ttnn
+    from .serving.backend import ServingBackend
+    from .serving.models import DecoderModel
+    from .serving.workload import Outcome, RequestPlan
 
 
-def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def register(add_parser: AddParser) -> None:
     """Add `serve-demo` to the `ttmirror` parser."""
-    from .impl.models_catalog import model_names  # no torch/ttnn import: cheap
+    from .serving.catalog import model_names  # no torch/ttnn import: cheap
 
-    s = sub.add_parser(
+    s = add_parser(
         "serve-demo",
         help="serve a short workload with the async loop; print outputs and timing",
         description="Serve a short workload (staggered arrivals, stop tokens, an abort, a KV "
@@ -60,71 +66,107 @@ def cmd_serve_demo(ns: argparse.Namespace) -> int:
     _positive("kv-tokens", ns.kv_tokens)
     prompt = _parse_prompt(ns.prompt) if ns.prompt is not None else None
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
-
-    from dataclasses import replace
-
-    from .impl.backend import get_backend
-    from .impl.models import CheckpointUnavailable, load_model
-    from .impl.runner import CLOSED
-    from .impl.serving import InvalidRequest, ServingConfig, ServingEngine
-    from .impl.serving_backend import ServingBackend
-    from .impl.serving_context import SamplingParams
-    from .impl.serving_workload import run_workload, standard_plan
+    # Checked before the imports below: they load torch, ttnn and transformers.
+    from .serving.batching import InvalidRequest
+    from .serving.workload import run_workload
 
     started = time.perf_counter()
+    model = _load_model(ns)
+    plan = _plan(ns, model.vocab, prompt)
+    backend, engine = _open_engine(ns, model)
     try:
-        model = load_model(ns.model, seed=ns.seed)
+        loaded = time.perf_counter() - started
+        try:
+            for p in plan:  # every request is checked before anything is scheduled
+                engine.validate(p.req, p.prompt, p.max_tokens)
+        except InvalidRequest as e:
+            raise UsageError(str(e)) from None
+        timeline = _Timeline()
+        out = run_workload(engine, plan, on_step=timeline.watch)
+        _print_header(ns, backend, engine, loaded)
+        _print_requests(plan, out, timeline)
+        _print_totals(out)
+    finally:
+        engine.close()
+        backend.close()
+    return 0
+
+
+def _load_model(ns: argparse.Namespace) -> DecoderModel:
+    from .serving.models import CheckpointUnavailable, load_model
+
+    try:
+        return load_model(ns.model, seed=ns.seed)
     except CheckpointUnavailable as e:
         raise UsageError(str(e)) from None
-    plan = standard_plan(model.vocab, ns.requests)
+
+
+def _plan(ns: argparse.Namespace, vocab: int, prompt: tuple[int, ...] | None) -> list[RequestPlan]:
+    """The standard workload, with --max-tokens and --prompt applied."""
+    from .serving.workload import standard_plan
+
+    plan = standard_plan(vocab, ns.requests)
     if ns.max_tokens is not None:
         plan = [replace(p, max_tokens=min(p.max_tokens, ns.max_tokens)) for p in plan]
     if prompt is not None:
         plan[0] = replace(plan[0], prompt=prompt)
+    return plan
+
+
+def _open_engine(ns: argparse.Namespace, model: DecoderModel) -> tuple[ServingBackend, Any]:
+    """The backend and the engine loaded on it; the backend is closed if the engine cannot load."""
+    from .impl.backend import get_backend
+    from .serving.backend import ServingBackend
+    from .serving.batching import ServingConfig, ServingEngine
+    from .serving.context import SamplingParams
+
     sampling = SamplingParams(seed=ns.seed) if ns.sampling == "seeded" else SamplingParams()
+    options: dict[str, Any] = {}
     if ns.backend == "tt":
         from .impl.backend import padded_rows
-        from .impl.device import install
+        from .impl.device import Emulator
         from .impl.device.device import DEFAULT_DRAM_SIZE
-        from .impl.serving_device import dram_bytes
+        from .serving.device_decoder import dram_bytes
 
         # Without a chip: an emulated device with room for the model's vocabulary.
-        install(dram_size=DEFAULT_DRAM_SIZE + dram_bytes(model, padded_rows(8), 8))
-    backend = ServingBackend(get_backend(ns.backend), model, sampling)
-    try:
-        engine = ServingEngine(
-            backend, ServingConfig(async_scheduling=ns.async_scheduling, kv_tokens=ns.kv_tokens)
+        options["emulator"] = Emulator(
+            dram_size=DEFAULT_DRAM_SIZE + dram_bytes(model, padded_rows(8), 8)
         )
-    except ValueError as e:  # async "on" where the backend cannot
-        raise UsageError(str(e)) from None
-    except NotImplementedError as e:  # the decoder op exists on the emulated device only
-        raise UsageError(str(e)) from None
-    loaded = time.perf_counter() - started
+    backend = ServingBackend(get_backend(ns.backend, **options), model, sampling)
     try:
-        for p in plan:  # every request is checked before anything is scheduled
-            engine.validate(p.req, p.prompt, p.max_tokens)
-    except InvalidRequest as e:
-        engine.close()
+        config = ServingConfig(async_scheduling=ns.async_scheduling, kv_tokens=ns.kv_tokens)
+        return backend, ServingEngine(backend, config)
+    except (ValueError, NotImplementedError) as e:
+        # ValueError: async "on" where the backend cannot; NotImplementedError: the decoder op
+        # exists on the emulated device only.
         backend.close()
         raise UsageError(str(e)) from None
 
-    first: dict[int, float] = {}
-    done: dict[int, float] = {}
-    t0 = time.perf_counter()
 
-    def watch(e: Any) -> None:
-        now = time.perf_counter() - t0
-        for req, r in e.runner.requests.items():
-            if r.delivered and req not in first:
-                first[req] = now
-            if r.status in CLOSED and req not in done:
-                done[req] = now
+class _Timeline:
+    """When each request got its first token and when it closed, in seconds since the start."""
 
-    out = run_workload(engine, plan, on_step=watch)
-    stats = out.stats
+    def __init__(self) -> None:
+        self.start = time.perf_counter()
+        self.first: dict[int, float] = {}
+        self.done: dict[int, float] = {}
+
+    def watch(self, engine: Any) -> None:
+        from .impl.runner import CLOSED
+
+        now = time.perf_counter() - self.start
+        for req, r in engine.runner.requests.items():
+            if r.delivered and req not in self.first:
+                self.first[req] = now
+            if r.status in CLOSED and req not in self.done:
+                self.done[req] = now
+
+
+def _print_header(ns: argparse.Namespace, backend: ServingBackend, engine: Any,
+                  loaded: float) -> None:
     print(
-        f"model {model.name} (vocab {model.vocab}) on backend {backend.name} "
-        f"({backend.device_kind()}), sampling {sampling.describe()}"
+        f"model {backend.model.name} (vocab {backend.model.vocab}) on backend {backend.name} "
+        f"({backend.device_kind()}), sampling {backend.sampling.describe()}"
     )
     print(
         f"async scheduling {ns.async_scheduling} -> "
@@ -132,21 +174,26 @@ def cmd_serve_demo(ns: argparse.Namespace) -> int:
         f"max_concurrent_batches={engine.max_concurrent_batches()}, "
         f"KV budget {ns.kv_tokens} tokens, loaded in {loaded:.2f} s"
     )
+
+
+def _print_requests(plan: list[RequestPlan], out: Outcome, timeline: _Timeline) -> None:
     for p in plan:
         toks = out.tokens.get(p.req, [])
         status = out.statuses[p.req].name.lower()
-        ttft = f"{first[p.req] * 1000:7.1f}" if p.req in first else "      -"
-        end = f"{done.get(p.req, out.seconds) * 1000:7.1f}"
+        first = timeline.first.get(p.req)
+        ttft = f"{first * 1000:7.1f}" if first is not None else "      -"
+        end = f"{timeline.done.get(p.req, out.seconds) * 1000:7.1f}"
         print(
             f"  r{p.req}: prompt {list(p.prompt)} -> {toks} [{status}, {len(toks)} tokens, "
             f"first {ttft} ms, done {end} ms]"
         )
+
+
+def _print_totals(out: Outcome) -> None:
+    stats = out.stats
     print(
         f"{out.generated} tokens in {out.seconds:.2f} s ({out.generated / out.seconds:.1f} tok/s), "
         f"{stats.get('launches', 0)} steps, {stats.get('overlapped_launches', 0)} overlapped, "
         f"{stats['kv_preemptions']} preemptions, {stats['kv_resumes']} resumes, "
         f"aborted {stats['aborted_requests']}"
     )
-    engine.close()
-    backend.close()
-    return 0

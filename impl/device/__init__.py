@@ -1,25 +1,28 @@
 """An emulated Tenstorrent device behind the real ttnn API.
 
-With no chip present, `install()` (or `with emulation():`) routes ttnn's device-side calls to
-`EmulatedMeshDevice`: in-order command queues that complete only when advanced, events that order
-them, trace capture and replay at fixed addresses, a first-fit DRAM allocator that reuses freed
-addresses, and hazard reports. On a chip, `install()` does nothing and ttnn runs for real.
+`open_device()` (`entry.py`) is the one way in: on a machine with a chip it opens the chip; without
+one it builds an `EmulatedMeshDevice` and routes ttnn's device-side calls on emulated objects to
+it (`routing.py`) until the device closes. The emulated device has in-order command queues that
+complete only when advanced, events that order them, trace capture and replay at fixed addresses,
+a first-fit DRAM allocator that reuses freed addresses, and hazard reports.
 
-    from ttmirror.impl.device import install, SeededScheduler
-    install(scheduler=lambda: SeededScheduler(seed=1))  # default: ManualScheduler
-    dev = ttnn.open_mesh_device(ttnn.MeshShape(1, 1), num_command_queues=2, trace_region_size=...)
+    from ttmirror.impl.device import Emulator, SeededScheduler, open_device
+    dev = open_device(num_command_queues=2, trace_region_size=1 << 20,
+                      emulator=Emulator(scheduler=lambda: SeededScheduler(seed=1)))
     ...  # the TT code, unchanged, against `ttnn`
-    dev.ready_commands(); dev.step(0)  # advance by hand: complete CQ0's next command
+    dev.ready_commands(); dev.step(0)  # emulated only: complete CQ0's next command by hand
     dev.hazards.counts                 # hazards by kind; HazardError raised in "raise" mode
+    ttnn.close_mesh_device(dev)        # the last emulated device to close restores ttnn
 
-`device_info()` says which device is in use: {"device": "chip" | "emulated", ...}.
+Importing this package changes nothing in ttnn. `device_info()` says which device is in use:
+{"device": "chip" | "emulated", ...}.
 """
 
 from .commands import Command, MeshEvent, MeshTraceId
 from .device import EmulatedMeshDevice
+from .entry import Emulator, bind_sampling_identity, open_device
 from .hazards import Hazard, HazardError, HazardKind, HazardLog
 from .info import device_info
-from .routing import bind_sampling_identity, emulation, install, uninstall
 from .sampling import sampling_uniform, seeded_sample
 from .schedulers import ManualScheduler, SeededScheduler, ThreadedScheduler
 from .tensors import DeviceTensor, HostReadback
@@ -28,6 +31,7 @@ __all__ = [
     "Command",
     "DeviceTensor",
     "EmulatedMeshDevice",
+    "Emulator",
     "Hazard",
     "HazardError",
     "HazardKind",
@@ -40,9 +44,7 @@ __all__ = [
     "ThreadedScheduler",
     "bind_sampling_identity",
     "device_info",
-    "emulation",
-    "install",
+    "open_device",
     "sampling_uniform",
     "seeded_sample",
-    "uninstall",
 ]

@@ -11,7 +11,7 @@ from __future__ import annotations
 import itertools
 import threading
 from collections import deque
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import torch
@@ -71,6 +71,8 @@ class EmulatedMeshDevice:
         self.program_cache: set[object] = set()
         self.condition = threading.Condition(threading.RLock())
         self.closed = False
+        self.on_close: list[Callable[[EmulatedMeshDevice], None]] = []
+        """Called once the device has closed (the routing detaches it)."""
         self.sampling_identity: tuple[DeviceTensor, DeviceTensor] | None = None
         self._ids = itertools.count(1)
         self._trace_ids = itertools.count(0)
@@ -544,13 +546,19 @@ class EmulatedMeshDevice:
 
     # --- lifetime --------------------------------------------------------------------------------
     def close(self) -> None:
+        """Complete what is queued, then close; the close hooks run even if completing raised."""
         if self.closed:
             return
-        with self.condition:
-            self.drain()
-            self.closed = True
-        self.scheduler.close()
-        readbacks.forget_all(self)
+        try:
+            with self.condition:
+                self.drain()
+        finally:
+            with self.condition:
+                self.closed = True
+            self.scheduler.close()
+            readbacks.forget_all(self)
+            for hook in self.on_close:
+                hook(self)
 
 
 def _check_same_spec(host: ttnn.Tensor, device: DeviceTensor, op: str) -> None:

@@ -6,8 +6,8 @@ import importlib.metadata
 from typing import Any
 
 from .detect import OVERRIDE_VARIABLE, chip_count
-from .device import DEFAULT_DRAM_SIZE
-from .routing import installed, settings
+from .entry import Emulator
+from .routing import active, open_devices
 
 
 def device_info() -> dict[str, Any]:
@@ -17,14 +17,17 @@ def device_info() -> dict[str, Any]:
         "device": "chip" if chips > 0 else "emulated",
         "chips": chips,
         "ttnn": importlib.metadata.version("ttnn"),
-        "routing_installed": installed(),
+        "routing_active": active(),
+        "emulated_devices_open": len(open_devices()),
         "override_variable": OVERRIDE_VARIABLE,
     }
     if chips == 0:
+        defaults = Emulator()
         info["emulated"] = {
+            "entry_point": "ttmirror.impl.device.open_device",
             "max_command_queues": 2,
-            "dram_bytes": settings.dram_size if installed() else DEFAULT_DRAM_SIZE,
-            "scheduler": getattr(settings.scheduler, "__name__", type(settings.scheduler).__name__),
-            "hazard_mode": settings.hazard_mode,
+            "dram_bytes": defaults.dram_size,
+            "scheduler": getattr(defaults.scheduler, "__name__", "?"),
+            "hazard_mode": defaults.hazard_mode,
         }
     return info

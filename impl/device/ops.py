@@ -23,7 +23,7 @@ from .tensors import DeviceTensor, torch_dtype
 Compute = Callable[[list[torch.Tensor]], torch.Tensor]
 Bound = dict[str, Any]
 
-# Captured at import, before routing replaces the module attributes.
+# Captured at import: routing replaces the module attributes only while an emulated device is open.
 GOLDEN: dict[str, Callable[..., Any]] = {
     name: ttnn.get_golden_function(getattr(ttnn, name))
     for name in (
@@ -116,7 +116,8 @@ def sampling(bound: Bound, cq: int) -> DeviceTensor:
     if device.sampling_identity is None:
         raise RuntimeError(
             "emulated ttnn.sampling needs each row's (request, position): bind them with "
-            "routing.bind_sampling_identity(device, request_ids, positions) (a no-op on a chip)"
+            "ttmirror.impl.device.bind_sampling_identity(device, request_ids, positions) (a no-op "
+            "on a chip)"
         )
     requests, positions = device.sampling_identity
     seed = int(bound.get("seed") or 0)

@@ -1,11 +1,16 @@
-"""The one place where ttnn's device-side calls are routed to the emulated device.
+"""ttnn's device-side calls, routed to the emulated devices while one is open.
 
-`install()` replaces the device-side attributes of the real `ttnn` module (and a few `ttnn.Tensor`
-methods) with checked forwarders, only when no chip is present; on a chip it does nothing, and the
-TT code talks to real ttnn. Every forwarded call is first bound against the installed ttnn's own
-signature, so a call the real API would reject (a wrong keyword, a keyword-only argument passed
-by position) raises TypeError here too. Calls that involve no emulated object (host tensors, host
-ops) go to the real function unchanged.
+`attach(device)` is called by `open_device` (`entry.py`, the only way to obtain an emulated
+device): the first attach replaces the routed attributes of the real `ttnn` module (and a few
+`ttnn.Tensor` methods) with `RoutedCall`s, and the last `detach` (run when an emulated device
+closes) puts the originals back. Importing ttmirror, or building a backend, changes nothing; a
+process that never opens an emulated device (one with a chip) runs the real ttnn untouched.
+
+While routing is active it is scoped to emulated objects. A routed call is first bound against the
+installed ttnn's own signature, so a call the real API would reject (a wrong keyword, a
+keyword-only argument passed by position) raises TypeError here too. Then `ROUTES[name]` says which
+argument owns the call: the call goes to the emulated device only when that argument is an
+emulated object, and to the real function, unchanged, otherwise.
 """
 
 from __future__ import annotations
@@ -21,33 +26,102 @@ import ttnn
 from . import ops, readbacks
 from .commands import MeshEvent
 from .detect import chip_present
-from .device import DEFAULT_DRAM_SIZE, EmulatedMeshDevice
-from .hazards import HazardMode
-from .schedulers import ManualScheduler, Scheduler
+from .device import EmulatedMeshDevice
 from .signatures import Signature, introspect, introspect_method
 from .tensors import DeviceTensor
 
-Handler = Callable[[Callable[..., Any], dict[str, Any], tuple[Any, ...], dict[str, Any]], Any]
+EMULATED = (DeviceTensor, EmulatedMeshDevice, MeshEvent)
+"""The objects that make a call the emulated device's."""
+ANY_ARGUMENT = "*"
+"""A route's owner when any argument (or a list of tensors) can make the call emulated: the ops."""
+NO_OWNER = ""
+"""A route's owner when the call names no device object (`command_queue`): always routed."""
 
 
-@dataclass
-class Settings:
-    """How `ttnn.open_mesh_device` builds emulated devices."""
+@dataclass(frozen=True)
+class Call:
+    """One call of a routed ttnn function: the real function, the arguments bound by name, and
+    the arguments as the caller wrote them."""
 
-    scheduler: Callable[[], Scheduler] = ManualScheduler
-    hazard_mode: HazardMode = "raise"
-    dram_size: int = DEFAULT_DRAM_SIZE
+    original: Callable[..., Any]
+    bound: dict[str, Any]
+    args: tuple[Any, ...]
+    kwargs: dict[str, Any]
+
+    def passthrough(self) -> Any:
+        return self.original(*self.args, **self.kwargs)
 
 
-settings = Settings()
-_open: list[EmulatedMeshDevice] = []  # devices opened through ttnn.open_mesh_device, until closed
-_originals: dict[str, Any] = {}
-_method_originals: dict[str, Any] = {}
+Handler = Callable[[Call], Any]
+
+
+@dataclass(frozen=True)
+class Route:
+    """How ttnn.<name> reaches the emulated device."""
+
+    name: str
+    owner: str
+    """The argument whose value decides, `ANY_ARGUMENT`, or `NO_OWNER`."""
+    handler: Handler
+
+    def emulated(self, bound: dict[str, Any]) -> bool:
+        """Whether this call belongs to the emulated device."""
+        if self.owner == NO_OWNER:
+            return True
+        values = bound.values() if self.owner == ANY_ARGUMENT else (bound.get(self.owner),)
+        for value in values:
+            if isinstance(value, EMULATED):
+                return True
+            if isinstance(value, list | tuple) and any(isinstance(v, DeviceTensor) for v in value):
+                return True
+        return False
+
+
+ROUTES: dict[str, Route] = {}
+"""ttnn function name -> its route: the table of everything the emulated device answers."""
+
+
+def routes(name: str, owner: str) -> Callable[[Handler], Handler]:
+    """Register the decorated handler for ttnn.<name>, for calls whose `owner` is emulated."""
+
+    def register(handler: Handler) -> Handler:
+        ROUTES[name] = Route(name, owner, handler)
+        return handler
+
+    return register
+
+
+class RoutedCall:
+    """Stands in for one ttnn callable: checks the real signature, then follows its route.
+
+    Other attributes (e.g. `golden_function`, so `ttnn.get_golden_function` keeps working) come
+    from the original.
+    """
+
+    def __init__(self, route: Route, original: Any, signature: Signature) -> None:
+        self._route = route
+        self._original = original
+        self._signature = signature
+        self.__doc__ = getattr(original, "__doc__", None)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        for device in open_devices():
+            device.hazards.raise_deferred()
+        call = Call(self._original, self._signature.bind(args, kwargs), args, kwargs)
+        if not self._route.emulated(call.bound):
+            return call.passthrough()
+        return self._route.handler(call)
+
+    def __getattr__(self, attribute: str) -> Any:
+        return getattr(self._original, attribute)
+
+    def __repr__(self) -> str:
+        return f"<routed ttnn.{self._route.name} -> emulated device or {self._original!r}>"
+
+
+# --- command queues ------------------------------------------------------------------------------
+
 _cq_stack = threading.local()
-
-
-def open_devices() -> list[EmulatedMeshDevice]:
-    return list(_open)
 
 
 def current_cq() -> int:
@@ -56,95 +130,44 @@ def current_cq() -> int:
     return stack[-1] if stack else 0
 
 
+def _cq(value: Any) -> int:
+    return current_cq() if value is None else int(value)
+
+
 @contextlib.contextmanager
-def _command_queue(cq_id: int) -> Iterator[None]:
+def _command_queue(call: Call) -> Iterator[None]:
+    cq_id = call.bound["cq_id"]
     if cq_id is None:
         raise ValueError("cq_id cannot be None in command_queue context")
     stack = _cq_stack.__dict__.setdefault("stack", [])
     stack.append(int(cq_id))
     try:
-        yield
+        with call.passthrough() if chip_present() else contextlib.nullcontext():
+            yield  # beside a chip, its ops see the queue too
     finally:
         stack.pop()
 
 
-def _cq(value: Any) -> int:
-    return current_cq() if value is None else int(value)
+# --- handlers, one per routed function -----------------------------------------------------------
 
 
-def _emulated(*values: Any) -> bool:
-    for value in values:
-        if isinstance(value, DeviceTensor | EmulatedMeshDevice | MeshEvent):
-            return True
-        if isinstance(value, list | tuple) and any(isinstance(v, DeviceTensor) for v in value):
-            return True
-    return False
+@routes("command_queue", NO_OWNER)
+def _command_queue_route(call: Call) -> Any:
+    return _command_queue(call)
 
 
-class RoutedCall:
-    """Stands in for one ttnn callable: checks the real signature, then routes the call.
-
-    Other attributes (e.g. `golden_function`, so `ttnn.get_golden_function` keeps working) come
-    from the original.
-    """
-
-    def __init__(self, name: str, original: Any, signature: Signature, handler: Handler) -> None:
-        self._name = name
-        self._original = original
-        self._signature = signature
-        self._handler = handler
-        self.__doc__ = getattr(original, "__doc__", None)
-
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        for device in _open:
-            device.hazards.raise_deferred()
-        bound = self._signature.bind(args, kwargs)
-        return self._handler(self._original, bound, args, kwargs)
-
-    def __getattr__(self, attribute: str) -> Any:
-        return getattr(self._original, attribute)
-
-    def __repr__(self) -> str:
-        return f"<routed {self._name} -> emulated device or {self._original!r}>"
-
-
-# --- handlers ------------------------------------------------------------------------------------
-
-
-def _open_mesh_device(
-    original: Callable[..., Any], b: dict[str, Any], args: tuple, kwargs: dict
-) -> Any:
-    device = EmulatedMeshDevice(
-        num_command_queues=int(b.get("num_command_queues", 1)),
-        trace_region_size=int(b.get("trace_region_size", 0)),
-        l1_small_size=int(b.get("l1_small_size", 0)),
-        dram_size=settings.dram_size,
-        scheduler=settings.scheduler(),
-        hazard_mode=settings.hazard_mode,
-    )
-    _open.append(device)
-    return device
-
-
-def _close_mesh_device(
-    original: Callable[..., Any], b: dict[str, Any], args: tuple, kwargs: dict
-) -> Any:
-    device = b["mesh_device"]
-    if not isinstance(device, EmulatedMeshDevice):
-        return original(*args, **kwargs)
-    if device in _open:
-        _open.remove(device)
-    device.close()
+@routes("close_mesh_device", "mesh_device")
+def _close_mesh_device(call: Call) -> Any:
+    device: EmulatedMeshDevice = call.bound["mesh_device"]
+    device.close()  # detaches it: the last one to close restores ttnn
     device.hazards.raise_deferred()  # what was found while closing must not be lost
     return None
 
 
-def _allocate_tensor_on_device(
-    original: Callable[..., Any], b: dict[str, Any], args: tuple, kwargs: dict
-) -> Any:
-    device = b["mesh_device"]
-    if not isinstance(device, EmulatedMeshDevice):
-        return original(*args, **kwargs)
+@routes("allocate_tensor_on_device", "mesh_device")
+def _allocate_tensor_on_device(call: Call) -> Any:
+    b = call.bound
+    device: EmulatedMeshDevice = b["mesh_device"]
     if "tensor_spec" in b:
         spec = b["tensor_spec"]
         return device.allocate(tuple(spec.shape), spec.dtype, spec.layout, spec.memory_config)
@@ -153,28 +176,23 @@ def _allocate_tensor_on_device(
     )
 
 
-def _deallocate(original: Callable[..., Any], b: dict[str, Any], args: tuple, kwargs: dict) -> Any:
-    tensor = b["tensor"]
-    if not isinstance(tensor, DeviceTensor):
-        return original(*args, **kwargs)
-    return tensor.device().deallocate(tensor, force=bool(b.get("force", True)))
+@routes("deallocate", "tensor")
+def _deallocate(call: Call) -> Any:
+    tensor: DeviceTensor = call.bound["tensor"]
+    return tensor.device().deallocate(tensor, force=bool(call.bound.get("force", True)))
 
 
-def _copy_host_to_device_tensor(
-    original: Callable[..., Any], b: dict[str, Any], args: tuple, kwargs: dict
-) -> Any:
-    target = b["device_tensor"]
-    if not isinstance(target, DeviceTensor):
-        return original(*args, **kwargs)
+@routes("copy_host_to_device_tensor", "device_tensor")
+def _copy_host_to_device_tensor(call: Call) -> Any:
+    b = call.bound
+    target: DeviceTensor = b["device_tensor"]
     return target.device().write(b["host_tensor"], target, _cq(b.get("cq_id")))
 
 
-def _copy_device_to_host_tensor(
-    original: Callable[..., Any], b: dict[str, Any], args: tuple, kwargs: dict
-) -> Any:
-    source = b["device_tensor"]
-    if not isinstance(source, DeviceTensor):
-        return original(*args, **kwargs)
+@routes("copy_device_to_host_tensor", "device_tensor")
+def _copy_device_to_host_tensor(call: Call) -> Any:
+    b = call.bound
+    source: DeviceTensor = b["device_tensor"]
     source.device().read(
         source,
         cq=_cq(b.get("cq_id")),
@@ -185,163 +203,117 @@ def _copy_device_to_host_tensor(
     return None
 
 
-def _from_device(original: Callable[..., Any], b: dict[str, Any], args: tuple, kwargs: dict) -> Any:
-    tensor = b["tensor"]
-    if not isinstance(tensor, DeviceTensor):
-        return original(*args, **kwargs)
+@routes("from_device", "tensor")
+def _from_device(call: Call) -> Any:
+    b = call.bound
+    tensor: DeviceTensor = b["tensor"]
     return tensor.device().read(
-        tensor,
-        cq=_cq(b.get("queue_id")),
-        blocking=bool(b.get("blocking", True)),
+        tensor, cq=_cq(b.get("queue_id")), blocking=bool(b.get("blocking", True)),
         name="from_device",
     )
 
 
-def _to_device(original: Callable[..., Any], b: dict[str, Any], args: tuple, kwargs: dict) -> Any:
-    device = b["device"]
-    if not isinstance(device, EmulatedMeshDevice):
-        return original(*args, **kwargs)
+@routes("to_device", "device")
+def _to_device(call: Call) -> Any:
+    b = call.bound
     host = b["tensor"]
-    return device.upload(host, host.layout, _cq(b.get("queue_id")), b.get("memory_config"))
+    return b["device"].upload(host, host.layout, _cq(b.get("queue_id")), b.get("memory_config"))
 
 
-def _from_torch(original: Callable[..., Any], b: dict[str, Any], args: tuple, kwargs: dict) -> Any:
-    device = b.get("device")
-    if not isinstance(device, EmulatedMeshDevice):
-        return original(*args, **kwargs)
+@routes("from_torch", "device")
+def _from_torch(call: Call) -> Any:
+    b, args = call.bound, call.args
     spec = b.get("spec")
     layout = (spec.layout if spec is not None else b.get("layout")) or ttnn.ROW_MAJOR_LAYOUT
     # The host conversion is real ttnn's (ROW_MAJOR: TILE host tensors need a chip); then upload.
     host_kwargs = {
         k: v
-        for k, v in kwargs.items()
+        for k, v in call.kwargs.items()
         if k not in ("device", "layout", "memory_config", "cq_id", "spec")
     }
     if spec is not None:
         host_kwargs["dtype"] = spec.dtype
-    host = original(*args[:2], **host_kwargs, layout=ttnn.ROW_MAJOR_LAYOUT)
-    return device.upload(host, layout, _cq(b.get("cq_id")), b.get("memory_config"))
+    host = call.original(*args[:2], **host_kwargs, layout=ttnn.ROW_MAJOR_LAYOUT)
+    return b["device"].upload(host, layout, _cq(b.get("cq_id")), b.get("memory_config"))
 
 
-def _to_torch(original: Callable[..., Any], b: dict[str, Any], args: tuple, kwargs: dict) -> Any:
-    tensor = b["tensor"]
-    if not isinstance(tensor, DeviceTensor):
-        return original(*args, **kwargs)
+@routes("to_torch", "tensor")
+def _to_torch(call: Call) -> Any:
+    b = call.bound
+    tensor: DeviceTensor = b["tensor"]
     host = tensor.device().read(tensor, cq=_cq(b.get("cq_id")), blocking=True, name="to_torch")
-    rest = {k: v for k, v in kwargs.items() if k not in ("tensor", "device", "cq_id")}
-    return original(host, *args[1:], **rest)
+    rest = {k: v for k, v in call.kwargs.items() if k not in ("tensor", "device", "cq_id")}
+    return call.original(host, *call.args[1:], **rest)
 
 
-def _record_event(
-    original: Callable[..., Any], b: dict[str, Any], args: tuple, kwargs: dict
-) -> Any:
-    device = b["mesh_device"]
-    if not isinstance(device, EmulatedMeshDevice):
-        return original(*args, **kwargs)
-    return device.record_event(_cq(b.get("cq_id")))
+@routes("record_event", "mesh_device")
+def _record_event(call: Call) -> Any:
+    return call.bound["mesh_device"].record_event(_cq(call.bound.get("cq_id")))
 
 
-def _wait_for_event(
-    original: Callable[..., Any], b: dict[str, Any], args: tuple, kwargs: dict
-) -> Any:
-    event = b["mesh_event"]
-    if not isinstance(event, MeshEvent):
-        return original(*args, **kwargs)
-    return event.device.wait_for_event(_cq(b.get("cq_id")), event)
+@routes("wait_for_event", "mesh_event")
+def _wait_for_event(call: Call) -> Any:
+    event: MeshEvent = call.bound["mesh_event"]
+    return event.device.wait_for_event(_cq(call.bound.get("cq_id")), event)
 
 
-def _event_synchronize(
-    original: Callable[..., Any], b: dict[str, Any], args: tuple, kwargs: dict
-) -> Any:
-    event = b["mesh_event"]
-    if not isinstance(event, MeshEvent):
-        return original(*args, **kwargs)
+@routes("event_synchronize", "mesh_event")
+def _event_synchronize(call: Call) -> Any:
+    event: MeshEvent = call.bound["mesh_event"]
     return event.device.event_synchronize(event)
 
 
-def _synchronize_device(
-    original: Callable[..., Any], b: dict[str, Any], args: tuple, kwargs: dict
-) -> Any:
-    device = b["device"]
-    if not isinstance(device, EmulatedMeshDevice):
-        return original(*args, **kwargs)
-    cq = b.get("cq_id")
-    return device.synchronize(None if cq is None else int(cq))
+@routes("synchronize_device", "device")
+def _synchronize_device(call: Call) -> Any:
+    cq = call.bound.get("cq_id")
+    return call.bound["device"].synchronize(None if cq is None else int(cq))
 
 
-def _trace_call(method: str) -> Handler:
-    def handler(original: Callable[..., Any], b: dict[str, Any], args: tuple, kwargs: dict) -> Any:
-        device = b["mesh_device"]
-        if not isinstance(device, EmulatedMeshDevice):
-            return original(*args, **kwargs)
-        if method == "begin_trace_capture":
-            return device.begin_trace_capture(_cq(b.get("cq_id")))
-        if method == "end_trace_capture":
-            return device.end_trace_capture(b["trace_id"], _cq(b.get("cq_id")))
-        if method == "execute_trace":
-            return device.execute_trace(
-                b["trace_id"], _cq(b.get("cq_id")), bool(b.get("blocking", True))
-            )
-        return device.release_trace(b["trace_id"])
-
-    return handler
+@routes("begin_trace_capture", "mesh_device")
+def _begin_trace_capture(call: Call) -> Any:
+    return call.bound["mesh_device"].begin_trace_capture(_cq(call.bound.get("cq_id")))
 
 
-def _op(name: str) -> Handler:
+@routes("end_trace_capture", "mesh_device")
+def _end_trace_capture(call: Call) -> Any:
+    b = call.bound
+    return b["mesh_device"].end_trace_capture(b["trace_id"], _cq(b.get("cq_id")))
+
+
+@routes("execute_trace", "mesh_device")
+def _execute_trace(call: Call) -> Any:
+    b = call.bound
+    return b["mesh_device"].execute_trace(
+        b["trace_id"], _cq(b.get("cq_id")), bool(b.get("blocking", True))
+    )
+
+
+@routes("release_trace", "mesh_device")
+def _release_trace(call: Call) -> Any:
+    return call.bound["mesh_device"].release_trace(call.bound["trace_id"])
+
+
+def _op_route(name: str) -> Handler:
     plan = ops.OPS[name]
-
-    def handler(original: Callable[..., Any], b: dict[str, Any], args: tuple, kwargs: dict) -> Any:
-        if not _emulated(*b.values()):
-            return original(*args, **kwargs)
-        return plan(b, current_cq())
-
-    return handler
+    return lambda call: plan(call.bound, current_cq())
 
 
-def _command_queue_handler(
-    original: Callable[..., Any], b: dict[str, Any], args: tuple, kwargs: dict
-) -> Any:
-    return _command_queue(b["cq_id"])
-
-
-HANDLERS: dict[str, Handler] = {
-    "open_mesh_device": _open_mesh_device,
-    "close_mesh_device": _close_mesh_device,
-    "allocate_tensor_on_device": _allocate_tensor_on_device,
-    "deallocate": _deallocate,
-    "copy_host_to_device_tensor": _copy_host_to_device_tensor,
-    "copy_device_to_host_tensor": _copy_device_to_host_tensor,
-    "from_device": _from_device,
-    "to_device": _to_device,
-    "from_torch": _from_torch,
-    "to_torch": _to_torch,
-    "record_event": _record_event,
-    "wait_for_event": _wait_for_event,
-    "event_synchronize": _event_synchronize,
-    "synchronize_device": _synchronize_device,
-    "command_queue": _command_queue_handler,
-    **{
-        name: _trace_call(name)
-        for name in ("begin_trace_capture", "end_trace_capture", "execute_trace", "release_trace")
-    },
-    **{name: _op(name) for name in ops.OPS},
-}
+for _name in ops.OPS:
+    routes(_name, ANY_ARGUMENT)(_op_route(_name))
 
 # Real signatures, read before anything is patched.
 SIGNATURES: dict[str, Signature] = {
-    name: introspect(getattr(ttnn, name), f"ttnn.{name}") for name in HANDLERS
+    name: introspect(getattr(ttnn, name), f"ttnn.{name}") for name in ROUTES
 }
+
+# --- ttnn.Tensor methods --------------------------------------------------------------------------
+
 _TENSOR_TO = introspect_method(ttnn.Tensor, "to")
 _HOST_READS = ("to_torch", "to_numpy", "to_list", "item")
+"""Host tensor methods that read values: a pending non-blocking readback must not be read."""
 
 
-def _check_host_read(tensor: Any) -> None:
-    record = readbacks.lookup(tensor)
-    if record is not None:
-        record.owner.check_host_read(record)
-
-
-def _patched_to(original: Callable[..., Any]) -> Callable[..., Any]:
+def _routed_to(original: Callable[..., Any]) -> Callable[..., Any]:
     def to(self: ttnn.Tensor, *args: Any, **kwargs: Any) -> Any:
         bound = _TENSOR_TO.bind(args, kwargs)
         device = bound.get("device")
@@ -355,88 +327,69 @@ def _patched_to(original: Callable[..., Any]) -> Callable[..., Any]:
     return to
 
 
-def _patched_host_read(original: Callable[..., Any]) -> Callable[..., Any]:
+def _checked_host_read(original: Callable[..., Any]) -> Callable[..., Any]:
     def read(self: ttnn.Tensor, *args: Any, **kwargs: Any) -> Any:
-        _check_host_read(self)
+        record = readbacks.lookup(self)
+        if record is not None:
+            record.owner.check_host_read(record)
         return original(self, *args, **kwargs)
 
     read.__doc__ = original.__doc__
     return read
 
 
-# --- installing ----------------------------------------------------------------------------------
+# --- attaching and detaching ---------------------------------------------------------------------
+
+_lock = threading.RLock()
+_attached: list[EmulatedMeshDevice] = []
+_saved: list[tuple[Any, str, Any]] = []
+"""(owner, attribute, original) for every patched attribute, while routing is active."""
 
 
-def installed() -> bool:
-    return bool(_originals)
+def open_devices() -> list[EmulatedMeshDevice]:
+    """The emulated devices open now (routing is active exactly while this is not empty)."""
+    with _lock:
+        return list(_attached)
 
 
-def install(
-    *,
-    force: bool = False,
-    scheduler: Callable[[], Scheduler] | None = None,
-    hazard_mode: HazardMode | None = None,
-    dram_size: int | None = None,
-) -> bool:
-    """Route ttnn's device-side calls to emulated devices; returns whether routing is active.
+def active() -> bool:
+    """Whether ttnn's routed attributes point at the emulated device now."""
+    with _lock:
+        return bool(_saved)
 
-    Does nothing on a machine with a chip unless `force`. Settings apply to devices opened later
-    through `ttnn.open_mesh_device`.
-    """
-    if scheduler is not None:
-        settings.scheduler = scheduler
-    if hazard_mode is not None:
-        settings.hazard_mode = hazard_mode
-    if dram_size is not None:
-        settings.dram_size = dram_size
-    if _originals:
-        return True
-    if chip_present() and not force:
-        return False
-    for name, handler in HANDLERS.items():
-        _originals[name] = getattr(ttnn, name)
-        setattr(ttnn, name, RoutedCall(f"ttnn.{name}", _originals[name], SIGNATURES[name], handler))
-    _method_originals["to"] = ttnn.Tensor.to
-    ttnn.Tensor.to = _patched_to(ttnn.Tensor.to)
+
+def attach(device: EmulatedMeshDevice) -> None:
+    """Route ttnn to emulated devices (from the first attached) until `device` closes."""
+    with _lock:
+        if not _attached:
+            _patch()
+        _attached.append(device)
+    device.on_close.append(detach)
+
+
+def detach(device: EmulatedMeshDevice) -> None:
+    """`device` has closed; the last one to close restores the real ttnn."""
+    with _lock:
+        if device in _attached:
+            _attached.remove(device)
+        if not _attached:
+            _restore()
+
+
+def _patch() -> None:
+    for name, route in ROUTES.items():
+        original = getattr(ttnn, name)
+        _saved.append((ttnn, name, original))
+        setattr(ttnn, name, RoutedCall(route, original, SIGNATURES[name]))
+    _saved.append((ttnn.Tensor, "to", ttnn.Tensor.to))
+    ttnn.Tensor.to = _routed_to(ttnn.Tensor.to)
     for method in _HOST_READS:
-        _method_originals[method] = getattr(ttnn.Tensor, method)
-        setattr(ttnn.Tensor, method, _patched_host_read(_method_originals[method]))
-    return True
+        original = getattr(ttnn.Tensor, method)
+        _saved.append((ttnn.Tensor, method, original))
+        setattr(ttnn.Tensor, method, _checked_host_read(original))
 
 
-def uninstall() -> None:
-    """Restore the real ttnn attributes and close the emulated devices still open."""
-    for device in open_devices():
-        device.close()
-    _open.clear()
-    for name, original in _originals.items():
-        setattr(ttnn, name, original)
-    for method, original in _method_originals.items():
-        setattr(ttnn.Tensor, method, original)
-    _originals.clear()
-    _method_originals.clear()
-    settings.__init__()  # type: ignore[misc]
-
-
-@contextlib.contextmanager
-def emulation(
-    *,
-    force: bool = False,
-    scheduler: Callable[[], Scheduler] | None = None,
-    hazard_mode: HazardMode | None = None,
-    dram_size: int | None = None,
-) -> Iterator[bool]:
-    """`with emulation():` routes for the block (if no chip) and restores ttnn afterwards."""
-    active = install(force=force, scheduler=scheduler, hazard_mode=hazard_mode, dram_size=dram_size)
-    try:
-        yield active
-    finally:
-        if active:
-            uninstall()
-
-
-def bind_sampling_identity(device: Any, request_ids: Any, positions: Any) -> None:
-    """Tell an emulated device which request and position each sampling row holds (device
-    tensors it reads when `ttnn.sampling` runs). On a chip this is a no-op."""
-    if isinstance(device, EmulatedMeshDevice):
-        device.bind_sampling_identity(request_ids, positions)
+def _restore() -> None:
+    while _saved:
+        owner, attribute, original = _saved.pop()
+        setattr(owner, attribute, original)

@@ -1,30 +1,40 @@
-"""Fixtures: ttnn routed to the emulated device (forced, so these tests also run beside a chip)."""
+"""Fixtures: emulated devices from the entry point (forced: these tests also run beside a chip)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import pytest
 import torch
 import ttnn
 
-from ttmirror.impl.device import EmulatedMeshDevice, routing
+from ttmirror.impl.device import EmulatedMeshDevice, Emulator, open_device
+from ttmirror.impl.device.hazards import HazardMode
+from ttmirror.impl.device.schedulers import ManualScheduler, Scheduler
 
 DRAM = 1 << 20  # small DRAM keeps device creation cheap
 
 
-@pytest.fixture
-def routed() -> Iterator[None]:
-    with routing.emulation(force=True, dram_size=DRAM):
-        yield
-
-
-@pytest.fixture
-def device(routed: None) -> Iterator[EmulatedMeshDevice]:
-    dev = ttnn.open_mesh_device(
-        mesh_shape=ttnn.MeshShape(1, 1), num_command_queues=2, trace_region_size=1 << 20
+def open_emulated(
+    *,
+    trace_region_size: int = 1 << 20,
+    scheduler: Callable[[], Scheduler] = ManualScheduler,
+    hazard_mode: HazardMode = "raise",
+) -> EmulatedMeshDevice:
+    """An emulated device with two CQs, opened through the one entry point."""
+    dev = open_device(
+        num_command_queues=2,
+        trace_region_size=trace_region_size,
+        emulator=Emulator(scheduler=scheduler, hazard_mode=hazard_mode, dram_size=DRAM),
+        emulated=True,
     )
     assert isinstance(dev, EmulatedMeshDevice)
+    return dev
+
+
+@pytest.fixture
+def device() -> Iterator[EmulatedMeshDevice]:
+    dev = open_emulated()
     yield dev
     ttnn.close_mesh_device(dev)
 

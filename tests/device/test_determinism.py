@@ -5,16 +5,14 @@ from __future__ import annotations
 import torch
 import ttnn
 
-from ttmirror.impl.device import EmulatedMeshDevice, SeededScheduler, routing
+from ttmirror.impl.device import SeededScheduler
 
-from .conftest import host_ids, on_device, values_of
+from .conftest import host_ids, on_device, open_emulated, values_of
 
 
 def racy_run(seed: int) -> tuple[list[str], list[list[int]]]:
     """Writes on CQ1 with no events against reads on CQ0: results depend on completion order."""
-    routing.install(scheduler=lambda: SeededScheduler(seed))
-    device = ttnn.open_mesh_device(mesh_shape=ttnn.MeshShape(1, 1), num_command_queues=2)
-    device.hazards.mode = "count"
+    device = open_emulated(scheduler=lambda: SeededScheduler(seed), hazard_mode="count")
     a, b = on_device(device, [0, 0]), on_device(device, [0, 0])
     readbacks = []
     for i in range(12):
@@ -29,21 +27,18 @@ def racy_run(seed: int) -> tuple[list[str], list[list[int]]]:
     return log, results
 
 
-def test_same_seed_same_completion_order_and_results(routed: None) -> None:
+def test_same_seed_same_completion_order_and_results() -> None:
     assert racy_run(7) == racy_run(7)
 
 
-def test_different_seeds_explore_different_orders(routed: None) -> None:
+def test_different_seeds_explore_different_orders() -> None:
     runs = {seed: racy_run(seed) for seed in range(6)}
     assert len({tuple(log) for log, _ in runs.values()}) > 1
     assert len({str(results) for _, results in runs.values()}) > 1  # the race shows in the data
 
 
-def test_seeded_scheduler_advances_between_host_calls(routed: None) -> None:
-    routing.install(scheduler=lambda: SeededScheduler(3, eagerness=0.9))
-    device: EmulatedMeshDevice = ttnn.open_mesh_device(
-        mesh_shape=ttnn.MeshShape(1, 1), num_command_queues=2
-    )
+def test_seeded_scheduler_advances_between_host_calls() -> None:
+    device = open_emulated(scheduler=lambda: SeededScheduler(3, eagerness=0.9))
     t = ttnn.from_torch(torch.zeros((1, 4), dtype=torch.int32), dtype=ttnn.int32, device=device)
     for _ in range(20):
         ttnn.plus_one(t)

@@ -20,64 +20,80 @@ def run_handshake(
     """The tt-metal 2-CQ trace loop: CQ1 writes input i + 1 while CQ0 runs step i, then reads
     step i's output. Step i's output is input i + 1; the host checks it one step later (depth 2).
     Returns output - input per step (1 when every step read the right data)."""
-    rows = 4
+    return Handshake(device, skip).run(iterations)
 
-    def host_input(value: int) -> ttnn.Tensor:
-        return ttnn.from_torch(torch.full((1, rows), value, dtype=torch.int32), dtype=ttnn.int32)
 
-    def allocate() -> ttnn.Tensor:
-        return ttnn.allocate_tensor_on_device(
-            ttnn.Shape([1, rows]), ttnn.int32, ttnn.ROW_MAJOR_LAYOUT, device
+class Handshake:
+    """The loop's persistent tensors, its captured model (work += 1) and its four events."""
+
+    ROWS = 4
+
+    def __init__(self, device: EmulatedMeshDevice, skip: str | None) -> None:
+        self.device, self.skip = device, skip
+        self.inp, self.work, self.out = (
+            ttnn.allocate_tensor_on_device(
+                ttnn.Shape([1, self.ROWS]), ttnn.int32, ttnn.ROW_MAJOR_LAYOUT, device
+            )
+            for _ in range(3)
+        )
+        # Compile every op, then capture the model against the persistent `work`.
+        ttnn.copy(self.inp, self.work)
+        ttnn.plus_one(self.work)
+        ttnn.copy(self.work, self.out)
+        self.trace = ttnn.begin_trace_capture(device, cq_id=0)
+        ttnn.plus_one(self.work)
+        ttnn.end_trace_capture(device, self.trace, cq_id=0)
+        first_op_event = ttnn.record_event(device, 0)
+        self.read_event = ttnn.record_event(device, 1)
+        ttnn.wait_for_event(1, first_op_event)
+        ttnn.copy_host_to_device_tensor(self.host_input(0), self.inp, cq_id=1)
+        self.write_event = ttnn.record_event(device, 1)
+
+    def host_input(self, value: int) -> ttnn.Tensor:
+        return ttnn.from_torch(
+            torch.full((1, self.ROWS), value, dtype=torch.int32), dtype=ttnn.int32
         )
 
-    inp, work, out = allocate(), allocate(), allocate()
-    # Compile every op, then capture the model (work += 1) against the persistent `work`.
-    ttnn.copy(inp, work)
-    ttnn.plus_one(work)
-    ttnn.copy(work, out)
-    trace = ttnn.begin_trace_capture(device, cq_id=0)
-    ttnn.plus_one(work)
-    ttnn.end_trace_capture(device, trace, cq_id=0)
+    def wait(self, name: str, cq: int, event: object) -> None:
+        if self.skip != name:
+            ttnn.wait_for_event(cq, event)
 
-    first_op_event = ttnn.record_event(device, 0)
-    read_event = ttnn.record_event(device, 1)
-    ttnn.wait_for_event(1, first_op_event)
-    ttnn.copy_host_to_device_tensor(host_input(0), inp, cq_id=1)
-    write_event = ttnn.record_event(device, 1)
-
-    in_flight: list[tuple[int, ttnn.Tensor, object]] = []
-    seen: list[int] = []
-    for i in range(iterations):
+    def iteration(self, i: int) -> ttnn.Tensor:
+        """Step i on both queues; returns output i's non-blocking readback."""
+        device = self.device
         # CQ0: consume input i, run the model, write the output once CQ1 has read the last one.
-        if skip != "write_event":
-            ttnn.wait_for_event(0, write_event)
-        ttnn.copy(inp, work)
+        self.wait("write_event", 0, self.write_event)
+        ttnn.copy(self.inp, self.work)
         first_op_event = ttnn.record_event(device, 0)
-        ttnn.execute_trace(device, trace, cq_id=0, blocking=False)
-        if skip != "read_event":
-            ttnn.wait_for_event(0, read_event)
-        ttnn.copy(work, out)
+        ttnn.execute_trace(device, self.trace, cq_id=0, blocking=False)
+        self.wait("read_event", 0, self.read_event)
+        ttnn.copy(self.work, self.out)
         last_op_event = ttnn.record_event(device, 0)
         # CQ1: write input i + 1 once CQ0 has consumed input i, then read output i.
-        if skip != "op_event":
-            ttnn.wait_for_event(1, first_op_event)
-        ttnn.copy_host_to_device_tensor(host_input(i + 1), inp, cq_id=1)
-        write_event = ttnn.record_event(device, 1)
-        if skip != "last_op_event":
-            ttnn.wait_for_event(1, last_op_event)
-        readback = out.cpu(blocking=False, cq_id=1)
-        read_event = ttnn.record_event(device, 1)
-        in_flight.append((i, readback, read_event))
-        if len(in_flight) == 2:  # depth 2: only now wait for the previous step
-            step, previous, event = in_flight.pop(0)
-            ttnn.event_synchronize(event)
-            seen.append(int(ttnn.to_torch(previous)[0, 0]) - step)
-    for step, previous, event in in_flight:
-        ttnn.event_synchronize(event)
-        seen.append(int(ttnn.to_torch(previous)[0, 0]) - step)
-    ttnn.synchronize_device(device)
-    ttnn.release_trace(device, trace)
-    return seen
+        self.wait("op_event", 1, first_op_event)
+        ttnn.copy_host_to_device_tensor(self.host_input(i + 1), self.inp, cq_id=1)
+        self.write_event = ttnn.record_event(device, 1)
+        self.wait("last_op_event", 1, last_op_event)
+        readback = self.out.cpu(blocking=False, cq_id=1)
+        self.read_event = ttnn.record_event(device, 1)
+        return readback
+
+    def run(self, iterations: int) -> list[int]:
+        in_flight: list[tuple[int, ttnn.Tensor, object]] = []
+        seen: list[int] = []
+        for i in range(iterations):
+            in_flight.append((i, self.iteration(i), self.read_event))
+            if len(in_flight) == 2:  # depth 2: only now wait for the previous step
+                seen.append(_checked(*in_flight.pop(0)))
+        seen.extend(_checked(*entry) for entry in in_flight)
+        ttnn.synchronize_device(self.device)
+        ttnn.release_trace(self.device, self.trace)
+        return seen
+
+
+def _checked(step: int, readback: ttnn.Tensor, event: object) -> int:
+    ttnn.event_synchronize(event)
+    return int(ttnn.to_torch(readback)[0, 0]) - step
 
 
 def test_handshake_runs_1000_iterations_without_hazard(device: EmulatedMeshDevice) -> None:

@@ -87,7 +87,7 @@ def test_fill_add_slice_concat(device: EmulatedMeshDevice) -> None:
     assert _host(ttnn.concat([b, a], dim=0)).tolist() == [[1, 2, 3, 4], [9, 9, 9, 9]]
 
 
-def test_host_ops_still_go_to_real_ttnn(routed: None) -> None:
+def test_host_ops_still_go_to_real_ttnn(device: EmulatedMeshDevice) -> None:
     host = ttnn.from_torch(torch.tensor([[1.7, -2.2]]), dtype=ttnn.float32)
     assert isinstance(host, ttnn.Tensor) and host.storage_type() == ttnn.StorageType.HOST
     assert ttnn.to_torch(ttnn.typecast(host, ttnn.int32)).tolist() == [[1, -2]]

@@ -55,5 +55,5 @@ def test_docstring_fallback_reads_args_sections() -> None:
     assert overload.positional == ("tensor", "blocking") and overload.keyword_only == ("queue_id",)
 
 
-def test_golden_functions_still_reachable_through_routed_ops(routed: None) -> None:
+def test_golden_functions_still_reachable_through_routed_ops(device: EmulatedMeshDevice) -> None:
     assert ttnn.get_golden_function(ttnn.argmax) is not None

@@ -7,7 +7,7 @@ import ttnn
 
 from ttmirror.impl.device import EmulatedMeshDevice, HazardError, HazardKind
 
-from .conftest import host_ids, on_device, values_of
+from .conftest import host_ids, on_device, open_emulated, values_of
 
 
 def _capture_step(
@@ -168,8 +168,8 @@ def test_allocation_before_capture_or_freed_before_replay_is_fine(
     ttnn.release_trace(device, trace)
 
 
-def test_capture_needs_a_trace_region(routed: None) -> None:
-    device = ttnn.open_mesh_device(mesh_shape=ttnn.MeshShape(1, 1), num_command_queues=2)
+def test_capture_needs_a_trace_region() -> None:
+    device = open_emulated(trace_region_size=0)
     t = on_device(device, [1], ttnn.int32)
     ttnn.plus_one(t)
     trace = ttnn.begin_trace_capture(device, cq_id=0)

@@ -1,5 +1,5 @@
-"""Fixtures: ttnn routed to the emulated device (forced, so these tests also run beside a chip),
-hazards raised at the call that makes them, completion order drawn from a seed."""
+"""Fixtures: an emulated device from the entry point (forced, so these tests also run beside a
+chip), hazards raised at the call that makes them, completion order drawn from a seed."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from collections.abc import Iterator
 import pytest
 import ttnn
 
-from ttmirror.impl.device import EmulatedMeshDevice, SeededScheduler, routing
+from ttmirror.impl.device import EmulatedMeshDevice, Emulator, SeededScheduler, open_device
 from ttmirror.impl.tt_backend import TtBackend
 
 DRAM = 4 << 20
@@ -16,17 +16,14 @@ TRACE_REGION = 1 << 20
 
 
 @pytest.fixture
-def routed() -> Iterator[None]:
-    with routing.emulation(
-        force=True, dram_size=DRAM, hazard_mode="raise", scheduler=lambda: SeededScheduler(seed=7)
-    ):
-        yield
-
-
-@pytest.fixture
-def device(routed: None) -> Iterator[EmulatedMeshDevice]:
-    dev = ttnn.open_mesh_device(
-        ttnn.MeshShape(1, 1), num_command_queues=2, trace_region_size=TRACE_REGION
+def device() -> Iterator[EmulatedMeshDevice]:
+    dev = open_device(
+        num_command_queues=2,
+        trace_region_size=TRACE_REGION,
+        emulator=Emulator(
+            scheduler=lambda: SeededScheduler(seed=7), hazard_mode="raise", dram_size=DRAM
+        ),
+        emulated=True,
     )
     assert isinstance(dev, EmulatedMeshDevice)
     yield dev

@@ -10,9 +10,9 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass, field
 
-from ttmirror.impl.engine import Engine
 from ttmirror.impl.probe import ProbeReference
 from ttmirror.impl.runner import CLOSED, Status
+from ttmirror.serving.engine import Engine
 
 
 @dataclass(frozen=True)

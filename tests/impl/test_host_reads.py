@@ -15,8 +15,8 @@ from typing import Any
 import pytest
 
 from ttmirror.impl.device import EmulatedMeshDevice
-from ttmirror.impl.engine import Engine, EngineConfig
 from ttmirror.impl.tt_backend import TtBackend
+from ttmirror.serving.engine import Engine, EngineConfig
 
 
 @dataclass

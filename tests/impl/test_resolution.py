@@ -9,7 +9,6 @@ import pytest
 from ttmirror.impl.backend import Backend, Mirror, MirrorSpec, get_backend
 from ttmirror.impl.cpu_backend import CpuBackend
 from ttmirror.impl.device import device_info
-from ttmirror.impl.engine import Engine, EngineConfig
 from ttmirror.impl.info import backend_info
 from ttmirror.impl.resolution import (
     AsyncSchedulingUnsupported,
@@ -18,6 +17,7 @@ from ttmirror.impl.resolution import (
     runner_supports_async,
 )
 from ttmirror.impl.tt_backend import TtBackend
+from ttmirror.serving.engine import Engine, EngineConfig
 
 
 class HostOnlyBackend(Backend):

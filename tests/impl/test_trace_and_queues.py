@@ -9,9 +9,9 @@ import pytest
 import ttnn
 
 from ttmirror.impl.device import EmulatedMeshDevice, HazardError, HazardKind
-from ttmirror.impl.engine import Engine, EngineConfig
 from ttmirror.impl.probe import ProbeReference, ProbeSpec
 from ttmirror.impl.tt_backend import TtBackend, TtMirror
+from ttmirror.serving.engine import Engine, EngineConfig
 
 
 def engine_with(tt: TtBackend, *, trace: bool, requests: int = 4) -> Engine:

@@ -21,8 +21,15 @@ import pytest
 import ttnn
 
 from ttmirror.impl.backend import padded_rows
-from ttmirror.impl.device import SeededScheduler, routing
-from ttmirror.impl.models import (
+from ttmirror.impl.device import Emulator, SeededScheduler, open_device
+from ttmirror.impl.probe import ProbeReference
+from ttmirror.impl.runner import Status
+from ttmirror.impl.tt_backend import TtBackend
+from ttmirror.serving.backend import ServingBackend
+from ttmirror.serving.batching import ServingConfig, ServingEngine
+from ttmirror.serving.context import SamplingParams
+from ttmirror.serving.device_decoder import dram_bytes
+from ttmirror.serving.models import (
     CHECKPOINTS,
     TINY,
     CheckpointUnavailable,
@@ -30,14 +37,7 @@ from ttmirror.impl.models import (
     ProbeDecoder,
     load_model,
 )
-from ttmirror.impl.probe import ProbeReference
-from ttmirror.impl.runner import Status
-from ttmirror.impl.serving import ServingConfig, ServingEngine
-from ttmirror.impl.serving_backend import ServingBackend
-from ttmirror.impl.serving_context import SamplingParams
-from ttmirror.impl.serving_device import dram_bytes
-from ttmirror.impl.serving_workload import Outcome, RequestPlan, run_workload, standard_plan
-from ttmirror.impl.tt_backend import TtBackend
+from ttmirror.serving.workload import Outcome, RequestPlan, run_workload, standard_plan
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
@@ -80,12 +80,15 @@ def _require_async(enabled: bool, batches: int) -> None:
 def _serve(run: Run, plan: list[RequestPlan]) -> Outcome:
     model = _model(run.model)
     dram = DRAM + dram_bytes(model, padded_rows(ROWS), ROWS)  # checkpoints: large vocabularies
-    with routing.emulation(
-        force=True, dram_size=dram, hazard_mode="raise", scheduler=lambda: SeededScheduler(SEED)
-    ):
-        device = ttnn.open_mesh_device(
-            ttnn.MeshShape(1, 1), num_command_queues=2, trace_region_size=1 << 20
-        )
+    device = open_device(
+        num_command_queues=2,
+        trace_region_size=1 << 20,
+        emulator=Emulator(
+            scheduler=lambda: SeededScheduler(SEED), hazard_mode="raise", dram_size=dram
+        ),
+        emulated=True,
+    )
+    try:
         backend = ServingBackend(TtBackend(device), model, SAMPLINGS[run.sampling])
         engine = ServingEngine(
             backend,
@@ -105,7 +108,8 @@ def _serve(run: Run, plan: list[RequestPlan]) -> Outcome:
             outcome.stats["hazards"] = device.hazards.total
         finally:
             engine.close()
-            ttnn.close_mesh_device(device)
+    finally:
+        ttnn.close_mesh_device(device)
     return outcome
 
 

@@ -8,7 +8,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from ttmirror.impl.models import CheckpointUnavailable, build_tiny, checkpoint_path, load_checkpoint
+from ttmirror.serving.models import (
+    CheckpointUnavailable,
+    build_tiny,
+    checkpoint_path,
+    load_checkpoint,
+)
 
 
 @pytest.fixture

@@ -47,7 +47,7 @@ def test_serve_demo_bad_input(
     args: list[str], message: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
     if args[:2] == ["--model", "qwen3-4b"]:
-        from ttmirror.impl.models import CheckpointUnavailable, checkpoint_path
+        from ttmirror.serving.models import CheckpointUnavailable, checkpoint_path
 
         try:
             checkpoint_path("qwen3-4b")

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 
 from ttmirror.impl.cpu_backend import CpuBackend
-from ttmirror.impl.models import ProbeDecoder
-from ttmirror.impl.serving import InvalidRequest, ServingConfig, ServingEngine
-from ttmirror.impl.serving_backend import ServingBackend
+from ttmirror.serving.backend import ServingBackend
+from ttmirror.serving.batching import InvalidRequest, ServingConfig, ServingEngine
+from ttmirror.serving.models import ProbeDecoder
 
 
 @pytest.fixture

@@ -21,8 +21,8 @@ from typing import Any, Protocol
 
 import torch
 
-from .models_catalog import CHECKPOINTS, TINY_ARCHS, model_names
-from .probe import ProbeSpec, permutation
+from ..impl.probe import ProbeSpec, permutation
+from .catalog import CHECKPOINTS, TINY_ARCHS, model_names
 
 
 class DecoderModel(Protocol):

@@ -13,8 +13,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from .runner import Status
-from .serving import ServingEngine
+from ..impl.runner import Status
+from .batching import ServingEngine
 
 
 @dataclass(frozen=True)
@@ -88,7 +88,8 @@ def run_workload(
     on_step: Callable[[ServingEngine], None] | None = None,
     max_iterations: int = 100_000,
 ) -> Outcome:
-    runner = engine.runner
+    """Serve `plan` to the end: each request submitted at its arrival iteration, aborted once
+    it has received `abort_after` tokens; `on_step` sees the engine after every step."""
     pending = sorted(plan, key=lambda p: (p.arrival, p.req))
     by_req = {p.req: p for p in plan}
     aborted: set[int] = set()
@@ -101,39 +102,52 @@ def run_workload(
         engine.step()
         if on_step is not None:
             on_step(engine)
-        for req, r in list(runner.requests.items()):
-            p = by_req[req]
-            if (
-                p.abort_after is not None
-                and req not in aborted
-                and len(r.delivered) >= p.abort_after
-                and r.status in (Status.WAITING, Status.RUNNING, Status.PREEMPTED)
-            ):
-                engine.abort(req)
-                aborted.add(req)
+        for req in _due_for_abort(engine, by_req, aborted):
+            engine.abort(req)
+            aborted.add(req)
         it += 1
         if not pending and engine.idle():
             break
         if it > max_iterations:
             raise RuntimeError(f"the workload did not finish within {max_iterations} iterations")
-    seconds = time.perf_counter() - start
+    return _outcome(engine, it, time.perf_counter() - start, aborted)
+
+
+def _due_for_abort(
+    engine: ServingEngine, by_req: dict[int, RequestPlan], aborted: set[int]
+) -> list[int]:
+    """Open requests that have received the tokens after which their plan aborts them."""
+    due = []
+    for req, r in engine.runner.requests.items():
+        after = by_req[req].abort_after
+        if (
+            after is not None
+            and req not in aborted
+            and len(r.delivered) >= after
+            and r.status in (Status.WAITING, Status.RUNNING, Status.PREEMPTED)
+        ):
+            due.append(req)
+    return due
+
+
+def _outcome(engine: ServingEngine, iterations: int, seconds: float, aborted: set[int]) -> Outcome:
+    """What the run delivered, and the counters a test needs to know the scenario happened."""
+    runner, kv = engine.runner, engine.kv
     return Outcome(
         tokens={req: list(r.delivered) for req, r in sorted(runner.requests.items())},
         statuses={req: r.status for req, r in sorted(runner.requests.items())},
-        iterations=it,
+        iterations=iterations,
         seconds=seconds,
         stats={
             **runner.describe(),
             **{f"engine_{k}": v for k, v in engine.stats.items()},
-            "kv_preemptions": engine.kv.preemptions,
-            "kv_resumes": engine.kv.resumes,
-            "kv_prefills": engine.kv.prefills,
-            "kv_peak_tokens": engine.kv.peak_tokens,
-            "preempted_requests": sorted(engine.kv.preempted),
+            "kv_preemptions": kv.preemptions,
+            "kv_resumes": kv.resumes,
+            "kv_prefills": kv.prefills,
+            "kv_peak_tokens": kv.peak_tokens,
+            "preempted_requests": sorted(kv.preempted),
             "resumed_and_progressed": sorted(
-                r
-                for r, at in engine.kv.resumed_at.items()
-                if len(runner.requests[r].delivered) > at
+                r for r, at in kv.resumed_at.items() if len(runner.requests[r].delivered) > at
             ),
             "aborted_requests": sorted(aborted),
         },

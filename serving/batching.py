@@ -19,12 +19,12 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
+from ..impl.probe import ProbeSpec
+from ..impl.runner import CLOSED, Status
+from .backend import ServingBackend
+from .context import ContextRows
 from .engine import Engine, EngineConfig, Order
 from .models import DecoderModel
-from .probe import ProbeSpec
-from .runner import CLOSED, Status
-from .serving_backend import ServingBackend
-from .serving_context import ContextRows
 
 
 class InvalidRequest(ValueError):

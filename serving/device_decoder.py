@@ -21,10 +21,10 @@ from typing import Any
 import torch
 import ttnn
 
-from .device import EmulatedMeshDevice, bind_sampling_identity
-from .device.commands import Program
+from ..impl.device import EmulatedMeshDevice, bind_sampling_identity
+from ..impl.device.commands import Program
+from .context import ContextRows, SamplingParams, decode_rows
 from .models import DecoderModel
-from .serving_context import ContextRows, SamplingParams, decode_rows
 
 
 def _allocate(device: Any, shape: list[int], dtype: ttnn.DataType) -> ttnn.Tensor:
@@ -70,13 +70,22 @@ class DeviceDecoder:
         self.width = width
         self.sampling = sampling
         self.cq = cq
-        length, vocab = model.max_context, model.vocab
-        self.history = _allocate(device, [blocks, length], ttnn.uint32)
+        self._allocate_context(blocks)
+        if not sampling.greedy:
+            self._allocate_sampler()
+        self.forwards = 0
+        self.compute_s = 0.0
+        """Time the decoder op spent computing (its delay excluded), for calibration."""
+
+    def _allocate_context(self, blocks: int) -> None:
+        """The KV blocks (`history`), the per-row context inputs and the logits, zero-filled."""
+        width, length, cq = self.width, self.model.max_context, self.cq
+        self.history = _allocate(self.device, [blocks, length], ttnn.uint32)
         self.active, self.block, self.write_at, self.prefill, self.request = (
-            _allocate(device, [1, width], ttnn.uint32) for _ in range(5)
+            _allocate(self.device, [1, width], ttnn.uint32) for _ in range(5)
         )
-        self.prefill_ids = _allocate(device, [width, length], ttnn.uint32)
-        self.logits = _allocate(device, [1, 1, width, vocab], ttnn.float32)
+        self.prefill_ids = _allocate(self.device, [width, length], ttnn.uint32)
+        self.logits = _allocate(self.device, [1, 1, width, self.model.vocab], ttnn.float32)
         for tensor, shape in (
             (self.history, (blocks, length)),
             (self.prefill_ids, (width, length)),
@@ -87,35 +96,35 @@ class DeviceDecoder:
             ttnn.copy_host_to_device_tensor(
                 _host(torch.zeros(shape, dtype=torch.int32), ttnn.uint32), tensor, cq_id=cq
             )
-        if not sampling.greedy:
-            self.values = _allocate(device, [1, 1, width, vocab], ttnn.bfloat16)
-            self.indices = ttnn.from_torch(
-                torch.arange(vocab, dtype=torch.int32).repeat(width, 1).reshape(1, 1, width, vocab),
-                dtype=ttnn.int32,
+
+    def _allocate_sampler(self) -> None:
+        """The seeded sampler's persistent inputs: bf16 values, vocabulary indices, k, p, 1/T."""
+        width, vocab, cq, sampling = self.width, self.model.vocab, self.cq, self.sampling
+        self.values = _allocate(self.device, [1, 1, width, vocab], ttnn.bfloat16)
+        self.indices = ttnn.from_torch(
+            torch.arange(vocab, dtype=torch.int32).repeat(width, 1).reshape(1, 1, width, vocab),
+            dtype=ttnn.int32,
+            layout=ttnn.ROW_MAJOR_LAYOUT,
+            device=self.device,
+            cq_id=cq,
+        )
+        self.k = ttnn.from_torch(
+            torch.full((width,), sampling.top_k, dtype=torch.int32),
+            dtype=ttnn.uint32,
+            layout=ttnn.ROW_MAJOR_LAYOUT,
+            device=self.device,
+            cq_id=cq,
+        )
+        self.p, self.temp = (
+            ttnn.from_torch(
+                torch.full((width,), value, dtype=torch.bfloat16),
+                dtype=ttnn.bfloat16,
                 layout=ttnn.ROW_MAJOR_LAYOUT,
-                device=device,
+                device=self.device,
                 cq_id=cq,
             )
-            self.k = ttnn.from_torch(
-                torch.full((width,), sampling.top_k, dtype=torch.int32),
-                dtype=ttnn.uint32,
-                layout=ttnn.ROW_MAJOR_LAYOUT,
-                device=device,
-                cq_id=cq,
-            )
-            self.p, self.temp = (
-                ttnn.from_torch(
-                    torch.full((width,), value, dtype=torch.bfloat16),
-                    dtype=ttnn.bfloat16,
-                    layout=ttnn.ROW_MAJOR_LAYOUT,
-                    device=device,
-                    cq_id=cq,
-                )
-                for value in (sampling.top_p, 1.0 / sampling.temperature)
-            )
-        self.forwards = 0
-        self.compute_s = 0.0
-        """Time the decoder op spent computing (its delay excluded), for calibration."""
+            for value in (sampling.top_p, 1.0 / sampling.temperature)
+        )
 
     def stage(self, rows: ContextRows) -> None:
         """Host writes of the step's context inputs, in queue order before its forward."""

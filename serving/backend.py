@@ -13,12 +13,12 @@ from typing import Any, Protocol
 
 import torch
 
-from .backend import Backend, Mirror, MirrorSpec, padded_rows
-from .cpu_backend import CpuBackend, CpuMirror
-from .device.sampling import sample_rows
+from ..impl.backend import Backend, Mirror, MirrorSpec, padded_rows
+from ..impl.cpu_backend import CpuBackend, CpuMirror
+from ..impl.device.sampling import sample_rows
+from ..impl.probe import ProbeSpec
+from .context import ContextRows, SamplingParams, decode_rows
 from .models import DecoderModel
-from .probe import ProbeSpec
-from .serving_context import ContextRows, SamplingParams, decode_rows
 
 
 class ContextStage(Protocol):
@@ -130,8 +130,8 @@ class ServingBackend(Backend):
             cpu = CpuDecoder(self.model, width, blocks, self.sampling)
             self.context = cpu
             return CpuServingMirror(spec, cpu)
-        from .serving_device import DeviceDecoder
-        from .tt_backend import TtBackend, TtMirror
+        from ..impl.tt_backend import TtBackend, TtMirror
+        from .device_decoder import DeviceDecoder
 
         if not isinstance(self.inner, TtBackend):
             raise ValueError(f"cannot serve models on backend {self.inner.name!r}")

@@ -17,10 +17,10 @@ from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
-from .backend import Backend
-from .probe import ProbeSpec
-from .resolution import SchedulingConfig, resolve
-from .runner import CLOSED, Runner, RunnerConfig, Status
+from ..impl.backend import Backend
+from ..impl.probe import ProbeSpec
+from ..impl.resolution import SchedulingConfig, resolve
+from ..impl.runner import CLOSED, Runner, RunnerConfig, Status
 
 Order = Callable[[list[int]], Sequence[int]]
 """Chooses the row order of a step from the eligible requests (condense/reorder policy)."""

@@ -15,11 +15,11 @@ import pytest
 import ttnn
 
 from ttmirror.impl.cpu_backend import CpuBackend
-from ttmirror.impl.device import SeededScheduler, routing
-from ttmirror.impl.engine import Engine, EngineConfig
+from ttmirror.impl.device import Emulator, SeededScheduler, open_device
 from ttmirror.impl.probe import ProbeReference, ProbeSpec
 from ttmirror.impl.runner import Status
 from ttmirror.impl.tt_backend import TtBackend
+from ttmirror.serving.engine import Engine, EngineConfig
 
 from .conftest import DRAM, TRACE_REGION
 from .scenario import Outcome, expected, make_plan, run
@@ -58,22 +58,25 @@ def _run(variant: Variant) -> Result:
     if variant.backend == "cpu":
         engine = Engine(CpuBackend(), config, order)
         return Result(run(engine, PLAN, REFERENCE), 0, None, engine.max_concurrent_batches())
-    with routing.emulation(
-        force=True,
-        dram_size=DRAM,
-        hazard_mode="raise",
-        scheduler=lambda: SeededScheduler(variant.device_seed),
-    ):
-        device = ttnn.open_mesh_device(
-            ttnn.MeshShape(1, 1), num_command_queues=2, trace_region_size=TRACE_REGION
-        )
+    device = open_device(
+        num_command_queues=2,
+        trace_region_size=TRACE_REGION,
+        emulator=Emulator(
+            scheduler=lambda: SeededScheduler(variant.device_seed),
+            hazard_mode="raise",
+            dram_size=DRAM,
+        ),
+        emulated=True,
+    )
+    try:
         engine = Engine(TtBackend(device, readback_cq=variant.readback_cq), config, order)
         serial_at_load = device.allocator.next_serial
         outcome = run(engine, PLAN, REFERENCE)
         allocations = device.allocator.next_serial - serial_at_load
         engine.close()
+    finally:
         ttnn.close_mesh_device(device)
-        return Result(outcome, device.hazards.total, allocations, engine.max_concurrent_batches())
+    return Result(outcome, device.hazards.total, allocations, engine.max_concurrent_batches())
 
 
 _cache: dict[Variant, Result] = {}

@@ -1,0 +1,227 @@
+"""The layout holds: one home per concern, no import cycles, no private names across modules.
+
+Every rule reads the source with `ast` (nothing is imported), and each has a twin that plants a
+violation in a snippet and watches the rule catch it, so a green run is never vacuous.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+import networkx as nx
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGES = {  # folder -> import name (pyproject's package-dir)
+    "ttmirror": "ttmirror",
+    "model": "ttmirror.model",
+    "impl": "ttmirror.impl",
+    "serving": "ttmirror.serving",
+    "conformance": "ttmirror.conformance",
+}
+SCRIPTS = ("tests", "benchmarks")
+"""Folders of code that no package imports; held to the private-name rule too."""
+
+
+@dataclass(frozen=True)
+class Import:
+    module: str
+    """The module imported from (absolute), e.g. ``ttmirror.impl.device.routing``."""
+    names: tuple[str, ...]
+    """The names taken from it (empty for ``import x.y``)."""
+    line: int
+    type_only: bool
+    """Under ``if TYPE_CHECKING:``: no import at run time."""
+
+
+def module_name(path: Path) -> str:
+    rel = path.relative_to(ROOT)
+    parts = list(rel.with_suffix("").parts)
+    base = PACKAGES.get(parts[0], parts[0])
+    rest = parts[1:]
+    if rest and rest[-1] == "__init__":
+        rest = rest[:-1]
+    return ".".join([base, *rest])
+
+
+def imports(source: str, module: str, is_package: bool = False) -> list[Import]:
+    """Every import statement of a module, relative ones resolved against `module`."""
+    tree = ast.parse(source)
+    type_only_lines: set[int] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            for inner in node.body:
+                for sub in ast.walk(inner):
+                    if hasattr(sub, "lineno"):
+                        type_only_lines.add(sub.lineno)
+    package = module.split(".") if is_package else module.split(".")[:-1]
+    out: list[Import] = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                out.append(Import(alias.name, (), node.lineno, node.lineno in type_only_lines))
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package[: len(package) - node.level + 1]
+                target = ".".join([*base, node.module] if node.module else base)
+            else:
+                target = node.module or ""
+            names = tuple(alias.name for alias in node.names)
+            out.append(Import(target, names, node.lineno, node.lineno in type_only_lines))
+    return out
+
+
+def private_imports(source: str, module: str) -> list[str]:
+    """``from other import _name`` and ``import other._mod``: a private name of another module."""
+    found = []
+    for imp in imports(source, module):
+        if imp.module == "__future__":
+            continue
+        parts = imp.module.split(".")
+        hidden = [p for p in parts if p.startswith("_") and not p.startswith("__")]
+        hidden += [n for n in imp.names if n.startswith("_") and not n.startswith("__")]
+        if hidden:
+            found.append(f"{module}:{imp.line} imports {', '.join(hidden)} from {imp.module}")
+    return found
+
+
+def sources() -> dict[str, tuple[Path, str]]:
+    """Module name -> (path, source) for every Python file of the project."""
+    out = {}
+    for folder in (*PACKAGES, *SCRIPTS):
+        for path in sorted((ROOT / folder).rglob("*.py")):
+            out[module_name(path)] = (path, path.read_text())
+    return out
+
+
+def import_graph(modules: dict[str, tuple[Path, str]]) -> nx.DiGraph:
+    """Run-time imports between the project's package modules (type-only imports left out)."""
+    graph = nx.DiGraph()
+    for name, (path, source) in modules.items():
+        if name.split(".")[0] != "ttmirror":
+            continue
+        graph.add_node(name)
+        for imp in imports(source, name, is_package=path.name == "__init__.py"):
+            if imp.type_only:
+                continue
+            targets = [f"{imp.module}.{n}" for n in imp.names if f"{imp.module}.{n}" in modules]
+            if len(targets) < len(imp.names) or not imp.names:
+                targets.append(imp.module)  # names defined in the module itself
+            graph.add_edges_from((name, t) for t in targets if t in modules and t != name)
+    return graph
+
+
+def test_no_module_imports_a_private_name_of_another() -> None:
+    modules = sources()
+    found = [hit for name, (_, source) in modules.items() for hit in private_imports(source, name)]
+    assert found == []
+
+
+def test_the_private_name_rule_catches_a_planted_import() -> None:
+    planted = "from .cli import UsageError, _bounds\nimport ttmirror._secret\n"
+    assert private_imports(planted, "ttmirror.cli_conformance") == [
+        "ttmirror.cli_conformance:1 imports _bounds from ttmirror.cli",
+        "ttmirror.cli_conformance:2 imports _secret from ttmirror._secret",
+    ]
+    assert private_imports("from __future__ import annotations\n", "x") == []
+
+
+def test_no_import_cycles() -> None:
+    graph = import_graph(sources())
+    assert graph.number_of_edges() > 100  # the graph really holds the project's imports
+    assert list(nx.simple_cycles(graph)) == []
+
+
+def test_the_cycle_rule_catches_a_planted_cycle() -> None:
+    modules = sources()
+    cli_path, cli_source = modules["ttmirror.cli"]
+    planted = dict(modules)
+    # What the CLI once did: a plugin importing from `cli`, which imports the plugin.
+    path, source = modules["ttmirror.cli_serving"]
+    planted["ttmirror.cli_serving"] = (path, source + "\nfrom .cli import main\n")
+    cycles = list(nx.simple_cycles(import_graph(planted)))
+    assert ["ttmirror.cli", "ttmirror.cli_serving"] in [sorted(c) for c in cycles]
+    assert "from . import cli_conformance, cli_serving" in cli_source and cli_path.exists()
+
+
+def test_the_mirror_never_imports_the_serving_engine() -> None:
+    graph = import_graph(sources())
+    mirror = [n for n in graph if n.startswith("ttmirror.impl")]
+    assert "ttmirror.impl.runner" in mirror and "ttmirror.impl.device.routing" in mirror
+    for name in mirror:
+        reached = nx.descendants(graph, name)
+        assert not any(r.startswith("ttmirror.serving") for r in reached), name
+        assert not any(r.startswith(("ttmirror.model", "ttmirror.conformance")) for r in reached)
+    # The twin: the serving engine does import the mirror, so the graph can see the edge.
+    engine = nx.descendants(graph, "ttmirror.serving.engine")
+    assert any(r.startswith("ttmirror.impl") for r in engine)
+
+
+def test_the_model_is_pure_and_only_conformance_imports_model_and_mirror() -> None:
+    importers: dict[str, set[str]] = {"ttmirror.model": set(), "ttmirror.impl": set()}
+    for name, (_, source) in sources().items():
+        touched = {imp.module for imp in imports(source, name)}
+        if name.startswith("ttmirror.model"):
+            assert not {t.split(".")[0] for t in touched} & {"torch", "ttnn", "numpy"}, name
+        for target, found in importers.items():
+            if any(t.startswith(target) for t in touched):
+                found.add(".".join(name.split(".")[:2]))
+    packages = {"ttmirror.model", "ttmirror.impl", "ttmirror.serving", "ttmirror.conformance"}
+    both = importers["ttmirror.model"] & importers["ttmirror.impl"] & packages
+    assert both == {"ttmirror.conformance"}
+    assert importers["ttmirror.model"] & packages == {"ttmirror.model", "ttmirror.conformance"}
+
+
+def test_only_the_entry_point_builds_an_emulated_device() -> None:
+    builders = []
+    for name, (_, source) in sources().items():
+        for node in ast.walk(ast.parse(source)):
+            if isinstance(node, ast.Call) and ast.unparse(node.func).endswith(
+                "EmulatedMeshDevice"
+            ):
+                builders.append(name)
+    assert builders == ["ttmirror.impl.device.entry"]
+
+
+def test_ttnn_is_patched_only_by_the_routing_module() -> None:
+    patchers = []
+    pattern = re.compile(r"setattr\(\s*(ttnn|owner)\b|^\s*ttnn(\.Tensor)?\.\w+\s*=[^=]", re.M)
+    for name, (_, source) in sources().items():
+        if name.split(".")[0] in SCRIPTS:
+            continue  # tests may monkeypatch
+        if pattern.search(source):
+            patchers.append(name)
+    assert patchers == ["ttmirror.impl.device.routing"]
+
+
+def _layout_rows() -> dict[str, tuple[str, str]]:
+    """README's layout table: folder -> (import name, what it holds)."""
+    text = (ROOT / "README.md").read_text()
+    section = text[text.index("## Layout") :]
+    rows = re.findall(r"^\| `([\w/]+)/` \|\s*([^|]*?)\s*\|\s*(.*?)\s*\|$", section, re.M)
+    return {folder: (name.strip(" `"), what) for folder, name, what in rows}
+
+
+def test_readme_layout_table_matches_the_tree() -> None:
+    rows = _layout_rows()
+    folders = {
+        p.name
+        for p in ROOT.iterdir()
+        if p.is_dir() and not p.name.startswith((".", "_")) and not p.name.endswith(".egg-info")
+    } - {"out", "build"}
+    assert {f for f in rows if "/" not in f} == folders
+    for folder, (name, _) in rows.items():
+        assert (ROOT / folder).is_dir(), folder
+        if name:
+            assert module_name(ROOT / folder / "__init__.py") == name
+
+
+@pytest.mark.parametrize("folder", ["impl", "impl/device", "serving"])
+def test_readme_names_every_module_of_the_core_packages(folder: str) -> None:
+    what = _layout_rows()[folder][1]
+    modules = sorted(p.name for p in (ROOT / folder).glob("*.py") if p.name != "__init__.py")
+    assert len(modules) >= 8
+    assert [m for m in modules if f"`{m}`" not in what] == []

@@ -1,0 +1,97 @@
+"""What every `ttmirror` subcommand shares: `UsageError`, the parser, the bounds options, output.
+
+`cli.py` and each module that adds subcommands (`cli_conformance.py`, `cli_serving.py`) import
+from here; none of them imports another's names.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import NoReturn
+
+from .model.state import Bounds, validate_bounds
+
+DEFAULTS = Bounds()
+
+AddParser = Callable[..., argparse.ArgumentParser]
+"""The subcommands' `add_parser`: what a module's `register(add_parser)` adds its commands with."""
+
+
+class UsageError(Exception):
+    """Bad arguments or input: reported in one line, exit 2."""
+
+
+class Parser(argparse.ArgumentParser):
+    """An argument parser whose errors are `UsageError`s (one line, exit 2), not exits."""
+
+    def error(self, message: str) -> NoReturn:
+        raise UsageError(message)
+
+
+def add_bounds(p: argparse.ArgumentParser) -> None:
+    """The model's bounds and feature switches, as options of `p`."""
+    g = p.add_argument_group("bounds")
+    g.add_argument("--depth", type=int, default=DEFAULTS.depth,
+                   help="max_concurrent_batches D: 1 (sync) or 2 (async) (default %(default)s)")
+    g.add_argument("--slots", type=int, default=DEFAULTS.slots,
+                   help="mirror slots K in the ring (default %(default)s)")
+    g.add_argument("--requests", type=int, default=DEFAULTS.requests,
+                   help="requests (default %(default)s)")
+    g.add_argument("--max-tokens", type=int, default=DEFAULTS.max_tokens,
+                   help="tokens per request (default %(default)s)")
+    g.add_argument("--preemptions", type=int, default=DEFAULTS.preemptions,
+                   help="preemptions per request (default %(default)s)")
+    t = p.add_argument_group("features and variants")
+    bool_flag = argparse.BooleanOptionalAction
+    t.add_argument("--finish", action=bool_flag, default=DEFAULTS.finish,
+                   help="stop tokens: early finish known only after readback")
+    t.add_argument("--abort", action=bool_flag, default=DEFAULTS.abort, help="user aborts")
+    t.add_argument("--preempt", action=bool_flag, default=DEFAULTS.preempt, help="preemption")
+    t.add_argument("--condense", action=bool_flag, default=DEFAULTS.condense,
+                   help="rows may be condensed/reordered between steps")
+    t.add_argument("--guard", action=bool_flag, default=DEFAULTS.guard,
+                   help="the stale-host-ids guard (--no-guard: the known-bad variant)")
+    t.add_argument("--release-at", choices=("complete", "issue"), default=DEFAULTS.release_at,
+                   help="when a slot may be released: readback complete (correct) or issue "
+                        "(known-bad)")
+
+
+def bounds_from(ns: argparse.Namespace) -> Bounds:
+    """The bounds `add_bounds` parsed, checked: impossible ones are a `UsageError`."""
+    b = Bounds(
+        depth=ns.depth, slots=ns.slots, requests=ns.requests, max_tokens=ns.max_tokens,
+        preemptions=ns.preemptions, finish=ns.finish, abort=ns.abort, preempt=ns.preempt,
+        condense=ns.condense, guard=ns.guard, release_at=ns.release_at,
+    )
+    if ns.preemptions < 0:
+        raise UsageError(f"--preemptions must be 0 or more, got {ns.preemptions}")
+    try:
+        validate_bounds(b)
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+    return b
+
+
+def mkdir(path: Path) -> None:
+    """Create `path` and its parents, or fail in one line."""
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise UsageError(f"cannot create {path}: {e.strerror}") from None
+
+
+def emit(text: str, output: str | None) -> None:
+    """Write `text` to stdout (None or "-") or, atomically, to the file `output`."""
+    if output is None or output == "-":
+        sys.stdout.write(text)
+        return
+    path = Path(output)
+    tmp = path.with_name(path.name + ".tmp")
+    try:
+        tmp.write_text(text)
+        tmp.replace(path)  # never leave a half-written file in place of a good one
+    except OSError as e:
+        raise UsageError(f"cannot write {output}: {e.strerror}") from None
