@@ -36,6 +36,11 @@ def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
         ["graph", "--view", "counterexample", *SMALL],
         [],
         ["nonsense"],
+        # Subcommands of the plugin modules: their UsageError is the one main() catches, also
+        # when cli.py runs as __main__.
+        ["fuzz", "--jobs", "0"],
+        ["serve-demo", "--requests", "0"],
+        ["mutants", "--bug", "no-such-bug"],
     ],
 )
 def test_bad_arguments_exit_2_with_one_line(args: list[str]) -> None:
