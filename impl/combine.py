@@ -1,13 +1,23 @@
 """The device combine: step N+1's input ids from host ids and step N's slot, built on device.
 
-    gathered  = gather(slot[N mod K], dim=1, index=prev_map)       # row i <- slot[prev_map[i]]
-    input_ids = where(use_mirror, gathered, host_ids)              # mirror rows vs host rows
+    source    = add(slot[N mod K], 0 -> TILE)                      # ROW_MAJOR -> TILE
+    index, mask, fallback = add(prev_map | use_mirror | host_ids, 0 -> TILE)
+    gathered  = gather(source, dim=3, index)                        # row i <- slot[prev_map[i]]
+    input_ids = where(mask, gathered, fallback)                     # mirror rows vs host rows
 
 Host ids, the previous-row map, the use-mirror mask and the positions are persistent device
 tensors, allocated at load and refilled per step with `copy_host_to_device_tensor` (never
 reallocated, so a captured trace keeps reading them). Rows move freely between steps (condense,
 reorder, arrivals, finishes, aborts, preemption): the map says where each row's newest token sits
 in the previous slot, and the host never needs to know its value.
+
+Layouts, as the installed ttnn documents them: `gather` takes TILE only (input and index) and
+`where` takes TILE only (every operand), while the slot is ROW_MAJOR (the samplers write it so)
+and host inputs are ROW_MAJOR (a host copy keeps the layout, and off a chip a host tensor cannot
+be TILE). So each ROW_MAJOR operand is converted on the device by `add(x, 0, output_tensor=t)`:
+add takes UINT32 in both layouts, and "the full tensor spec" of its output is `output_tensor`'s.
+The conversions write persistent tensors allocated at load: nothing is allocated per step, so the
+same ops run eagerly and inside a captured trace.
 """
 
 from __future__ import annotations
@@ -27,12 +37,15 @@ class DeviceCombine:
     def __init__(self, device: Any, width: int, cq: int = 0) -> None:
         self.width = width
         self.cq = cq
-        self.host_ids = allocate_ids(device, width)
-        self.prev_map = allocate_ids(device, width)
-        self.use_mirror = allocate_ids(device, width)
-        self.positions = allocate_ids(device, width)
-        self.gathered = allocate_ids(device, width)
-        self.input_ids = allocate_ids(device, width)
+        # Written by the host each step: ROW_MAJOR.
+        self.host_ids, self.prev_map, self.use_mirror, self.positions = (
+            allocate_ids(device, width) for _ in range(4)
+        )
+        # What gather and where take: TILE.
+        self.source, self.index, self.mask, self.fallback, self.gathered = (
+            allocate_ids(device, width, ttnn.TILE_LAYOUT) for _ in range(5)
+        )
+        self.input_ids = allocate_ids(device, width, ttnn.TILE_LAYOUT)
         """What the forward consumes: the combine's output."""
 
     def stage(self, inputs: StepInputs) -> None:
@@ -53,5 +66,12 @@ class DeviceCombine:
         for every batch layout, so one captured trace serves them all.
         """
         with ttnn.command_queue(self.cq):
-            ttnn.gather(source, 1, self.prev_map, out=self.gathered)
-            ttnn.where(self.use_mirror, self.gathered, self.host_ids, output_tensor=self.input_ids)
+            for rows, tiles in (
+                (source, self.source),
+                (self.prev_map, self.index),
+                (self.use_mirror, self.mask),
+                (self.host_ids, self.fallback),
+            ):
+                ttnn.add(rows, 0, output_tensor=tiles)
+            ttnn.gather(self.source, 3, self.index, out=self.gathered)
+            ttnn.where(self.mask, self.gathered, self.fallback, output_tensor=self.input_ids)

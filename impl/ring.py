@@ -1,9 +1,10 @@
 """The ring: K persistent device buffers of sampled ids; step n's sampler writes slot n mod K.
 
-Each slot is a [1, padded_rows] uint32 ROW_MAJOR tensor: the layout and dtype `argmax` writes
-through `output_tensor=`. The ring is allocated once at load, before any trace capture, and is
-never reallocated or freed while a trace that reads or writes it is alive: a replay runs at the
-captured addresses with no allocator checks, so a moved slot would be written over blindly.
+Each slot is a [1, 1, 1, padded_rows] uint32 ROW_MAJOR tensor: what both samplers write through
+`output_tensor=` (`argmax` must write UINT32 ROW_MAJOR; `sampling` writes [1, 1, 1, users]). The
+ring is allocated once at load, before any trace capture, and is never reallocated or freed while
+a trace that reads or writes it is alive: a replay runs at the captured addresses with no
+allocator checks, so a moved slot would be written over blindly.
 """
 
 from __future__ import annotations
@@ -16,21 +17,32 @@ import ttnn
 from .backend import padded_rows
 
 
+def ids_shape(width: int) -> list[int]:
+    """One id per row, as the samplers lay them out: [1, 1, 1, users]."""
+    return [1, 1, 1, width]
+
+
 def host_uint32(values: list[int] | tuple[int, ...], width: int) -> ttnn.Tensor:
-    """A [1, width] uint32 ROW_MAJOR host tensor (values may be -1: it wraps as on the device)."""
-    row = torch.zeros(1, width, dtype=torch.int32)
+    """A [1, 1, 1, width] uint32 ROW_MAJOR host tensor (-1 wraps as on the device)."""
+    row = torch.zeros(ids_shape(width), dtype=torch.int32)
     if values:
-        row[0, : len(values)] = torch.tensor(values, dtype=torch.int64).to(torch.int32)
+        row[0, 0, 0, : len(values)] = torch.tensor(values, dtype=torch.int64).to(torch.int32)
     return ttnn.from_torch(row, dtype=ttnn.uint32, layout=ttnn.ROW_MAJOR_LAYOUT)
 
 
-def allocate_ids(device: Any, width: int) -> ttnn.Tensor:
-    """One persistent [1, width] uint32 ROW_MAJOR device tensor, zero-filled so no kernel ever
-    consumes uninitialised DRAM as an index."""
-    tensor = ttnn.allocate_tensor_on_device(
-        ttnn.Shape([1, width]), ttnn.uint32, ttnn.ROW_MAJOR_LAYOUT, device
-    )
-    ttnn.copy_host_to_device_tensor(host_uint32([], width), tensor, cq_id=0)
+def allocate_ids(
+    device: Any, width: int, layout: ttnn.Layout = ttnn.ROW_MAJOR_LAYOUT
+) -> ttnn.Tensor:
+    """One persistent [1, 1, 1, width] uint32 device tensor, zero-filled so no kernel ever
+    consumes uninitialised DRAM as an index: by a host copy when ROW_MAJOR (host tensors are
+    ROW_MAJOR off a chip, and a copy keeps the layout), by `fill` on the device when TILE."""
+    shape = ttnn.Shape(ids_shape(width))
+    tensor = ttnn.allocate_tensor_on_device(shape, ttnn.uint32, layout, device)
+    if layout == ttnn.ROW_MAJOR_LAYOUT:
+        ttnn.copy_host_to_device_tensor(host_uint32([], width), tensor, cq_id=0)
+    else:
+        with ttnn.command_queue(0):
+            ttnn.fill(tensor, 0, output_tensor=tensor)
     return tensor
 
 

@@ -1,10 +1,19 @@
 """The serving forward on a TT device: the decoder step as a device op, the sampler into the slot.
 
     stage(rows)                      copy_host_to_device_tensor of the step's context inputs (CQ0)
-    forward(input_ids, positions, slot), all on CQ0:
-      decoder_forward                history (the KV blocks) updated, logits [1, 1, W, V] float32
-      argmax(logits, output_tensor=slot)                                          greedy, or
-      typecast(logits -> bf16); sampling(values, indices, k, p, temp, seed, output_tensor=slot)
+    forward(input_ids, positions, slot), all on CQ0, greedy:
+      decoder_forward                history (the KV blocks) updated, logits [1, 1, V, W] float32
+                                     ROW_MAJOR, one column per row
+      argmax(logits, dim=2, keepdim=True, output_tensor=slot)          slot [1, 1, 1, W] uint32
+    or seeded:
+      decoder_forward                logits [1, 1, W, Vp] float32 TILE, one row per row
+      typecast(logits -> values)     bfloat16 TILE (typecast keeps shape and layout)
+      sampling(values, indices, k, p, temp, seed, output_tensor=slot)
+
+Every ttnn call is one the installed ttnn documents (`impl/device/support.py`): argmax over
+dimension rank-2 writes UINT32 ROW_MAJOR; `sampling` takes bfloat16 TILE values whose last
+dimension Vp is a power-of-2 multiple of 32, so the vocabulary is padded to Vp with -inf logits
+(never drawn) and index 0.
 
 The decoder op's numerics are `serving_context.decode_rows` (a torch function over the model):
 on the emulated device it is a program on the command queue like any ttnn op, reading and writing
@@ -42,10 +51,21 @@ def _ids(values: tuple[int, ...] | list[int], width: int) -> torch.Tensor:
     return row
 
 
+def padded_vocab(vocab: int) -> int:
+    """The least power-of-2 multiple of 32 that holds `vocab`: what `sampling` takes."""
+    tiles = 1
+    while 32 * tiles < vocab:
+        tiles *= 2
+    return 32 * tiles
+
+
 def dram_bytes(model: DecoderModel, width: int, blocks: int) -> int:
-    """DRAM the decoder's persistent tensors take (logits f32, values bf16, indices i32, the
-    context tables), to size an emulated device for large vocabularies."""
-    return width * model.vocab * (4 + 2 + 4) + (blocks + width) * model.max_context * 4
+    """DRAM the decoder's persistent tensors take (greedy logits f32; seeded logits f32, values
+    bf16, indices i32 over the padded vocabulary; the context tables), to size an emulated device
+    for large vocabularies."""
+    padded = padded_vocab(model.vocab)
+    logits = width * (model.vocab * 4 + padded * (4 + 2 + 4))
+    return logits + (blocks + width) * model.max_context * 4
 
 
 class DeviceDecoder:
@@ -85,7 +105,15 @@ class DeviceDecoder:
             _allocate(self.device, [1, width], ttnn.uint32) for _ in range(5)
         )
         self.prefill_ids = _allocate(self.device, [width, length], ttnn.uint32)
-        self.logits = _allocate(self.device, [1, 1, width, self.model.vocab], ttnn.float32)
+        if self.sampling.greedy:  # one column per row: argmax over dimension 2 gives the slot
+            self.logits = _allocate(self.device, [1, 1, self.model.vocab, width], ttnn.float32)
+        else:  # one row per row, padded: what typecast and sampling take
+            self.logits = ttnn.allocate_tensor_on_device(
+                ttnn.Shape([1, 1, width, padded_vocab(self.model.vocab)]),
+                ttnn.float32,
+                ttnn.TILE_LAYOUT,
+                self.device,
+            )
         for tensor, shape in (
             (self.history, (blocks, length)),
             (self.prefill_ids, (width, length)),
@@ -100,9 +128,14 @@ class DeviceDecoder:
     def _allocate_sampler(self) -> None:
         """The seeded sampler's persistent inputs: bf16 values, vocabulary indices, k, p, 1/T."""
         width, vocab, cq, sampling = self.width, self.model.vocab, self.cq, self.sampling
-        self.values = _allocate(self.device, [1, 1, width, vocab], ttnn.bfloat16)
+        padded = padded_vocab(vocab)
+        self.values = ttnn.allocate_tensor_on_device(
+            ttnn.Shape([1, 1, width, padded]), ttnn.bfloat16, ttnn.TILE_LAYOUT, self.device
+        )
+        indices = torch.zeros(padded, dtype=torch.int32)
+        indices[:vocab] = torch.arange(vocab, dtype=torch.int32)
         self.indices = ttnn.from_torch(
-            torch.arange(vocab, dtype=torch.int32).repeat(width, 1).reshape(1, 1, width, vocab),
+            indices.repeat(width, 1).reshape(1, 1, width, padded),
             dtype=ttnn.int32,
             layout=ttnn.ROW_MAJOR_LAYOUT,
             device=self.device,
@@ -149,7 +182,7 @@ class DeviceDecoder:
         self._enqueue_decoder(input_ids, positions)
         with ttnn.command_queue(self.cq):
             if self.sampling.greedy:
-                ttnn.argmax(self.logits, dim=-1, output_tensor=slot)
+                ttnn.argmax(self.logits, dim=2, keepdim=True, output_tensor=slot)
             else:
                 bind_sampling_identity(self.device, self.request, positions)
                 ttnn.typecast(self.logits, ttnn.bfloat16, output_tensor=self.values)
@@ -176,13 +209,17 @@ class DeviceDecoder:
         ]
         # Views at fixed addresses, as every emulated op: a trace replays the same bytes.
         views = [t.data for t in inputs]
-        history, destination = self.history.data, self.logits.flat
-        model = self.model
+        history, destination = self.history.data, self.logits.data
+        model, greedy = self.model, self.sampling.greedy
 
         def body() -> None:
             started = time.perf_counter()
-            logits = decode_rows(model, history, *views)
-            destination.copy_(logits.reshape(-1))
+            logits = decode_rows(model, history, *views)  # [W, V]
+            if greedy:
+                destination.copy_(logits.T.reshape(destination.shape))
+            else:
+                destination.fill_(float("-inf"))  # the padded vocabulary is never drawn
+                destination[0, 0, :, : model.vocab] = logits
             self.compute_s += time.perf_counter() - started
 
         program = Program(

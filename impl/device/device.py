@@ -24,7 +24,15 @@ from .hazards import Hazard, HazardKind, HazardLog, HazardMode
 from .ordering import OrderingTracker
 from .schedulers import ManualScheduler, Scheduler
 from .signatures import introspect_method
-from .tensors import DeviceTensor, HostReadback, Region, host_bytes, new_host_tensor, storage_bytes
+from .tensors import (
+    DeviceTensor,
+    HostReadback,
+    Region,
+    host_bytes,
+    host_values,
+    new_host_tensor,
+    storage_bytes,
+)
 from .traces import Trace
 
 DEFAULT_DRAM_SIZE = 64 << 20
@@ -248,9 +256,8 @@ class EmulatedMeshDevice:
         with self.condition:
             if self._capture_on(cq):
                 raise RuntimeError(WRITES_IN_CAPTURE)
-            region = tensor.region
-            source = host_bytes(host)[: region.nbytes].clone()
-            self._write_bytes(tensor, source, cq, "copy_host_to_device_tensor")
+            self._write_host(tensor, host_values(host, tensor).clone(), cq,
+                             "copy_host_to_device_tensor")
 
     def upload(
         self,
@@ -265,13 +272,12 @@ class EmulatedMeshDevice:
                 raise RuntimeError(WRITES_IN_CAPTURE)
             shape = tuple(int(d) for d in host.shape)
             tensor = self.allocate(shape, host.dtype, layout, memory_config)
-            source = host_bytes(host)[: tensor.region.nbytes].clone()
-            self._write_bytes(tensor, source, cq, "to_device")
+            self._write_host(tensor, host_values(host, tensor).clone(), cq, "to_device")
             return tensor
 
-    def _write_bytes(self, tensor: DeviceTensor, source: torch.Tensor, cq: int, name: str) -> None:
-        region = tensor.region
-        destination = self.allocator.memory[region.address : region.address + region.nbytes]
+    def _write_host(self, tensor: DeviceTensor, source: torch.Tensor, cq: int, name: str) -> None:
+        """Enqueue a host-to-device copy of `source` (the logical elements, taken at enqueue)."""
+        destination = tensor.data
 
         def body() -> None:
             destination.copy_(source)
@@ -301,11 +307,10 @@ class EmulatedMeshDevice:
                 )
             else:
                 _check_same_spec(into, tensor, "copy_device_to_host_tensor")
-            region = tensor.region
-            source = self.allocator.memory[region.address : region.address + region.nbytes]
-            destination = host_bytes(into)[: region.nbytes]
+            source = tensor.data
             if not blocking:
-                destination.fill_(GARBAGE_BYTE)
+                host_bytes(into).fill_(GARBAGE_BYTE)
+            destination = host_values(into, tensor)
             target: Any = into
 
             def body() -> None:
@@ -573,7 +578,10 @@ def _check_same_spec(host: ttnn.Tensor, device: DeviceTensor, op: str) -> None:
             f"{op}: host and device tensors must have the same shape and dtype "
             f"(host {host.shape} {host.dtype}, device {device.shape} {device.dtype})"
         )
-    # Off chip a host tensor can only be ROW_MAJOR (sizing tiles needs the chip), so a TILE
-    # device tensor accepts a ROW_MAJOR host tensor here; everything else must match exactly.
-    if device.layout == ttnn.ROW_MAJOR_LAYOUT and host.layout != ttnn.ROW_MAJOR_LAYOUT:
-        raise RuntimeError(f"{op}: host and device tensors must have the same layout")
+    # As on the chip: the layouts must match. Off chip a host tensor can only be ROW_MAJOR (sizing
+    # tiles needs the chip), so a TILE device tensor is written by an op, never by the host.
+    if host.layout != device.layout:
+        raise RuntimeError(
+            f"{op}: host and device tensors must have the same layout (host {host.layout.name}, "
+            f"device {device.layout.name})"
+        )

@@ -8,7 +8,6 @@ values; in-place and `output_tensor=` semantics are applied here, as the runtime
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -78,16 +77,17 @@ def _launch(
         shape = _output_shapes[cache_key] = tuple(compute(probe).shape)
     if output is None:
         output = device.allocate(shape, out_dtype, out_layout)
-    elif output.volume() != math.prod(shape):
+    elif tuple(int(d) for d in output.shape) != tuple(shape):
         raise RuntimeError(
-            f"{name}: output_tensor has shape {output.shape}, the op produces {list(shape)}"
+            f"TT_FATAL @ ttnn.{name} (emulated device): output_tensor has shape "
+            f"{list(output.shape)}, the op produces {list(shape)}"
         )
     # Addresses are fixed now (a trace replays them): the body works on views of those bytes.
     views = [t.data for t in inputs]
-    destination = output.flat
+    destination = output.data
 
     def body() -> None:
-        destination.copy_(compute(views).reshape(-1))  # copy_ casts to the output dtype
+        destination.copy_(compute(views).reshape(destination.shape))  # copy_ casts the dtype
 
     reads = tuple(t.buffer for t in inputs)
     device.launch(Program(name, reads, (output.buffer,), body, cache_key), cq)
@@ -343,6 +343,41 @@ def concat(bound: Bound, cq: int) -> DeviceTensor:
     )
 
 
+def _convert(
+    cq: int, name: str, x: DeviceTensor, layout: ttnn.Layout, dtype: ttnn.DataType, pad: float
+) -> DeviceTensor:
+    """A layout conversion: one device command into a new tensor of the same logical shape. A TILE
+    output's padding gets `pad`; its logical elements are the input's, cast to `dtype`."""
+    device = x.device()
+    output = device.allocate(tuple(x._shape), dtype, layout)
+    source, stored, destination = x.data, output.stored, output.data
+
+    def body() -> None:
+        if output.tiled:
+            stored.fill_(pad)
+        destination.copy_(source)
+
+    key = (name, (x.spec_key,), dtype.value, layout.value, pad)
+    device.launch(Program(name, (x.buffer,), (output.buffer,), body, key), cq)
+    return output
+
+
+def to_layout(bound: Bound, cq: int) -> DeviceTensor:
+    x = bound["tensor"]
+    pad = float(bound.get("pad_value") or 0.0)
+    return _convert(cq, "to_layout", x, bound["layout"], bound.get("dtype") or x.dtype, pad)
+
+
+def tilize(bound: Bound, cq: int) -> DeviceTensor:
+    x = bound["input_tensor"]
+    return _convert(cq, "tilize", x, ttnn.TILE_LAYOUT, bound.get("dtype") or x.dtype, 0.0)
+
+
+def untilize(bound: Bound, cq: int) -> DeviceTensor:
+    x = bound["input_tensor"]
+    return _convert(cq, "untilize", x, ttnn.ROW_MAJOR_LAYOUT, x.dtype, 0.0)
+
+
 OPS: dict[str, Callable[[Bound, int], DeviceTensor]] = {
     "argmax": argmax,
     "sampling": sampling,
@@ -356,4 +391,7 @@ OPS: dict[str, Callable[[Bound, int], DeviceTensor]] = {
     "add": add,
     "slice": slice_,
     "concat": concat,
+    "to_layout": to_layout,
+    "tilize": tilize,
+    "untilize": untilize,
 }

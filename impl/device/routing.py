@@ -23,7 +23,7 @@ from typing import Any
 
 import ttnn
 
-from . import ops, readbacks
+from . import ops, readbacks, support
 from .commands import MeshEvent
 from .detect import chip_present
 from .device import EmulatedMeshDevice
@@ -295,7 +295,12 @@ def _release_trace(call: Call) -> Any:
 
 def _op_route(name: str) -> Handler:
     plan = ops.OPS[name]
-    return lambda call: plan(call.bound, current_cq())
+
+    def handler(call: Call) -> Any:
+        support.check(name, call.bound)  # what a chip refuses, refused here: eager or captured
+        return plan(call.bound, current_cq())
+
+    return handler
 
 
 for _name in ops.OPS:

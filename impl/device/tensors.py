@@ -3,6 +3,13 @@
 Host tensors are real `ttnn.Tensor` host tensors (ROW_MAJOR: a TILE host tensor needs a chip to
 size its tiles). Device tensors are `DeviceTensor`, which quacks like a device `ttnn.Tensor` for
 what the TT code uses; anything it does not emulate raises AttributeError rather than guessing.
+
+Storage follows the chip's sizes. A ROW_MAJOR tensor holds its logical shape. A TILE tensor holds
+its padded shape (the last two dimensions rounded up to 32x32 tiles), stored row-major over the
+padded shape rather than tile by tile: only ops and transfers see the bytes, and both go through
+the logical view (`data`), so the order inside a tile is never observable. The padding holds
+whatever the op that wrote the tensor left there: undefined, as on a chip, except after a layout
+conversion that pads with its `pad_value`.
 """
 
 from __future__ import annotations
@@ -78,11 +85,12 @@ class DeviceTensor:
         self._released = False
         buffer.handles += 1
         element = torch_dtype(dtype)
-        self.region = Region(buffer.address, math.prod(shape) * element.itemsize, element, shape)
+        stored = tuple(padded(shape, layout)) if layout == ttnn.TILE_LAYOUT else shape
+        self.region = Region(buffer.address, math.prod(stored) * element.itemsize, element, stored)
+        """The stored elements: the padded shape for TILE."""
         # What the program cache and output-shape cache key on: plain values hash fast.
         self.spec_key = (shape, dtype.value, layout.value)
         self._view: torch.Tensor | None = None
-        self._flat: torch.Tensor | None = None
 
     # --- what a device ttnn.Tensor answers -------------------------------------------------------
     @property
@@ -147,18 +155,23 @@ class DeviceTensor:
         return self._buffer
 
     @property
+    def stored(self) -> torch.Tensor:
+        """A typed view of every stored element, padding included (DRAM never moves)."""
+        return self._device.view(self.region)
+
+    @property
     def data(self) -> torch.Tensor:
-        """A typed view of this tensor's DRAM bytes (DRAM never moves, so it stays valid)."""
+        """A typed view of the logical elements (for TILE, the padded storage less its padding)."""
         if self._view is None:
-            self._view = self._device.view(self.region)
+            stored = self.stored
+            if stored.shape != torch.Size(self._shape):
+                stored = stored[tuple(slice(0, d) for d in self._shape)]
+            self._view = stored
         return self._view
 
     @property
-    def flat(self) -> torch.Tensor:
-        """The same bytes as a 1-D typed view."""
-        if self._flat is None:
-            self._flat = self.data.reshape(-1)
-        return self._flat
+    def tiled(self) -> bool:
+        return self._layout == ttnn.TILE_LAYOUT
 
     def release_handle(self) -> bool:
         """Drop this handle's reference; True when it was the buffer's last one."""
@@ -193,6 +206,13 @@ def host_bytes(tensor: ttnn.Tensor) -> torch.Tensor:
     """A writable uint8 view of a ROW_MAJOR host tensor's storage (shared through DLPack)."""
     shard = tensor.host_buffer().get_shard(_COORD)
     return torch.from_dlpack(shard)
+
+
+def host_values(host: ttnn.Tensor, like: DeviceTensor) -> torch.Tensor:
+    """A writable typed view of a ROW_MAJOR host tensor's elements, shaped as `like` (logical)."""
+    element = torch_dtype(like.dtype)
+    nbytes = like.volume() * element.itemsize
+    return host_bytes(host)[:nbytes].view(element).reshape(like.data.shape)
 
 
 def new_host_tensor(

@@ -45,13 +45,14 @@ def test_argmax_into_a_preallocated_uint32_output(device: EmulatedMeshDevice) ->
 
 
 def test_gather_where_embedding_typecast(device: EmulatedMeshDevice) -> None:
-    table = _dev(device, torch.tensor([[10, 11, 12, 13]], dtype=torch.int32), ttnn.uint32)
-    index = _dev(device, torch.tensor([[3, 0]], dtype=torch.int32), ttnn.uint32)
+    tile = ttnn.TILE_LAYOUT
+    table = _dev(device, torch.tensor([[10, 11, 12, 13]], dtype=torch.int32), ttnn.uint32, tile)
+    index = _dev(device, torch.tensor([[3, 0]], dtype=torch.int32), ttnn.uint32, tile)
     assert _host(ttnn.gather(table, -1, index)).tolist() == [[13, 10]]
 
-    mask = _dev(device, torch.tensor([[1, 0]], dtype=torch.int32), ttnn.int32)
-    a = _dev(device, torch.tensor([[5, 6]], dtype=torch.int32), ttnn.int32)
-    b = _dev(device, torch.tensor([[-1, -2]], dtype=torch.int32), ttnn.int32)
+    mask = _dev(device, torch.tensor([[1, 0]], dtype=torch.int32), ttnn.int32, tile)
+    a = _dev(device, torch.tensor([[5, 6]], dtype=torch.int32), ttnn.int32, tile)
+    b = _dev(device, torch.tensor([[-1, -2]], dtype=torch.int32), ttnn.int32, tile)
     assert _host(ttnn.where(mask, a, b)).tolist() == [[5, -2]]
 
     weight = _dev(device, torch.arange(12, dtype=torch.float32).reshape(4, 3), ttnn.float32)
