@@ -519,9 +519,10 @@ def check(op: str, bound: Bound) -> Satisfied:
         if rule.when is not None and not rule.when(bound):
             continue
         for name in rule.args:
-            value = bound.get(name)
-            if not isinstance(value, DeviceTensor):
+            arg = bound.get(name)
+            if not isinstance(arg, DeviceTensor):
                 continue
+            value = arg
             dtype, layout = value.dtype.name, value.layout.name
             if not any(r.admits(dtype, layout) for r in rule.rows):
                 supported = "; ".join(r.render() for r in rule.rows)
