@@ -1,4 +1,9 @@
-"""What `ttmirror info --backend NAME --json` reports about a backend (no device is opened)."""
+"""What `ttmirror info --backend NAME --json` reports about a backend.
+
+No chip is opened. For the tt backend, the ttnn ops of one steady decode step are listed with the
+documented rule each argument satisfies; they are found by running three steps of the mirror on
+an emulated device (`calls.py`), and are the same calls a chip would get.
+"""
 
 from __future__ import annotations
 
@@ -10,10 +15,11 @@ from .resolution import resolve
 
 def backend_info(name: str, async_scheduling: str = "auto") -> dict[str, Any]:
     """{"backend", "device", "supports_async_sampled_token_readback", "async_scheduling",
-    "async_scheduling_enabled", "max_concurrent_batches", "details"} for backend `name`."""
+    "async_scheduling_enabled", "max_concurrent_batches", "details"}, and for tt "ops" and
+    "commands_per_step", for backend `name`."""
     backend = get_backend(name)
     scheduling = resolve(backend, async_scheduling)
-    return {
+    info: dict[str, Any] = {
         "backend": backend.name,
         "device": backend.device_kind(),
         "supports_async_sampled_token_readback": scheduling.supports_async,
@@ -22,3 +28,14 @@ def backend_info(name: str, async_scheduling: str = "auto") -> dict[str, Any]:
         "max_concurrent_batches": scheduling.max_concurrent_batches(),
         "details": backend.info(),
     }
+    if name == "tt":
+        from .calls import step_calls
+
+        eager, traced = step_calls(), step_calls(trace=True)
+        info["ops"] = eager["ops"]
+        info["commands_per_step"] = {
+            mode: {"device_commands": run["device_commands_per_step"],
+                   "host_calls": run["host_calls_per_step"]}
+            for mode, run in (("eager", eager), ("traced", traced))
+        }
+    return info

@@ -127,6 +127,22 @@ def test_info_reports_async_on_for_capable_backends(backend: str) -> None:
     assert info["supports_async_sampled_token_readback"] is True
     assert info["async_scheduling_enabled"] is True and info["max_concurrent_batches"] == 2
     assert info["device"] == ("emulated" if backend == "tt" else "cpu")
+    if backend == "tt":
+        ops = info["ops"]
+        # The mirror path's ops, each argument on a documented row: the combine (4 conversions,
+        # gather, where) and the probe forward (2 adds, gather, argmax).
+        assert [o["op"].removeprefix("ttnn.") for o in ops] == [
+            "add", "add", "add", "add", "gather", "where", "add", "add", "gather", "argmax"
+        ]
+        assert all(o["documented"] is True for o in ops)
+        assert all(a["row"] and a["rule"] for o in ops for a in o["args"].values())
+        index = ops[4]["args"]["index"]
+        assert index["layout"] == "TILE" and index["row"] == "UINT16, UINT32 in TILE"
+        steps = info["commands_per_step"]
+        assert steps["traced"]["host_calls"] < steps["eager"]["host_calls"]
+        assert steps["traced"]["device_commands"] == steps["eager"]["device_commands"]
+    else:
+        assert "ops" not in info
 
 
 def test_info_async_off_and_unknown_backend() -> None:

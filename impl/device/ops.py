@@ -39,6 +39,7 @@ GOLDEN: dict[str, Callable[..., Any]] = {
         "concat",
     )
 }
+GARBAGE_ID = 0x3CDCDCDC  # what a gather yields where its index is out of range ("unspecified")
 _ARCH = "wormhole_b0"  # the typecast golden asks the chip for its arch; off chip we name one
 _output_shapes: dict[object, tuple[int, ...]] = {}
 _EMPTY: dict[int, torch.Tensor] = {}
@@ -150,11 +151,21 @@ def sampling(bound: Bound, cq: int) -> DeviceTensor:
 def gather(bound: Bound, cq: int) -> DeviceTensor:
     x, dim, index = bound["input"], int(bound["dim"]), bound["index"]
     golden = GOLDEN["gather"]
+
+    def compute(v: list[torch.Tensor]) -> torch.Tensor:
+        # "The value produced at any output position whose index falls outside that range is
+        # unspecified": such positions get garbage, as on a chip, not an exception.
+        size = v[0].shape[dim]
+        wide = v[1].to(torch.int64) & 0xFFFFFFFF
+        outside = wide >= size
+        out = golden(v[0], dim, torch.where(outside, 0, wide))
+        return torch.where(outside, torch.full_like(out, GARBAGE_ID), out)
+
     return _launch(
         cq,
         "gather",
         inputs=[x, index],
-        compute=lambda v: golden(v[0], dim, v[1]),
+        compute=compute,
         out_dtype=x.dtype,
         out_layout=x.layout,
         output=bound.get("out"),

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
+from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -79,6 +80,8 @@ class Route:
 
 ROUTES: dict[str, Route] = {}
 """ttnn function name -> its route: the table of everything the emulated device answers."""
+HOST_CALLS: Counter[str] = Counter()
+"""Calls the host made to the emulated device, by ttnn function (what a step costs the host)."""
 
 
 def routes(name: str, owner: str) -> Callable[[Handler], Handler]:
@@ -110,6 +113,7 @@ class RoutedCall:
         call = Call(self._original, self._signature.bind(args, kwargs), args, kwargs)
         if not self._route.emulated(call.bound):
             return call.passthrough()
+        HOST_CALLS[self._route.name] += 1
         return self._route.handler(call)
 
     def __getattr__(self, attribute: str) -> Any:

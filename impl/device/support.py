@@ -15,8 +15,9 @@ state; the mirror path uses none of them (`ttmirror info --backend tt --json` li
 
 from __future__ import annotations
 
+import contextlib
 import re
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -325,6 +326,22 @@ TABLE: dict[str, OpSupport] = {
                 ),
                 Source(table="input_tensor"),
             ),
+            ArgRule(
+                ("output_tensor",),
+                (
+                    row("BFLOAT16, BFLOAT8_B, BFLOAT4_B, FLOAT32, UINT32, INT32, UINT16, UINT8, "
+                        "INT8", "TILE"),
+                    row("BFLOAT16, FLOAT32, UINT32, INT32, UINT16, UINT8, INT8", "ROW_MAJOR"),
+                ),
+                Source(
+                    quotes=("The output tensor will be in the same layout as the input tensor and "
+                            "have the given data type.",),
+                    implied='"This operations supports tensors according to the following data '
+                    'types and layout": the given data type and the layout come from that table: '
+                    "BFLOAT16 BFLOAT8_B BFLOAT4_B FLOAT32 UINT32 INT32 UINT16 UINT8 INT8 TILE "
+                    "ROW_MAJOR",
+                ),
+            ),
         ),
         shapes=(
             ShapeRule(
@@ -500,6 +517,22 @@ class Satisfied:
 
     op: str
     args: dict[str, dict[str, Any]] = field(default_factory=dict)
+    documented: bool = False
+    """Every tensor argument matched a documented row (and the op has a documented table)."""
+
+
+_recorders: list[list[Satisfied]] = []
+
+
+@contextlib.contextmanager
+def recording() -> Iterator[list[Satisfied]]:
+    """Collect how every checked call met the table, for the block (what `ttmirror info` lists)."""
+    calls: list[Satisfied] = []
+    _recorders.append(calls)
+    try:
+        yield calls
+    finally:
+        _recorders.remove(calls)
 
 
 def check(op: str, bound: Bound) -> Satisfied:
@@ -524,7 +557,8 @@ def check(op: str, bound: Bound) -> Satisfied:
                 continue
             value = arg
             dtype, layout = value.dtype.name, value.layout.name
-            if not any(r.admits(dtype, layout) for r in rule.rows):
+            matched = [r for r in rule.rows if r.admits(dtype, layout)]
+            if not matched:
                 supported = "; ".join(r.render() for r in rule.rows)
                 where = f" when {rule.case}" if rule.case else ""
                 _fail(op, name, value, supported + where, rule.source.cite())
@@ -532,6 +566,7 @@ def check(op: str, bound: Bound) -> Satisfied:
                 "dtype": dtype,
                 "layout": layout,
                 "shape": list(value.shape),
+                "row": matched[0].render(),
                 "rule": (f"{rule.case}: " if rule.case else "") + rule.source.cite(),
             }
     for shape in support.shapes:
@@ -543,7 +578,10 @@ def check(op: str, bound: Bound) -> Satisfied:
             )
     for name, value in _tensors(bound):
         met.args.setdefault(name, {"dtype": value.dtype.name, "layout": value.layout.name,
-                                   "shape": list(value.shape), "rule": None})
+                                   "shape": list(value.shape), "row": None, "rule": None})
+    met.documented = support.documented and all(a["rule"] for a in met.args.values())
+    for calls in _recorders:
+        calls.append(met)
     return met
 
 
