@@ -2,8 +2,10 @@
 
 Both sides run the same op mix (plus_one, argmax into a preallocated output, copy) on the same
 small shapes, interleaved in one run, so the overhead ratio compares like with like. The emulated
-side goes through the real ttnn API (routed): signature check, allocation, hazard bookkeeping,
-enqueue, completion. The last line prints the ratios.
+side goes through the real ttnn API (routed): signature check, the documented support table,
+allocation, hazard bookkeeping, enqueue, completion. Then one steady decode step of the tt mirror
+is counted, eager beside traced: its device commands and the host's ttnn calls
+(`impl/calls.py`). The last line prints the ratios.
 
 Usage: python benchmarks/bench_device.py [--ops N] [--rounds R]
 """
@@ -17,6 +19,7 @@ import time
 import torch
 import ttnn
 
+from ttmirror.impl.calls import step_calls
 from ttmirror.impl.device import EmulatedMeshDevice, Emulator, open_device
 
 ROWS, VOCAB = 32, 64
@@ -143,9 +146,19 @@ def main() -> None:
     print(f"golden functions called directly:      {golden:,.0f} calls/s")
     print(f"two-queue handshake incl. events:      {handshake_rate:,.0f} commands/s")
     print(f"target >= 20,000 commands/s: {'met' if emulated >= 20_000 else 'NOT met'}")
+    eager, traced = step_calls(), step_calls(trace=True)
+    for name, run in (("eager", eager), ("traced", traced)):
+        print(
+            f"one decode step of the mirror, {name:>6}: {run['device_commands_per_step']} device "
+            f"commands ({len(eager['ops'])} ops, all documented: "
+            f"{all(o['documented'] for o in eager['ops'])}), {run['host_calls_per_step']} host "
+            f"calls, {run['hazards']} hazards"
+        )
     print(
         f"ratios: emulated/golden time per op = {golden / emulated:.2f}x; "
-        f"emulated commands/s = {emulated:,.0f}; handshake commands/s = {handshake_rate:,.0f}"
+        f"emulated commands/s = {emulated:,.0f}; handshake commands/s = {handshake_rate:,.0f}; "
+        f"host calls per step traced/eager = "
+        f"{traced['host_calls_per_step'] / eager['host_calls_per_step']:.2f}x"
     )
 
 

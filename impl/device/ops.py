@@ -78,7 +78,7 @@ def _launch(
         shape = _output_shapes[cache_key] = tuple(compute(probe).shape)
     if output is None:
         output = device.allocate(shape, out_dtype, out_layout)
-    elif tuple(int(d) for d in output.shape) != tuple(shape):
+    elif output.dims != tuple(shape):
         raise RuntimeError(
             f"TT_FATAL @ ttnn.{name} (emulated device): output_tensor has shape "
             f"{list(output.shape)}, the op produces {list(shape)}"

@@ -162,7 +162,7 @@ class OpSupport:
 
 
 def _shape(value: Any) -> tuple[int, ...] | None:
-    return tuple(int(d) for d in value.shape) if isinstance(value, DeviceTensor) else None
+    return value.dims if isinstance(value, DeviceTensor) else None
 
 
 def _gather_shapes(b: Bound) -> str | None:
@@ -535,40 +535,30 @@ def recording() -> Iterator[list[Satisfied]]:
         _recorders.remove(calls)
 
 
-def check(op: str, bound: Bound) -> Satisfied:
-    """Refuse a call outside `op`'s documented rows, as the chip would; say how it was met."""
+def check(op: str, bound: Bound) -> None:
+    """Refuse a call outside `op`'s documented rows, as the chip would (on every op call: lean)."""
     support = TABLE.get(op)
     if support is None:
         raise OpNotSupported(
             f"TT_FATAL @ ttnn.{op} (emulated device): no support table for this op; the "
             "emulated device runs only ops whose documented rules it enforces"
         )
-    met = Satisfied(op)
-    for name, value in _tensors(bound):
-        if support.interleaved and value.memory_config().is_sharded():
-            _fail(op, name, value, "INTERLEAVED memory", "the emulated device stores "
-                  "interleaved tensors only")
+    if support.interleaved:
+        for name, value in _tensors(bound):
+            if not value.interleaved:
+                _fail(op, name, value, "INTERLEAVED memory",
+                      "the emulated device stores interleaved tensors only")
     for rule in support.rules:
         if rule.when is not None and not rule.when(bound):
             continue
         for name in rule.args:
             arg = bound.get(name)
-            if not isinstance(arg, DeviceTensor):
-                continue
-            value = arg
-            dtype, layout = value.dtype.name, value.layout.name
-            matched = [r for r in rule.rows if r.admits(dtype, layout)]
-            if not matched:
+            if isinstance(arg, DeviceTensor) and not any(
+                r.admits(*arg.spec_names) for r in rule.rows
+            ):
                 supported = "; ".join(r.render() for r in rule.rows)
                 where = f" when {rule.case}" if rule.case else ""
-                _fail(op, name, value, supported + where, rule.source.cite())
-            met.args[name] = {
-                "dtype": dtype,
-                "layout": layout,
-                "shape": list(value.shape),
-                "row": matched[0].render(),
-                "rule": (f"{rule.case}: " if rule.case else "") + rule.source.cite(),
-            }
+                _fail(op, name, arg, supported + where, rule.source.cite())
     for shape in support.shapes:
         problem = shape.problem(bound)
         if problem is not None:
@@ -576,12 +566,35 @@ def check(op: str, bound: Bound) -> Satisfied:
                 f"TT_FATAL @ ttnn.{op} (emulated device): {problem}\ninfo:\n"
                 f"ttnn.{op}: docstring: '{_squash(shape.quote)}'"
             )
+    if _recorders:
+        met = satisfied(op, bound)
+        for calls in _recorders:
+            calls.append(met)
+
+
+def satisfied(op: str, bound: Bound) -> Satisfied:
+    """How a call that passed `check` met the table: per tensor argument, the row it matched."""
+    support = TABLE[op]
+    met = Satisfied(op)
+    for rule in support.rules:
+        if rule.when is not None and not rule.when(bound):
+            continue
+        for name in rule.args:
+            value = bound.get(name)
+            if not isinstance(value, DeviceTensor):
+                continue
+            matched = next(r for r in rule.rows if r.admits(*value.spec_names))
+            met.args[name] = {
+                "dtype": value.spec_names[0],
+                "layout": value.spec_names[1],
+                "shape": list(value.dims),
+                "row": matched.render(),
+                "rule": (f"{rule.case}: " if rule.case else "") + rule.source.cite(),
+            }
     for name, value in _tensors(bound):
-        met.args.setdefault(name, {"dtype": value.dtype.name, "layout": value.layout.name,
-                                   "shape": list(value.shape), "row": None, "rule": None})
+        met.args.setdefault(name, {"dtype": value.spec_names[0], "layout": value.spec_names[1],
+                                   "shape": list(value.dims), "row": None, "rule": None})
     met.documented = support.documented and all(a["rule"] for a in met.args.values())
-    for calls in _recorders:
-        calls.append(met)
     return met
 
 

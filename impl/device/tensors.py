@@ -90,6 +90,11 @@ class DeviceTensor:
         """The stored elements: the padded shape for TILE."""
         # What the program cache and output-shape cache key on: plain values hash fast.
         self.spec_key = (shape, dtype.value, layout.value)
+        self.dims = shape
+        """The logical shape as plain ints (cheap: `shape` builds a ttnn.Shape)."""
+        self.spec_names = (dtype.name, layout.name)
+        """(dtype, layout) by name, as the support table spells them."""
+        self.interleaved = not self._memory_config.is_sharded()
         self._view: torch.Tensor | None = None
 
     # --- what a device ttnn.Tensor answers -------------------------------------------------------
