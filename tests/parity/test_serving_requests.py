@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from ttmirror.impl.cpu_backend import CpuBackend
+from ttmirror.impl.tt_backend import TtBackend
 from ttmirror.serving.backend import ServingBackend
 from ttmirror.serving.batching import InvalidRequest, ServingConfig, ServingEngine
 from ttmirror.serving.models import ProbeDecoder
@@ -45,3 +46,20 @@ def test_duplicate_request_refused(engine: ServingEngine) -> None:
     engine.submit(0, [1], max_tokens=2)
     with pytest.raises(InvalidRequest, match="already submitted"):
         engine.submit(0, [2], max_tokens=2)
+
+
+def test_the_decoder_refuses_a_chip_at_load_in_one_line() -> None:
+    """No ttnn kernel computes a transformers model: on a chip the serving decoder refuses to load
+    with one clear line, before any device work (the emulated device is the only one it runs on)."""
+
+    class Chip:
+        """Stands for a chip's MeshDevice: any device that is not the emulated one."""
+
+        num_command_queues = 2
+
+    backend = ServingBackend(TtBackend(Chip()), ProbeDecoder())
+    with pytest.raises(NotImplementedError) as refused:
+        ServingEngine(backend, ServingConfig())
+    message = str(refused.value)
+    assert len(message.splitlines()) == 1
+    assert "runs as an emulated-device op" in message and "TT model stack" in message
