@@ -16,7 +16,13 @@ import pytest
 import torch
 import ttnn
 
-from ttmirror.impl.device import EmulatedMeshDevice, bind_sampling_identity, ops, support
+from ttmirror.impl.device import (
+    EmulatedMeshDevice,
+    HazardError,
+    bind_sampling_identity,
+    ops,
+    support,
+)
 from ttmirror.impl.device.support import OpNotSupported, Row, row
 
 TILE, RM = ttnn.TILE_LAYOUT, ttnn.ROW_MAJOR_LAYOUT
@@ -279,3 +285,21 @@ def test_an_index_out_of_range_gathers_garbage_not_a_crash(device: EmulatedMeshD
     table = _ids(device, [10, 11], TILE)
     got = _host(ttnn.gather(table, 3, _ids(device, [1, 5], TILE)))
     assert got[0] == 11 and got[1] not in (10, 11)
+
+
+def test_a_conversion_that_allocates_after_capture_is_unsafe_at_replay(
+    device: EmulatedMeshDevice,
+) -> None:
+    # to_layout has no output_tensor: every call allocates. After a capture, that allocation is
+    # alive at the next replay, which may write over it (TT_METAL_TRACE_ALLOC_TRACKING's check).
+    rows = _ids(device, [4, 5], RM)
+    tiles = ttnn.allocate_tensor_on_device(ttnn.Shape([1, 1, 1, 2]), ttnn.uint32, TILE, device)
+    ttnn.add(rows, 0, output_tensor=tiles)
+    trace = ttnn.begin_trace_capture(device, cq_id=0)
+    ttnn.add(rows, 0, output_tensor=tiles)
+    ttnn.end_trace_capture(device, trace, cq_id=0)
+    converted = ttnn.to_layout(rows, TILE)
+    with pytest.raises(HazardError, match="allocated after trace"):
+        ttnn.execute_trace(device, trace, cq_id=0, blocking=True)
+    assert converted.is_allocated()
+    ttnn.release_trace(device, trace)
