@@ -261,6 +261,15 @@ def _argmax_case(case: str) -> Callable[[Bound], bool]:
 # --- the table -----------------------------------------------------------------------------------
 
 _INT_AND_FLOAT = "BFLOAT16/FLOAT32/INT32/UINT32/UINT16"
+_GATHER_INPUT = (
+    row("BFLOAT16, FLOAT32", "TILE"), row("UINT16, UINT32", "TILE"), row("INT32", "TILE")
+)
+"""gather's input table; its output holds the input's values, so it takes the same rows."""
+_TYPECAST = (
+    row("BFLOAT16, BFLOAT8_B, BFLOAT4_B, FLOAT32, UINT32, INT32, UINT16, UINT8, INT8", "TILE"),
+    row("BFLOAT16, FLOAT32, UINT32, INT32, UINT16, UINT8, INT8", "ROW_MAJOR"),
+)
+"""typecast's input table; its output has the input's layout and one of these dtypes."""
 
 TABLE: dict[str, OpSupport] = {
     "gather": OpSupport(
@@ -268,8 +277,7 @@ TABLE: dict[str, OpSupport] = {
         rules=(
             ArgRule(
                 ("input",),
-                (row("BFLOAT16, FLOAT32", "TILE"), row("UINT16, UINT32", "TILE"),
-                 row("INT32", "TILE")),
+                _GATHER_INPUT,
                 Source(table="Supported dtypes and layout for input tensor values:"),
             ),
             ArgRule(
@@ -279,8 +287,7 @@ TABLE: dict[str, OpSupport] = {
             ),
             ArgRule(
                 ("out",),
-                (row("BFLOAT16, FLOAT32", "TILE"), row("UINT16, UINT32", "TILE"),
-                 row("INT32", "TILE")),
+                _GATHER_INPUT,
                 Source(
                     quotes=("The output tensor will have the same shape as the index tensor.",),
                     implied='"The `gather` operation extracts values from the input tensor": '
@@ -319,20 +326,12 @@ TABLE: dict[str, OpSupport] = {
         rules=(
             ArgRule(
                 ("input_tensor",),
-                (
-                    row("BFLOAT16, BFLOAT8_B, BFLOAT4_B, FLOAT32, UINT32, INT32, UINT16, UINT8, "
-                        "INT8", "TILE"),
-                    row("BFLOAT16, FLOAT32, UINT32, INT32, UINT16, UINT8, INT8", "ROW_MAJOR"),
-                ),
+                _TYPECAST,
                 Source(table="input_tensor"),
             ),
             ArgRule(
                 ("output_tensor",),
-                (
-                    row("BFLOAT16, BFLOAT8_B, BFLOAT4_B, FLOAT32, UINT32, INT32, UINT16, UINT8, "
-                        "INT8", "TILE"),
-                    row("BFLOAT16, FLOAT32, UINT32, INT32, UINT16, UINT8, INT8", "ROW_MAJOR"),
-                ),
+                _TYPECAST,
                 Source(
                     quotes=("The output tensor will be in the same layout as the input tensor and "
                             "have the given data type.",),
