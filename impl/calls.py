@@ -28,35 +28,36 @@ def step_calls(*, trace: bool = False) -> dict[str, Any]:
     device = open_device(
         num_command_queues=2, trace_region_size=1 << 20, emulator=Emulator(), emulated=True
     )
+    runner: Runner | None = None
     try:
         runner = Runner(TtBackend(device), RunnerConfig(depth=2, slots=2, rows=2, trace=trace))
         runner.allocate()
         for req, prompt in enumerate((3, 5)):
             runner.arrive(req, prompt, max_tokens=8)
+        for _ in range(STEPS - 1):
+            _one_step(runner)
         ttnn.synchronize_device(device)
-        for step in range(1, STEPS + 1):
-            before, host_before = len(device.completion_log), Counter(routing.HOST_CALLS)
-            with support.recording() as calls:
-                _one_step(runner)
-            ttnn.synchronize_device(device)
-            if step == STEPS:
-                names = [c.split("#")[0] for c in device.completion_log[before:]]
-                host = routing.HOST_CALLS - host_before
-                host["synchronize_device"] -= 1  # ours, above: not the step's
-                del host["command_queue"]  # a context, not a call to the device
-                host["Tensor.cpu"] = names.count("cpu")  # a method of the device tensor
-                return {
-                    "trace": trace,
-                    "ops": [_describe(call) for call in calls],
-                    "device_commands": dict(Counter(names)),
-                    "device_commands_per_step": len(names),
-                    "host_calls": dict(+host),
-                    "host_calls_per_step": sum((+host).values()),
-                    "hazards": device.hazards.total,
-                }
-        raise AssertionError("unreachable")
+        before, host_before = len(device.completion_log), Counter(routing.HOST_CALLS)
+        with support.recording() as calls:
+            _one_step(runner)
+        ttnn.synchronize_device(device)
+        names = [c.split("#")[0] for c in device.completion_log[before:]]
+        host = routing.HOST_CALLS - host_before
+        host["synchronize_device"] -= 1  # ours, above: not the step's
+        del host["command_queue"]  # a context, not a call to the device
+        host["Tensor.cpu"] = names.count("cpu")  # a method of the device tensor
+        return {
+            "trace": trace,
+            "ops": [_describe(call) for call in calls],
+            "device_commands": dict(Counter(names)),
+            "device_commands_per_step": len(names),
+            "host_calls": dict(+host),
+            "host_calls_per_step": sum((+host).values()),
+            "hazards": device.hazards.total,
+        }
     finally:
-        runner.close()
+        if runner is not None:
+            runner.close()
         ttnn.close_mesh_device(device)
 
 
