@@ -6,13 +6,18 @@ checks that the abstraction of the runner equals the model state and that the mo
 invariants hold. Three kinds of move:
 
 - ``act``: a model action (enabled in the model); the implementation must accept it;
-- ``device``: complete the next command on CQ0 or CQ1 of the emulated device (the model does
-  not see it: the abstraction must not change);
+- ``device``: complete the next command on CQ0 or CQ1 of the emulated device. When that command
+  is the one a model effect stands for (the combine's output, a sampler's slot), the data it
+  wrote becomes visible to the abstraction (`observe.py`) and must equal what the model says;
 - ``refuse``: an action the model says is disabled; the implementation must refuse it with
   `PhaseError` and change nothing (conformance in the other direction).
 
 Every random choice belongs to the caller (Hypothesis or the guided walker); the device runs
 under a `ManualScheduler`, so a list of moves replays exactly.
+
+Configurations (`CONFIGS`): on the tt backend, ``eager-2cq`` (compute on CQ0, readback on CQ1,
+ordered by events), ``eager-1cq`` (everything on CQ0) and ``traced`` (the decode step captured
+once per slot at load, replayed by every launch); the cpu backend has one, ``host``.
 """
 
 from __future__ import annotations
@@ -28,11 +33,15 @@ from ..model import actions as A
 from ..model.actions import Action
 from ..model.invariants import INVARIANTS
 from ..model.state import Bounds, State, Status, initial_state
-from .abstraction import Abstract, abstract, diff, project
+from .abstraction import Abstract, Context, Seen, abstract, diff, project, seen_in
+from .observe import DeviceObserver, HostObserver
 
 DRAM = 1 << 20
 TRACE_REGION = 1 << 20
 BACKENDS = ("tt", "cpu")
+CONFIGS: dict[str, tuple[str, ...]] = {"tt": ("eager-2cq", "eager-1cq", "traced"), "cpu": ("host",)}
+"""The configurations each backend runs in; the first is the default."""
+DROPS = ("finish", "abort", "preempt")
 
 MODEL_FNS: dict[str, Callable[..., State | None]] = {
     "allocate": A.allocate,
@@ -107,16 +116,23 @@ class Lockstep:
         *,
         refusals: bool = True,
         refused: set[State] | None = None,
+        config: str | None = None,
     ) -> None:
         """`refusals`: after every act, try every model-disabled action on the implementation;
-        `refused`: model states whose refusals were already tried (skipped, and added to)."""
+        `refused`: model states whose refusals were already tried (skipped, and added to);
+        `config`: one of `CONFIGS[backend]` (default its first)."""
         if bounds.release_at != "complete":
             raise ValueError("the implementation has no --release-at issue switch; plant the "
                              "release-at-issue bug instead")
         if backend not in BACKENDS:
             raise ValueError(f"unknown backend {backend!r}; choose one of: {', '.join(BACKENDS)}")
+        config = config or CONFIGS[backend][0]
+        if config not in CONFIGS[backend]:
+            raise ValueError(f"the {backend} backend has no configuration {config!r}; choose one "
+                             f"of: {', '.join(CONFIGS[backend])}")
         self.bounds = bounds
         self.backend = backend
+        self.config = config
         self.refusals = refusals
         self.refused = refused
         self.prompts = tuple(prompts) or prompts_from(0, bounds.requests)
@@ -125,18 +141,29 @@ class Lockstep:
         probe = ProbeSpec()
         ref = ProbeReference(probe)
         self.references = [ref.sequence(p, bounds.max_tokens + 1) for p in self.prompts]
+        self.context = Context(self.prompts, self.references)
         self.device: Any = None
         self.runner = Runner(self._open_backend(backend), RunnerConfig(
             depth=bounds.depth, slots=bounds.slots, rows=max(1, bounds.requests),
             max_tokens=bounds.max_tokens, guard=bounds.guard, probe=probe,
+            trace=config == "traced",
         ))
+        self.observer: DeviceObserver | HostObserver | None = None
+        """Sees device data as it comes into being; None before load, and on a chip."""
         self.state = initial_state(bounds)
         self.moves: list[Move] = []
         self.states: list[State] = []
         """Model state after each move (states[i] follows moves[i])."""
         self.failure: Divergence | None = None
         self._succ: tuple[State, list[tuple[Action, State]]] | None = None
-        self._projected: tuple[State, Abstract] | None = None
+        self._projected: tuple[State, Seen, Abstract] | None = None
+
+    @property
+    def observation(self) -> str:
+        """What the abstraction can see: device data, or (on a chip) host state only."""
+        if self.backend == "tt" and self.device is not None and not self.emulated():
+            return "host state only: a chip's memory has no view (consumed and content erased)"
+        return "device data: combine output and slot content as each command completes"
 
     def _open_backend(self, name: str) -> Any:
         if name == "cpu":
@@ -145,14 +172,17 @@ class Lockstep:
         from ..impl.tt_backend import TtBackend
 
         # Emulated unless a chip is present; the device advances only when a move says so.
+        queues = 1 if self.config == "eager-1cq" else 2
         self.device = open_device(
-            num_command_queues=2,
+            num_command_queues=queues,
             trace_region_size=TRACE_REGION,
             emulator=Emulator(scheduler=ManualScheduler, hazard_mode="raise", dram_size=DRAM),
         )
-        return TtBackend(self.device)
+        return TtBackend(self.device, readback_cq=queues - 1)
 
     def close(self) -> None:
+        if self.observer is not None:
+            self.observer.close()
         try:
             self.runner.close()
         finally:
@@ -217,6 +247,7 @@ class Lockstep:
             self._fail(_kind(e), f"{action.label()}: {type(e).__name__}: {e}", step)
         assert nxt is not None
         self.state = nxt
+        self._acted(action)
         self.check(step)
         if self.refusals and (self.refused is None or nxt not in self.refused):
             if self.refused is not None:
@@ -260,21 +291,53 @@ class Lockstep:
             self.states.pop()
 
     def check(self, step: int) -> None:
-        """Abstraction equals the model state; the model's invariants hold."""
-        fresh = self._projected is None or self._projected[0] is not self.state
-        if fresh:  # a device move or a refusal leaves the model state as it was: project it once
-            self._projected = (self.state, project(self.state))
-        assert self._projected is not None
-        expected, got = self._projected[1], self.observe()
+        """Abstraction equals the model state, device data included; the invariants hold."""
+        observed = self.observer.observed if self.observer is not None else None
+        if observed is not None and observed.problems:
+            self._fail("device-order", "; ".join(observed.problems), step)
+        view = self.runner.abstract()
+        seen = seen_in(view, observed)
+        cached = self._projected
+        new_state = cached is None or cached[0] is not self.state
+        if new_state or cached is None or cached[1] != seen:
+            # A device move or a refusal leaves the model state as it was: project it once.
+            cached = self._projected = (self.state, seen, project(self.state, seen))
+        expected, got = cached[2], abstract(view, self.context, observed, seen)
         if expected != got:
             self._fail("state", "; ".join(diff(expected, got)), step)
-        if fresh:
+        if new_state:
             for inv in INVARIANTS:
                 if not inv.holds(self.state, self.bounds):
                     self._fail("invariant", f"{inv.name} is violated", step)
 
     def observe(self) -> Abstract:
-        return abstract(self.runner.abstract(), self.references)
+        """The implementation's abstraction now (what `check` compares with the model)."""
+        observed = self.observer.observed if self.observer is not None else None
+        view = self.runner.abstract()
+        return abstract(view, self.context, observed, seen_in(view, observed))
+
+    def _acted(self, action: Action) -> None:
+        """Keep what turns ids into tokens, and attribute the device work the act issued."""
+        r = self.runner
+        if action.name == "allocate":
+            if self.backend == "cpu":
+                self.observer = HostObserver(r)
+            elif self.emulated():
+                self.observer = DeviceObserver(r)
+        elif action.name == "schedule":
+            step = r.queue[-1]
+            self.context.layouts[step.index] = tuple((row.req, row.pos) for row in step.rows)
+        elif action.name in DROPS:
+            self.context.drops.append((action.args[0], r.steps))
+        elif action.name in ("combine", "launch"):
+            step = r.queue[action.args[0]]
+            if isinstance(self.observer, DeviceObserver):
+                self.observer.issued(step.index)
+            elif isinstance(self.observer, HostObserver):
+                if action.name == "combine":
+                    self.observer.combined(step.index)
+                else:
+                    self.observer.launched(step.index, step.slot)
 
     # --- helpers ---------------------------------------------------------------------------------
     def _record(self, move: Move, state: State) -> None:

@@ -26,7 +26,8 @@ class CpuMirror:
         self._host_ids, self._prev_map, self._use_mirror, self._positions = (
             zeros.clone() for _ in range(4)
         )
-        self._input_ids = zeros.clone()
+        self.input_ids = zeros.clone()
+        """What the forward consumes: the combine's output."""
         self.launches = 0
 
     def stage(self, inputs: StepInputs) -> None:
@@ -40,10 +41,10 @@ class CpuMirror:
     def combine(self, slot: int) -> None:
         source = self.ring[(slot - 1) % self.spec.slots]
         gathered = torch.gather(source, 0, self._prev_map)
-        self._input_ids = torch.where(self._use_mirror > 0, gathered, self._host_ids)
+        self.input_ids = torch.where(self._use_mirror > 0, gathered, self._host_ids)
 
     def launch(self, slot: int) -> None:
-        self.ring[slot] = forward_torch(self.table, self._input_ids, self._positions)
+        self.ring[slot] = forward_torch(self.table, self.input_ids, self._positions)
         self.launches += 1
 
     def readback_issue(self, slot: int) -> torch.Tensor:

@@ -92,7 +92,7 @@ class CpuServingMirror(CpuMirror):
         self.decoder = decoder
 
     def launch(self, slot: int) -> None:
-        self.ring[slot] = self.decoder.forward(self._input_ids, self._positions)
+        self.ring[slot] = self.decoder.forward(self.input_ids, self._positions)
         self.launches += 1
 
 

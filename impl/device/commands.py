@@ -25,6 +25,8 @@ class Command:
     event: MeshEvent | None = None  # recorded by this command, or awaited by it
     waits: bool = False  # a wait_for_event barrier: ready only once `event` completed
     trace: int | None = None  # replayed from this trace
+    writes: tuple[Buffer, ...] = ()
+    """The buffers it writes when it completes (what an observer of the device may look at)."""
     done: bool = False
     label: str = field(init=False)
 

@@ -80,6 +80,9 @@ class EmulatedMeshDevice:
         self.condition = threading.Condition(threading.RLock())
         self.closed = False
         self.on_close: list[Callable[[EmulatedMeshDevice], None]] = []
+        self.observers: list[Callable[[Command], None]] = []
+        """Called with each command as it completes, its writes done: how a conformance harness
+        sees device data the moment it exists, without a command of its own (emulated only)."""
         """Called once the device has closed (the routing detaches it)."""
         self.sampling_identity: tuple[DeviceTensor, DeviceTensor] | None = None
         self._ids = itertools.count(1)
@@ -121,6 +124,8 @@ class EmulatedMeshDevice:
                 head.body = None  # release the views it captured
             head.done = True
             self.completion_log.append(head.label)
+            for observer in self.observers:
+                observer(head)
             self.condition.notify_all()
             return head
 
@@ -170,7 +175,10 @@ class EmulatedMeshDevice:
                 f"cq_id {cq} out of range: the device was opened with {self.num_command_queues} CQs"
             )
         index, clock = self.ordering.stamp(cq)
-        command = Command(next(self._ids), name, cq, index, clock, body, event, waits, trace)
+        writes = tuple(writes)
+        command = Command(
+            next(self._ids), name, cq, index, clock, body, event, waits, trace, writes
+        )
         hazards: list[Hazard] = []
         for buffers, write in ((reads, False), (writes, True)):
             for buffer in buffers:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 
 from ttmirror.conformance import campaign, profiles, walks
+from ttmirror.conformance.abstraction import PENDING
 from ttmirror.conformance.coverage import Coverage
 from ttmirror.conformance.lockstep import Lockstep
 from ttmirror.model.explore import Exploration
@@ -28,17 +29,23 @@ def test_state_machine_conforms_in_ci_profile(backend: str, default_run: Explora
     assert hypothesis_edges < len(cov.edges) < cov.total_edges
 
 
-def test_device_moves_are_real_and_invisible_to_the_model() -> None:
-    ls = Lockstep(Bounds(), "tt", (5, 22))
+@pytest.mark.parametrize("config", ["eager-2cq", "eager-1cq", "traced"])
+def test_device_moves_reveal_the_data_the_model_says(config: str) -> None:
+    ls = Lockstep(Bounds(), "tt", (5, 22), config=config)
     try:
         for a in [("allocate", ()), ("arrive", (0,)), ("schedule", (0,)), ("combine", (0,)),
                   ("launch", (0,))]:
             ls.act(next(x for x in ls.enabled(a[0]) if x.args == a[1]))
         assert ls.device_ready(0)
         before = ls.observe()
+        # Issued, not computed: the combine's output and the slot are not there yet.
+        assert before.queue[0].rows[0][4] is None and before.slots[0][0] == PENDING
         while ls.device_ready(0):
-            ls.advance_device(0)
-        assert ls.observe() == before
+            ls.advance_device(0)  # each move checks the data against the model
+        after = ls.observe()
+        assert after.queue[0].rows[0][4] == (0, 0)  # the row consumed the prompt id
+        assert after.slots[0][0] == ((0, 1),)  # the sampler wrote the request's next token
+        assert ls.observation.startswith("device data")
     finally:
         ls.close()
 
