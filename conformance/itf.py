@@ -20,7 +20,7 @@ from typing import Any
 
 from ..model.actions import Action
 from ..model.state import Bounds, State, initial_state
-from .lockstep import Divergence, Move
+from .lockstep import EFFECT, Divergence, Move
 
 MODEL = "mirrored-sampled-ids"
 VERSION = 1
@@ -62,7 +62,7 @@ def encode_state(s: State) -> dict[str, Any]:
 def _picks(move: Move) -> dict[str, Any]:
     a = move.action
     if move.kind == "device":
-        return {"cq": a.args[0]}
+        return {"cq": a.args[0], **({"through": "effect"} if a.name == EFFECT else {})}
     if move.kind == "refuse":
         return {"action": a.name, "args": {"#tup": list(a.args)}}
     return {"args": {"#tup": list(a.args)}}
@@ -86,7 +86,7 @@ def to_itf(
         rows.append({
             "#meta": {"index": i + 1},
             **encode_state(state),
-            "mbt::actionTaken": "refuse" if move.kind == "refuse" else move.action.name,
+            "mbt::actionTaken": move.action.name if move.kind == "act" else move.kind,
             "mbt::nondetPicks": _picks(move),
         })
     meta = {
@@ -167,7 +167,8 @@ def load(path: Path) -> Loaded:
 def _move(row: dict[str, Any]) -> Move:
     name, picks = row["mbt::actionTaken"], row["mbt::nondetPicks"]
     if name == "device":
-        return Move("device", Action("device", (int(picks["cq"]),)))
+        kind = EFFECT if picks.get("through") == "effect" else "device"
+        return Move("device", Action(kind, (int(picks["cq"]),)))
     args = tuple(int(a) for a in picks["args"]["#tup"])
     if name == "refuse":
         return Move("refuse", Action(str(picks["action"]), args))

@@ -42,6 +42,8 @@ BACKENDS = ("tt", "cpu")
 CONFIGS: dict[str, tuple[str, ...]] = {"tt": ("eager-2cq", "eager-1cq", "traced"), "cpu": ("host",)}
 """The configurations each backend runs in; the first is the default."""
 DROPS = ("finish", "abort", "preempt")
+EFFECT = "device_effect"
+"""A device move that completes commands through the next one a model effect stands for."""
 
 MODEL_FNS: dict[str, Callable[..., State | None]] = {
     "allocate": A.allocate,
@@ -74,6 +76,8 @@ class Move:
     action: Action
 
     def label(self) -> str:
+        if self.kind == "device" and self.action.name == EFFECT:
+            return f"device(cq={self.action.args[0]}, through the next effect)"
         if self.kind == "device":
             return f"device(cq={self.action.args[0]})"
         if self.kind == "refuse":
@@ -263,6 +267,27 @@ class Lockstep:
         self._record(Move("device", Action("device", (cq,))), self.state)
         try:
             self.device.step(cq)
+        except Exception as e:
+            self._fail(_kind(e), f"device(cq={cq}): {type(e).__name__}: {e}", step)
+        self.check(step)
+
+    def effect_ready(self, cq: int) -> bool:
+        """A model effect (combine output, sampler write) can be made to exist on `cq` now."""
+        observer = self.observer
+        return isinstance(observer, DeviceObserver) and observer.next_effect(cq) is not None
+
+    def advance_to_effect(self, cq: int) -> None:
+        """Complete `cq`'s commands in order through the next one a model effect stands for."""
+        step = len(self.moves)
+        self._record(Move("device", Action(EFFECT, (cq,))), self.state)
+        assert isinstance(self.observer, DeviceObserver)
+        target = self.observer.next_effect(cq)
+        if target is None:
+            self._fail("harness", f"device(cq={cq}): no effect is reachable on CQ{cq}", step)
+        assert target is not None
+        try:
+            while not target.done:
+                self.device.step(cq)
         except Exception as e:
             self._fail(_kind(e), f"device(cq={cq}): {type(e).__name__}: {e}", step)
         self.check(step)

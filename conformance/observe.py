@@ -78,6 +78,20 @@ class DeviceObserver:
                         self.effects[command.id] = ("launch", step)
         self.seen = self._newest()
 
+    def next_effect(self, cq: int) -> Any | None:
+        """The next command on `cq` that makes a model effect exist, if it can be reached by
+        completing `cq`'s commands in order now (each ready, or waiting on one before it)."""
+        earlier: set[int] = set()
+        for command in self.device.queues[cq]:
+            if not command.ready() and (
+                command.event is None or command.event.record.id not in earlier
+            ):
+                return None
+            if command.id in self.effects:
+                return command
+            earlier.add(command.id)
+        return None
+
     def _completed(self, command: Any) -> None:
         effect = self.effects.pop(command.id, None)
         if effect is None:

@@ -15,7 +15,7 @@ from typing import Any
 
 from ..model.state import Bounds
 from .itf import encode_state
-from .lockstep import Divergence, Lockstep, Move, model_step, permissive
+from .lockstep import EFFECT, Divergence, Lockstep, Move, model_step, permissive
 
 CONFORMS, FAILS, INVALID = "conforms", "fails", "invalid"
 
@@ -55,6 +55,8 @@ def replay(
             try:
                 if move.kind == "act":
                     ls.act(move.action)
+                elif move.kind == "device" and move.action.name == EFFECT:
+                    ls.advance_to_effect(move.action.args[0])
                 elif move.kind == "device":
                     ls.advance_device(move.action.args[0])
                 else:
@@ -91,6 +93,8 @@ def _invalid(ls: Lockstep, move: Move) -> str | None:
             return "no such command queue"
         if not ls.device_ready(move.action.args[0]):
             return "no command is ready on that queue (or the device is not emulated)"
+        if move.action.name == EFFECT and not ls.effect_ready(move.action.args[0]):
+            return "no command of a model effect can be reached on that queue"
     elif move.kind == "refuse":
         try:
             enabled = model_step(ls.state, permissive(ls.bounds), move.action) is not None

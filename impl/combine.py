@@ -34,9 +34,11 @@ from .ring import allocate_ids, host_uint32
 class DeviceCombine:
     """Persistent step inputs and the two combine ops writing the persistent input ids."""
 
-    def __init__(self, device: Any, width: int, cq: int = 0) -> None:
+    def __init__(self, device: Any, width: int, cq: int = 0, other_cq: int | None = None) -> None:
+        """`other_cq`: the device's second queue, if it has one (only a planted bug uses it)."""
         self.width = width
         self.cq = cq
+        self.other_cq = other_cq
         # Written by the host each step: ROW_MAJOR.
         self.host_ids, self.prev_map, self.use_mirror, self.positions = (
             allocate_ids(device, width) for _ in range(4)
@@ -47,15 +49,25 @@ class DeviceCombine:
         )
         self.input_ids = allocate_ids(device, width, ttnn.TILE_LAYOUT)
         """What the forward consumes: the combine's output."""
+        self._staged_positions: tuple[int, ...] = ()  # for the planted positions-stale bug
 
     def stage(self, inputs: StepInputs) -> None:
         """Host writes of the step's inputs, in queue order after the previous step's reads."""
-        cq = 1 if faults.active("stage-cq1-no-event") else self.cq  # planted: no handshake
+        cq = self.cq
+        if faults.active("stage-cq1-no-event") and self.other_cq is not None:
+            cq = self.other_cq  # planted: the other queue, with no event before the combine
+        mask = inputs.use_mirror
+        if faults.active("mask-inverted"):
+            mask = tuple(1 - m for m in mask)
+        positions = inputs.positions
+        if faults.active("positions-stale") and self._staged_positions:
+            positions = self._staged_positions
+        self._staged_positions = inputs.positions
         for values, target in (
             (inputs.host_ids, self.host_ids),
             (inputs.prev_map, self.prev_map),
-            (inputs.use_mirror, self.use_mirror),
-            (inputs.positions, self.positions),
+            (mask, self.use_mirror),
+            (positions, self.positions),
         ):
             ttnn.copy_host_to_device_tensor(host_uint32(values, self.width), target, cq_id=cq)
 
@@ -65,13 +77,17 @@ class DeviceCombine:
         Rows that take host ids still gather (index 0, discarded by `where`): one op sequence
         for every batch layout, so one captured trace serves them all.
         """
+        shift = 1 if faults.active("gather-off-by-one") else 0
         with ttnn.command_queue(self.cq):
-            for rows, tiles in (
-                (source, self.source),
-                (self.prev_map, self.index),
-                (self.use_mirror, self.mask),
-                (self.host_ids, self.fallback),
+            for rows, tiles, plus in (
+                (source, self.source, 0),
+                (self.prev_map, self.index, shift),
+                (self.use_mirror, self.mask, 0),
+                (self.host_ids, self.fallback, 0),
             ):
-                ttnn.add(rows, 0, output_tensor=tiles)
+                ttnn.add(rows, plus, output_tensor=tiles)
             ttnn.gather(self.source, 3, self.index, out=self.gathered)
-            ttnn.where(self.mask, self.gathered, self.fallback, output_tensor=self.input_ids)
+            chosen, other = self.gathered, self.fallback
+            if faults.active("where-swapped"):
+                chosen, other = other, chosen
+            ttnn.where(self.mask, chosen, other, output_tensor=self.input_ids)

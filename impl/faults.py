@@ -32,12 +32,32 @@ BUGS: dict[str, str] = {
     "ring-reuse-k1": "launch (tt): the sampler always writes ring slot 0 (K=1 reuse, no check)",
     "stage-cq1-no-event": "combine (tt): host inputs written on CQ1 with no event before the "
     "combine on CQ0",
+    "where-swapped": "combine (tt): where's operands swapped: mirror rows take host ids, host "
+    "rows the gathered ids",
+    "mask-inverted": "combine (tt): the use-mirror mask staged inverted",
+    "gather-off-by-one": "combine (tt): the gather index is the previous-row map plus one",
+    "gather-current-slot": "combine (tt): gathers from the slot the step is about to write, not "
+    "the previous step's",
+    "positions-stale": "combine (tt): the positions tensor holds the previous step's positions",
 }
 """Bug id -> what goes wrong. Ids marked (tt) only exist on the tt backend."""
 
 TT_ONLY = frozenset(
-    {"host-read-before-event", "readback-cq1-no-wait", "ring-reuse-k1", "stage-cq1-no-event"}
+    {
+        "host-read-before-event", "readback-cq1-no-wait", "ring-reuse-k1", "stage-cq1-no-event",
+        "where-swapped", "mask-inverted", "gather-off-by-one", "gather-current-slot",
+        "positions-stale",
+    }
 )
+DEVICE_HALF = frozenset(
+    {
+        "where-swapped", "mask-inverted", "gather-off-by-one", "gather-current-slot",
+        "positions-stale", "stage-cq1-no-event",
+    }
+)
+"""Bugs in what the device computes (the combine's ops and inputs), not the runner's books."""
+TWO_QUEUES = frozenset({"readback-cq1-no-wait", "stage-cq1-no-event"})
+"""Bugs that need a second command queue: they cannot occur in the one-queue configuration."""
 
 _active: str | None = None
 

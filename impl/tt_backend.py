@@ -51,7 +51,8 @@ class TtMirror:
         self.spec = spec
         self.readback_cq = readback_cq
         self.ring = Ring(device, spec.rows, spec.slots)
-        self.combiner = DeviceCombine(device, self.ring.width, COMPUTE_CQ)
+        other = readback_cq if readback_cq != COMPUTE_CQ else None
+        self.combiner = DeviceCombine(device, self.ring.width, COMPUTE_CQ, other)
         self.model = (
             model
             if model is not None
@@ -65,11 +66,20 @@ class TtMirror:
             self.traces = DecodeTraces(device, spec.slots, COMPUTE_CQ)
             self.traces.capture(self._decode_step)
             self.ring.seal()
+        # Load is complete before the first step: every zero-fill, table upload and warm-up
+        # has run, so no step's work ever queues behind load.
+        ttnn.synchronize_device(device)
 
     def _decode_step(self, slot: int) -> None:
         """The device work of one step: combine from the previous slot, forward, sample."""
-        self.combiner.enqueue(self.ring.source_of(slot))
+        self.combiner.enqueue(self._source(slot))
         self.model.forward(self.combiner.input_ids, self.combiner.positions, self.ring[slot])
+
+    def _source(self, slot: int) -> ttnn.Tensor:
+        """The slot the combine for `slot` reads: the previous step's."""
+        if faults.active("gather-current-slot"):
+            return self.ring[slot]  # planted: the slot this step is about to write
+        return self.ring.source_of(slot)
 
     # --- the Mirror protocol ---------------------------------------------------------------------
     def stage(self, inputs: StepInputs) -> None:
@@ -77,7 +87,7 @@ class TtMirror:
 
     def combine(self, slot: int) -> None:
         if self.traces is None:
-            self.combiner.enqueue(self.ring.source_of(slot))
+            self.combiner.enqueue(self._source(slot))
         # Traced: the staged inputs are all the host does; the combine ops replay at launch.
 
     def launch(self, slot: int) -> None:
