@@ -11,11 +11,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from hypothesis import Verbosity, settings
+from hypothesis import seed as hypothesis_seed
 from hypothesis.stateful import run_state_machine_as_test
 
 from ..impl import faults
 from ..model.state import Bounds
 from . import itf
+from .configs import CONFIGS
 from .lockstep import Divergence
 from .machine import EdgeSink, FailedRun, Recorder, machine
 
@@ -23,6 +25,7 @@ from .machine import EdgeSink, FailedRun, Recorder, machine
 @dataclass
 class Campaign:
     backend: str
+    config: str
     bug: str | None
     seed: int | None
     examples: int
@@ -37,6 +40,8 @@ class Campaign:
     trace_path: Path | None = None
     failing: FailedRun | None = None
     """The last (shrunk, when Hypothesis shrank) failing run."""
+    observation: str = ""
+    """What the abstraction could see: device data, or (on a chip) host state only."""
 
 
 def run(
@@ -49,14 +54,16 @@ def run(
     trace_dir: Path | None = None,
     on_run: EdgeSink | None = None,
     max_examples: int | None = None,
+    config: str | None = None,
 ) -> Campaign:
     """Run the state machine under `base` settings (a profile) with `bug` planted."""
+    config = config or CONFIGS[backend][0]
     recorder = Recorder(on_run=on_run)
-    cls = machine(bounds, backend, recorder)
+    cls = machine(bounds, backend, recorder, config)
     overrides: dict[str, object] = {"verbosity": Verbosity.quiet}
     if seed is not None:
         overrides["derandomize"] = False
-        cls._hypothesis_internal_use_seed = seed  # type: ignore[attr-defined]
+        cls = hypothesis_seed(seed)(cls)
     if max_examples is not None:
         overrides["max_examples"] = max_examples
     start = time.perf_counter()
@@ -67,19 +74,20 @@ def run(
         except Exception as e:  # the shrunk failure, re-raised by Hypothesis
             error = e
     seconds = time.perf_counter() - start
-    result = Campaign(backend, bug, seed, recorder.examples, recorder.steps, seconds,
+    result = Campaign(backend, config, bug, seed, recorder.examples, recorder.steps, seconds,
                       failed=error is not None, error=None if error is None else str(error),
                       first_failure_examples=recorder.first_failure_examples,
                       first_failure_seconds=recorder.first_failure_seconds)
     failure = recorder.last_failure
+    result.observation = recorder.observation
     result.failing = failure if error is not None else None
     if error is not None and failure is not None:
         result.trace_len = len(failure.moves)
         if trace_dir is not None:
-            name = f"{bug or 'conformance'}-{backend}"
+            name = f"{bug or 'conformance'}-{backend}-{config}"
             name += f"-seed{seed}" if seed is not None else ""
             err = failure.error if isinstance(failure.error, Divergence) else None
             trace = itf.to_itf(bounds, backend, failure.prompts, failure.moves, failure.states,
-                               failure=err, bug=bug, seed=seed)
+                               failure=err, bug=bug, seed=seed, config=config)
             result.trace_path = itf.write(Path(trace_dir) / f"{name}.itf.json", trace)
     return result

@@ -20,6 +20,7 @@ from typing import Any
 
 from ..model.actions import Action
 from ..model.state import Bounds, State, initial_state
+from .configs import CONFIGS
 from .lockstep import EFFECT, Divergence, Move
 
 MODEL = "mirrored-sampled-ids"
@@ -78,6 +79,7 @@ def to_itf(
     failure: Divergence | None = None,
     bug: str | None = None,
     seed: int | None = None,
+    config: str | None = None,
 ) -> dict[str, Any]:
     """The whole trace: state 0 is the initial state, state i+1 follows moves[i]."""
     rows = [{"#meta": {"index": 0}, **encode_state(initial_state(bounds)),
@@ -94,6 +96,7 @@ def to_itf(
         "version": VERSION,
         "bounds": bounds._asdict(),
         "backend": backend,
+        "config": config or CONFIGS[backend][0],
         "prompts": list(prompts),
         "bug": bug,
         "seed": seed,
@@ -127,6 +130,7 @@ class Loaded:
                  moves: list[Move], states: list[dict[str, Any]], meta: dict[str, Any]) -> None:
         self.bounds = bounds
         self.backend = backend
+        self.config = str(meta.get("config") or CONFIGS.get(backend, ("?",))[0])
         self.prompts = prompts
         self.moves = moves
         self.states = states

@@ -34,13 +34,12 @@ from ..model.actions import Action
 from ..model.invariants import INVARIANTS
 from ..model.state import Bounds, State, Status, initial_state
 from .abstraction import Abstract, Context, Seen, abstract, diff, project, seen_in
+from .configs import check_config
 from .observe import DeviceObserver, HostObserver
 
 DRAM = 1 << 20
 TRACE_REGION = 1 << 20
 BACKENDS = ("tt", "cpu")
-CONFIGS: dict[str, tuple[str, ...]] = {"tt": ("eager-2cq", "eager-1cq", "traced"), "cpu": ("host",)}
-"""The configurations each backend runs in; the first is the default."""
 DROPS = ("finish", "abort", "preempt")
 EFFECT = "device_effect"
 """A device move that completes commands through the next one a model effect stands for."""
@@ -130,10 +129,7 @@ class Lockstep:
                              "release-at-issue bug instead")
         if backend not in BACKENDS:
             raise ValueError(f"unknown backend {backend!r}; choose one of: {', '.join(BACKENDS)}")
-        config = config or CONFIGS[backend][0]
-        if config not in CONFIGS[backend]:
-            raise ValueError(f"the {backend} backend has no configuration {config!r}; choose one "
-                             f"of: {', '.join(CONFIGS[backend])}")
+        config = check_config(backend, config)
         self.bounds = bounds
         self.backend = backend
         self.config = config
@@ -320,14 +316,18 @@ class Lockstep:
         observed = self.observer.observed if self.observer is not None else None
         if observed is not None and observed.problems:
             self._fail("device-order", "; ".join(observed.problems), step)
-        view = self.runner.abstract()
-        seen = seen_in(view, observed)
-        cached = self._projected
-        new_state = cached is None or cached[0] is not self.state
-        if new_state or cached is None or cached[1] != seen:
-            # A device move or a refusal leaves the model state as it was: project it once.
-            cached = self._projected = (self.state, seen, project(self.state, seen))
-        expected, got = cached[2], abstract(view, self.context, observed, seen)
+        try:
+            view = self.runner.abstract()
+            seen = seen_in(view, observed)
+            cached = self._projected
+            new_state = cached is None or cached[0] is not self.state
+            if new_state or cached is None or cached[1] != seen:
+                # A device move or a refusal leaves the model state as it was: project it once.
+                cached = self._projected = (self.state, seen, project(self.state, seen))
+            expected, got = cached[2], abstract(view, self.context, observed, seen)
+        except Exception as e:  # the harness itself broke: never a verdict on the implementation
+            self._fail("harness", f"checking: {type(e).__name__}: {e}", step)
+            raise  # unreachable: _fail raised
         if expected != got:
             self._fail("state", "; ".join(diff(expected, got)), step)
         if new_state:

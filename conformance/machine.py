@@ -23,7 +23,13 @@ from typing import Any
 
 from hypothesis import strategies as st
 from hypothesis import target
-from hypothesis.stateful import RuleBasedStateMachine, initialize, precondition, rule
+from hypothesis.stateful import (
+    RuleBasedStateMachine,
+    initialize,
+    invariant,
+    precondition,
+    rule,
+)
 
 from ..model.actions import ALL_ACTIONS
 from ..model.state import Bounds
@@ -52,9 +58,12 @@ class Recorder:
     last_failure: FailedRun | None = None
     on_run: EdgeSink | None = None
     """Called with every finished run (coverage accounting)."""
+    observation: str = ""
+    """What the abstraction could see (device data, or host state only on a chip)."""
 
     def finished(self, ls: Lockstep) -> None:
         self.steps += len(ls.moves)
+        self.observation = ls.observation
         if self.on_run is not None:
             self.on_run(ls)
         if ls.failure is None:
@@ -115,8 +124,10 @@ def richness(ls: Lockstep) -> float:
     return float(len(kinds) + tokens + 2 * resumed)
 
 
-def machine(bounds: Bounds, backend: str, recorder: Recorder) -> type[RuleBasedStateMachine]:
-    """A RuleBasedStateMachine class for these bounds and backend, reporting to `recorder`."""
+def machine(bounds: Bounds, backend: str, recorder: Recorder, config: str | None = None
+            ) -> type[RuleBasedStateMachine]:
+    """A RuleBasedStateMachine class for these bounds, backend and configuration, reporting to
+    `recorder`."""
 
     class Conformance(RuleBasedStateMachine):
         def __init__(self) -> None:
@@ -127,7 +138,7 @@ def machine(bounds: Bounds, backend: str, recorder: Recorder) -> type[RuleBasedS
         @initialize(base=st.integers(0, 63))
         def prompts(self, base: int) -> None:
             # Distinct prompts per request; drawn, so a failure's trace says which.
-            self.ls = Lockstep(bounds, backend, prompts_from(base, bounds.requests))
+            self.ls = Lockstep(bounds, backend, prompts_from(base, bounds.requests), config=config)
             # Load allocates the ring before anything else can happen; as a rule, swarm testing
             # would switch it off in a share of the examples, which then do nothing at all.
             self.ls.act(self.ls.enabled("allocate")[0])
@@ -148,7 +159,7 @@ def machine(bounds: Bounds, backend: str, recorder: Recorder) -> type[RuleBasedS
             self.ls.device_ready(cq) for cq in (0, 1))
 
     @precondition(stuck)
-    @rule()
+    @invariant()
     def settled(self: Any) -> None:
         """Nothing is enabled (every request closed): conformance still holds, nothing moves."""
         assert self.ls is not None

@@ -1,8 +1,14 @@
 """The kill matrix: run the suite against every planted bug and report how each was found.
 
-Per bug: first the Hypothesis state machine (the given profile, shrinking left to us), then, if
-it survived, walks guided toward uncovered edges of the graph. The first failing run is shrunk
-by deterministic replay (`replay.shrink`) and written as an ITF trace.
+Per bug and configuration: first the Hypothesis state machine (the given profile, shrinking left
+to us), then, if it survived, walks guided toward uncovered edges of the graph. The first failing
+run is shrunk by deterministic replay (`replay.shrink`) and written as an ITF trace.
+
+A kill says which check found the bug (`layer`): device data (the combine's output or a slot's
+content, or device effects out of order), host state (the runner's books), refusal (an action
+accepted or refused against the model), hazard (the emulated device's race and lifetime checks),
+model invariant, or crash (the implementation raised). An exception of the harness itself is a
+harness error, never a kill.
 """
 
 from __future__ import annotations
@@ -20,9 +26,29 @@ from ..impl import faults
 from ..model.explore import Exploration, explore
 from ..model.state import Bounds, State, initial_state
 from . import campaign, itf, walks
+from .configs import CONFIGS
 from .coverage import Coverage
 from .lockstep import Move, model_step
 from .replay import FAILS, replay, shrink
+
+LAYERS = ("device data", "host state", "refusal", "hazard", "model invariant", "crash")
+
+
+def layer(kind: str, message: str) -> str | None:
+    """Which check a divergence came from; None for the harness's own errors."""
+    if kind == "harness":
+        return None
+    if kind == "device-order" or (kind == "state" and "(device data)" in message):
+        return "device data"
+    if kind == "state":
+        return "host state"
+    if kind in ("refused", "accepted", "not-enabled"):
+        return "refusal"
+    if kind.startswith("hazard"):
+        return "hazard"
+    if kind == "invariant":
+        return "model invariant"
+    return "crash"
 
 
 @dataclass
@@ -31,14 +57,19 @@ class Kill:
     killed: bool
     by: str | None
     """hypothesis or walk: the engine whose run failed first."""
+    config: str
+    layer: str | None
+    """Which check killed it (`LAYERS`); None if it survived or the harness broke."""
+    harness_error: str | None
+    """The harness's own exception, when that is what stopped the run (not a kill)."""
     examples: int | None
     """Hypothesis examples, or walks, up to and including the first failure."""
     seconds: float | None
     """Seconds to the first failure."""
     trace_len: int | None
     """Moves in the shrunk trace."""
-    failure: str | None
-    trace: str | None
+    failure: str | None = None
+    trace: str | None = None
 
     def as_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -46,10 +77,12 @@ class Kill:
 
 def kill(bug: str, bounds: Bounds, backend: str, base: settings, *, walk_seconds: float,
          trace_dir: Path | None, explored: Callable[[], Exploration] | None = None,
-         seed: int = 0) -> Kill:
-    """Find `bug`: Hypothesis first, then guided walks from fresh coverage of `explored`."""
+         seed: int = 0, config: str | None = None, shrinking: bool = True) -> Kill:
+    """Find `bug`: Hypothesis first, then guided walks from fresh coverage of `explored`; the
+    first failing run is shrunk by replay unless `shrinking` is off."""
+    config = config or CONFIGS[backend][0]
     no_shrink = settings(base, phases=[Phase.explicit, Phase.generate, Phase.target])
-    result = campaign.run(bounds, backend, no_shrink, bug=bug)
+    result = campaign.run(bounds, backend, no_shrink, bug=bug, config=config)
     moves: list[Move] | None = None
     prompts: tuple[int, ...] = ()
     by, examples, seconds = None, None, None
@@ -63,30 +96,35 @@ def kill(bug: str, bounds: Bounds, backend: str, base: settings, *, walk_seconds
         cov = Coverage(explored() if explored is not None else explore(bounds))
         walk_start = time.perf_counter()
         with faults.planted(bug):
-            walked = walks.run(cov, backend, seed=seed, until=1.0, seconds=walk_seconds)
+            walked = walks.run(cov, backend, seed=seed, until=1.0, seconds=walk_seconds,
+                               config=config)
         if walked.failure is not None:
             by, examples = "walk", walked.failure.walk + 1
             seconds = result.seconds + (time.perf_counter() - walk_start)
             moves = walked.failure.moves[: walked.failure.step + 1]
             prompts = walked.failure.prompts
     if moves is None:
-        return Kill(bug, False, None, None, None, None, None, None)
+        return Kill(bug, False, None, config, None, None, None, None, None)
 
     def fails(candidate: list[Move]) -> bool:
         with faults.planted(bug):
-            return replay(bounds, backend, prompts, candidate).status == FAILS
+            return replay(bounds, backend, prompts, candidate, config=config).status == FAILS
 
-    small = shrink(list(moves), fails)
+    small = shrink(list(moves), fails) if shrinking else list(moves)
     with faults.planted(bug):
-        outcome = replay(bounds, backend, prompts, small)
-    path = None
-    if trace_dir is not None and outcome.divergence is not None:
-        states = model_states(bounds, small)
-        trace = itf.to_itf(bounds, backend, prompts, small, states, failure=outcome.divergence,
-                           bug=bug, seed=seed)
-        path = str(itf.write(Path(trace_dir) / f"{bug}.itf.json", trace))
+        outcome = replay(bounds, backend, prompts, small, config=config)
     d = outcome.divergence
-    return Kill(bug, outcome.status == FAILS, by, examples,
+    if d is not None and d.kind == "harness":
+        return Kill(bug, False, by, config, None, f"{d.message}"[:300], examples, None, None)
+    path = None
+    if trace_dir is not None and d is not None:
+        states = model_states(bounds, small)
+        trace = itf.to_itf(bounds, backend, prompts, small, states, failure=d, bug=bug,
+                           seed=seed, config=config)
+        name = bug if config == CONFIGS[backend][0] else f"{bug}-{config}"
+        path = str(itf.write(Path(trace_dir) / f"{name}.itf.json", trace))
+    return Kill(bug, outcome.status == FAILS, by, config,
+                layer(d.kind, d.message) if d is not None else None, None, examples,
                 round(seconds, 3) if seconds is not None else None, len(small),
                 None if d is None else f"{d.kind}: {d.message}"[:300], path)
 
@@ -102,14 +140,23 @@ def model_states(bounds: Bounds, moves: list[Move]) -> list[State]:
     return out
 
 
+def applies(bug: str, backend: str, config: str) -> bool:
+    """Can `bug` occur on `backend` in `config`? (tt-only bugs, two-queue bugs)."""
+    if backend != "tt" and bug in faults.TT_ONLY:
+        return False
+    return not (config == "eager-1cq" and bug in faults.TWO_QUEUES)
+
+
 def matrix(bounds: Bounds, backend: str, base: settings, *, bugs: list[str] | None = None,
-           walk_seconds: float = 60.0, trace_dir: Path | None = None,
-           explored: Exploration | None = None) -> list[Kill]:
-    """One kill per bug (tt-only bugs skipped on cpu); the graph is explored at most once."""
-    chosen = bugs or [b for b in faults.BUGS if backend == "tt" or b not in faults.TT_ONLY]
+           configs: list[str] | None = None, walk_seconds: float = 60.0,
+           trace_dir: Path | None = None, explored: Exploration | None = None) -> list[Kill]:
+    """One kill per bug and configuration where it can occur; the graph is explored at most
+    once."""
     graph = functools.cache(lambda: explored or explore(bounds))
     out: list[Kill] = []
-    for bug in chosen:
-        out.append(kill(bug, bounds, backend, base, walk_seconds=walk_seconds,
-                        trace_dir=trace_dir, explored=graph))
+    for config in configs or [CONFIGS[backend][0]]:
+        for bug in bugs or list(faults.BUGS):
+            if applies(bug, backend, config):
+                out.append(kill(bug, bounds, backend, base, walk_seconds=walk_seconds,
+                                trace_dir=trace_dir, explored=graph, config=config))
     return out

@@ -17,7 +17,17 @@ from hypothesis import HealthCheck, settings
 PROFILES = ("ci", "dev", "nightly")
 ENV = "TTMIRROR_PROFILE"
 
-_quiet = [HealthCheck.too_slow, HealthCheck.filter_too_much, HealthCheck.data_too_large]
+_quiet = [
+    # An example drives a real (emulated) device through up to 60 moves, each checked against
+    # the model: generation is slow by the nature of the test, not by a slow strategy.
+    HealthCheck.too_slow,
+    # Most rules' preconditions are false in most states (a step can be combined only once it is
+    # scheduled...): rule selection filters by design.
+    HealthCheck.filter_too_much,
+    # Long stateful examples (60 steps, each drawing an action instance) exceed the default
+    # buffer in the deep states the suite exists to reach.
+    HealthCheck.data_too_large,
+]
 
 settings.register_profile(
     "ci", max_examples=150, stateful_step_count=60, derandomize=True, database=None,

@@ -43,9 +43,10 @@ def replay(
     prompts: Sequence[int],
     moves: Sequence[Move],
     claimed: Sequence[dict[str, Any]] | None = None,
+    config: str | None = None,
 ) -> Outcome:
     """Run `moves` in lockstep; `claimed[i]` is the trace's encoded model state after move i."""
-    ls = Lockstep(bounds, backend, prompts)
+    ls = Lockstep(bounds, backend, prompts, config=config)
     rows: list[Row] = []
     try:
         for i, move in enumerate(moves):

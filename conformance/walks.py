@@ -71,14 +71,16 @@ def walk_rng(seed: int, walk: int) -> random.Random:
 class Executor:
     """Runs walks in lockstep on one backend, remembering which states' refusals were tried."""
 
-    def __init__(self, bounds: Bounds, backend: str, seed: int) -> None:
-        self.bounds, self.backend, self.seed = bounds, backend, seed
+    def __init__(self, bounds: Bounds, backend: str, seed: int, config: str | None = None
+                 ) -> None:
+        self.bounds, self.backend, self.seed, self.config = bounds, backend, seed, config
         self.refused: set[State] = set()
 
     def run(self, walk: Walk) -> WalkResult:
         rng = walk_rng(self.seed, walk.id)
         prompts = prompts_from(rng.randrange(64), self.bounds.requests)
-        ls = Lockstep(self.bounds, self.backend, prompts, refused=self.refused)
+        ls = Lockstep(self.bounds, self.backend, prompts, refused=self.refused,
+                      config=self.config)
         try:
             for action in walk.actions:
                 while rng.random() < DEVICE_MOVES:
@@ -114,15 +116,16 @@ type Progress = Callable[[Report, Coverage], None]
 
 
 def run(cov: Coverage, backend: str, *, seed: int, until: float, seconds: float, jobs: int = 1,
-        progress: Progress | None = None, every: float = 5.0) -> Report:
+        progress: Progress | None = None, every: float = 5.0, config: str | None = None
+        ) -> Report:
     """Plan and replay walks until edges_covered reaches `until`, `seconds` pass, or one fails.
 
     `jobs` > 1 replays the walks in that many worker processes (each with its own emulated
     device); the planned bug, if any, is planted in each of them.
     """
     campaign = _Campaign(cov, seed=seed, until=until, seconds=seconds, jobs=jobs)
-    pool = _Pool(cov.ex.bounds, backend, seed, jobs) if jobs > 1 else None
-    local = Executor(cov.ex.bounds, backend, seed) if pool is None else None
+    pool = _Pool(cov.ex.bounds, backend, seed, jobs, config) if jobs > 1 else None
+    local = Executor(cov.ex.bounds, backend, seed, config) if pool is None else None
     next_report = campaign.start + every
     try:
         while campaign.report.failure is None:
@@ -222,15 +225,18 @@ class _Campaign:
 class _Pool:
     """Worker processes, each replaying the batches of walks it is sent."""
 
-    def __init__(self, bounds: Bounds, backend: str, seed: int, jobs: int) -> None:
+    def __init__(self, bounds: Bounds, backend: str, seed: int, jobs: int, config: str | None
+                 ) -> None:
         ctx = multiprocessing.get_context("spawn")  # fresh interpreters: torch and fork do not mix
         self.conns: list[Connection] = []
         self.procs: list[Any] = []
         self.inflight: dict[Connection, int] = {}
         for _ in range(jobs):
             parent, child = ctx.Pipe()
-            proc = ctx.Process(target=_serve, args=(bounds, backend, seed, faults.current(), child),
-                               daemon=True)
+            proc = ctx.Process(
+                target=_serve, args=(bounds, backend, seed, faults.current(), config, child),
+                daemon=True,
+            )
             proc.start()
             child.close()
             self.conns.append(parent)
@@ -280,7 +286,8 @@ class _Pool:
             conn.close()
 
 
-def _serve(bounds: Bounds, backend: str, seed: int, bug: str | None, conn: Connection) -> None:
+def _serve(bounds: Bounds, backend: str, seed: int, bug: str | None, config: str | None,
+           conn: Connection) -> None:
     """A worker: replay each batch it receives, answer with the results; None ends it."""
     import os
 
@@ -288,7 +295,7 @@ def _serve(bounds: Bounds, backend: str, seed: int, bug: str | None, conn: Conne
     import torch
 
     torch.set_num_threads(1)  # one core per worker: the workers are the parallelism
-    executor = Executor(bounds, backend, seed)
+    executor = Executor(bounds, backend, seed, config)
     with faults.planted(bug):
         while (batch := conn.recv()) is not None:
             try:

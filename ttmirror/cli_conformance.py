@@ -34,6 +34,8 @@ def register(add_parser: AddParser) -> None:
     add_bounds(f)
     f.add_argument("--backend", choices=("tt", "cpu"), default="tt",
                    help="tt: the emulated device (a chip if present); cpu (default %(default)s)")
+    f.add_argument("--config", default=None,
+                   help="tt: eager-2cq (default), eager-1cq or traced; cpu: host")
     f.add_argument("--examples", type=int, default=200,
                    help="Hypothesis examples before the guided walks (default %(default)s)")
     f.add_argument("--seed", type=int, default=0, help="the one seed (default %(default)s)")
@@ -54,6 +56,8 @@ def register(add_parser: AddParser) -> None:
     m = add_parser("mutants", help="kill matrix: the suite against every planted bug")
     m.add_argument("--backend", choices=("tt", "cpu"), default="tt")
     m.add_argument("--bug", action="append", default=None, help="only this bug (repeatable)")
+    m.add_argument("--config", action="append", default=None,
+                   help="only this configuration (repeatable; default: every one of the backend)")
     m.add_argument("--profile", choices=("ci", "dev", "nightly"), default="ci")
     m.add_argument("--walk-seconds", type=float, default=60.0,
                    help="guided-walk budget per bug that Hypothesis missed (default %(default)s)")
@@ -67,6 +71,7 @@ def register(add_parser: AddParser) -> None:
                    help="override the trace's backend")
     r.add_argument("--bug", default=None, help="plant this bug while replaying "
                    "(default: $TTMIRROR_BUG, else none)")
+    r.add_argument("--config", default=None, help="override the trace's configuration")
     r.set_defaults(func=cmd_replay)
 
 
@@ -87,7 +92,7 @@ def cmd_fuzz(ns: argparse.Namespace) -> int:
          f"Hypothesis: {ns.examples} examples")
     result = campaign.run(bounds, ns.backend, profiles.profile(ns.profile), seed=ns.seed,
                           trace_dir=Path(ns.traces), on_run=cov.record,
-                          max_examples=max(1, ns.examples))
+                          max_examples=max(1, ns.examples), config=ns.config)
     walked: Report | None = None
     failure: _Failure | None = None
     if result.failed:
@@ -98,6 +103,8 @@ def cmd_fuzz(ns: argparse.Namespace) -> int:
         walked, failure = _walk(ns, bounds, cov)
     report = {
         "backend": ns.backend,
+        "config": ns.config,
+        "observation": result.observation,
         "bounds": bounds._asdict(),
         "seed": ns.seed,
         **_coverage_figures(cov, time.perf_counter() - explored),
@@ -131,7 +138,17 @@ def _fuzz_bounds(ns: argparse.Namespace) -> Bounds:
     if ns.examples < 0 or ns.seconds < 0 or not 0 <= ns.min_edges <= 1 or ns.jobs < 1:
         raise UsageError("--examples and --seconds must be >= 0, --jobs >= 1, --min-edges in "
                          "[0, 1]")
+    ns.config = _config(ns.backend, ns.config)
     return bounds
+
+
+def _config(backend: str, config: str | None) -> str:
+    from .conformance.configs import check_config
+
+    try:
+        return check_config(backend, config)
+    except ValueError as e:
+        raise UsageError(str(e)) from None
 
 
 @dataclass(frozen=True)
@@ -149,13 +166,14 @@ def _walk(ns: argparse.Namespace, bounds: Bounds, cov: Coverage) -> tuple[Report
 
     walked = walks.run(cov, ns.backend, seed=ns.seed, until=ns.min_edges, seconds=ns.seconds,
                        jobs=ns.jobs, progress=_walk_progress,
-                       every=10.0 if sys.stderr.isatty() else 30.0)
+                       every=10.0 if sys.stderr.isatty() else 30.0, config=ns.config)
     failed = walked.failure
     if failed is None:
         return walked, None
     trace = itf.to_itf(bounds, ns.backend, failed.prompts, failed.moves, failed.states,
-                       failure=failed.error, bug=faults.current(), seed=ns.seed)
-    name = f"walk-{ns.backend}-seed{ns.seed}-walk{failed.walk}.itf.json"
+                       failure=failed.error, bug=faults.current(), seed=ns.seed,
+                       config=ns.config)
+    name = f"walk-{ns.backend}-{ns.config}-seed{ns.seed}-walk{failed.walk}.itf.json"
     return walked, _Failure(itf.write(Path(ns.traces) / name, trace), str(failed.error))
 
 
@@ -191,20 +209,24 @@ def _walk_progress(report: Report, cov: Coverage) -> None:
 
 def cmd_mutants(ns: argparse.Namespace) -> int:
     from .conformance import mutants, profiles
+    from .conformance.configs import CONFIGS
     from .impl import faults
 
     for bug in ns.bug or []:
         if bug not in faults.BUGS:
             raise UsageError(f"unknown bug {bug!r}; choose from: {', '.join(faults.BUGS)}")
+    configs = [_config(ns.backend, c) for c in ns.config or CONFIGS[ns.backend]]
     kills = mutants.matrix(Bounds(), ns.backend, profiles.profile(ns.profile), bugs=ns.bug,
-                           walk_seconds=ns.walk_seconds,
+                           configs=configs, walk_seconds=ns.walk_seconds,
                            trace_dir=Path(ns.traces) if ns.traces else None)
     if ns.json:
         print(json.dumps([k.as_json() for k in kills], indent=1))
     else:
-        print(f"{'bug':<26}{'killed':<8}{'by':<12}{'examples':>9}{'seconds':>9}{'trace':>7}")
+        print(f"{'bug':<26}{'config':<11}{'killed':<8}{'layer':<17}{'by':<12}{'examples':>9}"
+              f"{'seconds':>9}{'trace':>7}")
         for k in kills:
-            print(f"{k.id:<26}{'yes' if k.killed else 'NO':<8}{k.by or '-':<12}"
+            print(f"{k.id:<26}{k.config:<11}{'yes' if k.killed else 'NO':<8}"
+                  f"{k.layer or k.harness_error or '-':<17}{k.by or '-':<12}"
                   f"{k.examples if k.examples is not None else '-':>9}"
                   f"{k.seconds if k.seconds is not None else '-':>9}"
                   f"{k.trace_len if k.trace_len is not None else '-':>7}")
@@ -224,15 +246,16 @@ def cmd_replay(ns: argparse.Namespace) -> int:
     if bug is not None and bug not in faults.BUGS:
         raise UsageError(f"unknown bug {bug!r}; choose from: {', '.join(faults.BUGS)}")
     backend = ns.backend or loaded.backend
+    config = _config(backend, ns.config or (loaded.config if backend == loaded.backend else None))
     try:
         with faults.planted(bug):
             outcome = replay(loaded.bounds, backend, loaded.prompts, loaded.moves,
-                             claimed=loaded.states[1:])
+                             claimed=loaded.states[1:], config=config)
     except (ValueError, KeyError, IndexError) as e:
         raise UsageError(f"{ns.trace} is not for this model: {e}") from None
     if outcome.status == INVALID:
         raise UsageError(f"{ns.trace} is not a behaviour of this model: {outcome.reason}")
-    print(f"replay of {ns.trace} on {backend}" + (f" with bug {bug}" if bug else ""))
+    print(f"replay of {ns.trace} on {backend} ({config})" + (f" with bug {bug}" if bug else ""))
     print(f"{'step':>4}  {'move':<28} result")
     for row in outcome.rows:
         print(f"{row.index:>4}  {row.label:<28} {row.outcome}")
