@@ -88,6 +88,7 @@ def run(
             name += f"-seed{seed}" if seed is not None else ""
             err = failure.error if isinstance(failure.error, Divergence) else None
             trace = itf.to_itf(bounds, backend, failure.prompts, failure.moves, failure.states,
-                               failure=err, bug=bug, seed=seed, config=config)
+                               failure=err, bug=bug, seed=seed, config=config,
+                               sampling=failure.sampling)
             result.trace_path = itf.write(Path(trace_dir) / f"{name}.itf.json", trace)
     return result

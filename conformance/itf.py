@@ -80,6 +80,7 @@ def to_itf(
     bug: str | None = None,
     seed: int | None = None,
     config: str | None = None,
+    sampling: str = "greedy",
 ) -> dict[str, Any]:
     """The whole trace: state 0 is the initial state, state i+1 follows moves[i]."""
     rows = [{"#meta": {"index": 0}, **encode_state(initial_state(bounds)),
@@ -97,6 +98,7 @@ def to_itf(
         "bounds": bounds._asdict(),
         "backend": backend,
         "config": config or CONFIGS[backend][0],
+        "sampling": sampling,
         "prompts": list(prompts),
         "bug": bug,
         "seed": seed,
@@ -131,6 +133,7 @@ class Loaded:
         self.bounds = bounds
         self.backend = backend
         self.config = str(meta.get("config") or CONFIGS.get(backend, ("?",))[0])
+        self.sampling = str(meta.get("sampling") or "greedy")
         self.prompts = prompts
         self.moves = moves
         self.states = states

@@ -41,6 +41,10 @@ DRAM = 1 << 20
 TRACE_REGION = 1 << 20
 BACKENDS = ("tt", "cpu")
 DROPS = ("finish", "abort", "preempt")
+SAMPLERS = ("seeded", "greedy")
+"""The probe's samplers: seeded (top-k 2, keyed by request and position) or greedy (argmax)."""
+SAMPLING_SEED = 7
+"""The seeded sampler's seed: fixed, so a trace's tokens depend on its moves alone."""
 EFFECT = "device_effect"
 """A device move that completes commands through the next one a model effect stands for."""
 
@@ -120,16 +124,21 @@ class Lockstep:
         refusals: bool = True,
         refused: set[State] | None = None,
         config: str | None = None,
+        sampling: str = "greedy",
     ) -> None:
         """`refusals`: after every act, try every model-disabled action on the implementation;
         `refused`: model states whose refusals were already tried (skipped, and added to);
-        `config`: one of `CONFIGS[backend]` (default its first)."""
+        `config`: one of `CONFIGS[backend]` (default its first); `sampling`: one of
+        `SAMPLERS`."""
         if bounds.release_at != "complete":
             raise ValueError("the implementation has no --release-at issue switch; plant the "
                              "release-at-issue bug instead")
         if backend not in BACKENDS:
             raise ValueError(f"unknown backend {backend!r}; choose one of: {', '.join(BACKENDS)}")
         config = check_config(backend, config)
+        if sampling not in SAMPLERS:
+            raise ValueError(f"unknown sampler {sampling!r}; choose one of: {', '.join(SAMPLERS)}")
+        self.sampling = sampling
         self.bounds = bounds
         self.backend = backend
         self.config = config
@@ -138,9 +147,11 @@ class Lockstep:
         self.prompts = tuple(prompts) or prompts_from(0, bounds.requests)
         if len(self.prompts) != bounds.requests:
             raise ValueError(f"{bounds.requests} requests need {bounds.requests} prompts")
-        probe = ProbeSpec()
+        probe = ProbeSpec(sampling=SAMPLING_SEED if sampling == "seeded" else None)
         ref = ProbeReference(probe)
-        self.references = [ref.sequence(p, bounds.max_tokens + 1) for p in self.prompts]
+        self.references = [
+            ref.sequence(p, bounds.max_tokens + 1, request=r) for r, p in enumerate(self.prompts)
+        ]
         self.context = Context(self.prompts, self.references)
         self.device: Any = None
         self.runner = Runner(self._open_backend(backend), RunnerConfig(

@@ -33,7 +33,7 @@ from hypothesis.stateful import (
 
 from ..model.actions import ALL_ACTIONS
 from ..model.state import Bounds
-from .lockstep import Lockstep, Move, prompts_from
+from .lockstep import SAMPLERS, Lockstep, Move, prompts_from
 
 type EdgeSink = Callable[[Lockstep], None]
 
@@ -44,6 +44,7 @@ class FailedRun:
     states: list[Any]
     prompts: tuple[int, ...]
     error: Any
+    sampling: str = "greedy"
 
 
 @dataclass
@@ -71,7 +72,8 @@ class Recorder:
         if self.first_failure_examples is None:
             self.first_failure_examples = self.examples
             self.first_failure_seconds = time.perf_counter() - self.start
-        self.last_failure = FailedRun(list(ls.moves), list(ls.states), ls.prompts, ls.failure)
+        self.last_failure = FailedRun(list(ls.moves), list(ls.states), ls.prompts, ls.failure,
+                                      ls.sampling)
 
 
 RULE_WEIGHTS: dict[str, float] = {"abort": 0.1, "finish": 0.3, "preempt": 0.3}
@@ -135,10 +137,12 @@ def machine(bounds: Bounds, backend: str, recorder: Recorder, config: str | None
             recorder.examples += 1
             self.ls: Lockstep | None = None  # opened by the initialize rule, which runs first
 
-        @initialize(base=st.integers(0, 63))
-        def prompts(self, base: int) -> None:
-            # Distinct prompts per request; drawn, so a failure's trace says which.
-            self.ls = Lockstep(bounds, backend, prompts_from(base, bounds.requests), config=config)
+        @initialize(base=st.integers(0, 63), sampling=st.sampled_from(SAMPLERS))
+        def prompts(self, base: int, sampling: str) -> None:
+            # Distinct prompts per request, and the sampler (seeded first: the simplest examples
+            # then test the draw's keying too); drawn, so a failure's trace says which.
+            self.ls = Lockstep(bounds, backend, prompts_from(base, bounds.requests),
+                               config=config, sampling=sampling)
             # Load allocates the ring before anything else can happen; as a rule, swarm testing
             # would switch it off in a share of the examples, which then do nothing at all.
             self.ls.act(self.ls.enabled("allocate")[0])
@@ -165,7 +169,16 @@ def machine(bounds: Bounds, backend: str, recorder: Recorder, config: str | None
         assert self.ls is not None
         self.ls.check(len(self.ls.moves))
 
+    @precondition(stuck)
+    @rule()
+    def idle(self: Any) -> None:
+        """With nothing enabled, every action must still be refused (and the example goes on)."""
+        assert self.ls is not None
+        for disabled in self.ls.refusable():
+            self.ls.refuse(disabled, record=False)
+
     Conformance.settled = settled  # type: ignore[attr-defined]
+    Conformance.idle = idle  # type: ignore[attr-defined]
     for name in ALL_ACTIONS:
         setattr(Conformance, name, _action_rule(name))
     for cq in (0, 1):

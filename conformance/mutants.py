@@ -85,11 +85,13 @@ def kill(bug: str, bounds: Bounds, backend: str, base: settings, *, walk_seconds
     result = campaign.run(bounds, backend, no_shrink, bug=bug, config=config)
     moves: list[Move] | None = None
     prompts: tuple[int, ...] = ()
+    sampling = "greedy"
     by, examples, seconds = None, None, None
     if result.failed and result.failing is not None:
         by, examples = "hypothesis", result.first_failure_examples
         seconds = result.first_failure_seconds
         moves, prompts = result.failing.moves, result.failing.prompts
+        sampling = result.failing.sampling
         step = getattr(result.failing.error, "step", len(moves) - 1)
         moves = moves[: step + 1]
     else:
@@ -103,16 +105,18 @@ def kill(bug: str, bounds: Bounds, backend: str, base: settings, *, walk_seconds
             seconds = result.seconds + (time.perf_counter() - walk_start)
             moves = walked.failure.moves[: walked.failure.step + 1]
             prompts = walked.failure.prompts
+            sampling = walked.failure.sampling
     if moves is None:
         return Kill(bug, False, None, config, None, None, None, None, None)
 
     def fails(candidate: list[Move]) -> bool:
         with faults.planted(bug):
-            return replay(bounds, backend, prompts, candidate, config=config).status == FAILS
+            return replay(bounds, backend, prompts, candidate, config=config,
+                          sampling=sampling).status == FAILS
 
     small = shrink(list(moves), fails) if shrinking else list(moves)
     with faults.planted(bug):
-        outcome = replay(bounds, backend, prompts, small, config=config)
+        outcome = replay(bounds, backend, prompts, small, config=config, sampling=sampling)
     d = outcome.divergence
     if d is not None and d.kind == "harness":
         return Kill(bug, False, by, config, None, f"{d.message}"[:300], examples, None, None)
@@ -120,7 +124,7 @@ def kill(bug: str, bounds: Bounds, backend: str, base: settings, *, walk_seconds
     if trace_dir is not None and d is not None:
         states = model_states(bounds, small)
         trace = itf.to_itf(bounds, backend, prompts, small, states, failure=d, bug=bug,
-                           seed=seed, config=config)
+                           seed=seed, config=config, sampling=sampling)
         name = bug if config == CONFIGS[backend][0] else f"{bug}-{config}"
         path = str(itf.write(Path(trace_dir) / f"{name}.itf.json", trace))
     return Kill(bug, outcome.status == FAILS, by, config,
@@ -147,16 +151,26 @@ def applies(bug: str, backend: str, config: str) -> bool:
     return not (config == "eager-1cq" and bug in faults.TWO_QUEUES)
 
 
+def bounds_for(bug: str, bounds: Bounds) -> Bounds:
+    """`bounds`, raised where `bug` needs more to occur at all (`faults.NEEDS_BOUNDS`)."""
+    return bounds._replace(**faults.NEEDS_BOUNDS.get(bug, {}))
+
+
 def matrix(bounds: Bounds, backend: str, base: settings, *, bugs: list[str] | None = None,
            configs: list[str] | None = None, walk_seconds: float = 60.0,
            trace_dir: Path | None = None, explored: Exploration | None = None) -> list[Kill]:
-    """One kill per bug and configuration where it can occur; the graph is explored at most
-    once."""
-    graph = functools.cache(lambda: explored or explore(bounds))
+    """One kill per bug and configuration where it can occur, each at the bounds it needs; each
+    bound's graph is explored at most once (and only if Hypothesis misses a bug there)."""
+    graphs: dict[Bounds, Callable[[], Exploration]] = {}
+    if explored is not None:
+        graphs[explored.bounds] = lambda: explored
     out: list[Kill] = []
     for config in configs or [CONFIGS[backend][0]]:
         for bug in bugs or list(faults.BUGS):
-            if applies(bug, backend, config):
-                out.append(kill(bug, bounds, backend, base, walk_seconds=walk_seconds,
-                                trace_dir=trace_dir, explored=graph, config=config))
+            if not applies(bug, backend, config):
+                continue
+            b = bounds_for(bug, bounds)
+            graph = graphs.setdefault(b, functools.cache(lambda b=b: explore(b)))
+            out.append(kill(bug, b, backend, base, walk_seconds=walk_seconds,
+                            trace_dir=trace_dir, explored=graph, config=config))
     return out

@@ -44,9 +44,10 @@ def replay(
     moves: Sequence[Move],
     claimed: Sequence[dict[str, Any]] | None = None,
     config: str | None = None,
+    sampling: str = "greedy",
 ) -> Outcome:
     """Run `moves` in lockstep; `claimed[i]` is the trace's encoded model state after move i."""
-    ls = Lockstep(bounds, backend, prompts, config=config)
+    ls = Lockstep(bounds, backend, prompts, config=config, sampling=sampling)
     rows: list[Row] = []
     try:
         for i, move in enumerate(moves):

@@ -24,7 +24,7 @@ from ..impl import faults
 from ..model.actions import Action
 from ..model.state import Bounds, State
 from .coverage import Coverage, Planner
-from .lockstep import Divergence, Lockstep, Move, prompts_from
+from .lockstep import SAMPLERS, Divergence, Lockstep, Move, prompts_from
 
 DEVICE_MOVES = 0.35
 """Chance of completing one more device command before each act (the device lags the host)."""
@@ -49,6 +49,7 @@ class FailedWalk:
     kind: str
     message: str
     step: int
+    sampling: str = "greedy"
 
     @property
     def error(self) -> Divergence:
@@ -79,8 +80,9 @@ class Executor:
     def run(self, walk: Walk) -> WalkResult:
         rng = walk_rng(self.seed, walk.id)
         prompts = prompts_from(rng.randrange(64), self.bounds.requests)
+        sampling = rng.choice(SAMPLERS)
         ls = Lockstep(self.bounds, self.backend, prompts, refused=self.refused,
-                      config=self.config)
+                      config=self.config, sampling=sampling)
         try:
             for action in walk.actions:
                 while rng.random() < DEVICE_MOVES:
@@ -91,7 +93,7 @@ class Executor:
                 ls.act(action)
         except Divergence as d:
             failed = FailedWalk(walk.id, ls.prompts, list(ls.moves), list(ls.states), d.kind,
-                                d.message, d.step)
+                                d.message, d.step, sampling)
             return WalkResult(walk.id, len(ls.moves), failed)
         finally:
             ls.close()

@@ -57,6 +57,8 @@ class StepInputs:
     prev_map: tuple[int, ...]
     use_mirror: tuple[int, ...]
     positions: tuple[int, ...]
+    requests: tuple[int, ...] = ()
+    """Each row's request id: what a seeded sampler keys its draw on, with the position."""
 
 
 class Mirror(Protocol):

@@ -34,11 +34,15 @@ from .ring import allocate_ids, host_uint32
 class DeviceCombine:
     """Persistent step inputs and the two combine ops writing the persistent input ids."""
 
-    def __init__(self, device: Any, width: int, cq: int = 0, other_cq: int | None = None) -> None:
-        """`other_cq`: the device's second queue, if it has one (only a planted bug uses it)."""
+    def __init__(self, device: Any, width: int, cq: int = 0, other_cq: int | None = None,
+                 *, identity: bool = False) -> None:
+        """`other_cq`: the device's second queue, if it has one (only a planted bug uses it);
+        `identity`: also stage each row's request id (a seeded sampler keys its draws on it)."""
         self.width = width
         self.cq = cq
         self.other_cq = other_cq
+        self.requests = allocate_ids(device, width) if identity else None
+        """Each row's request id, staged per step (seeded samplers only)."""
         # Written by the host each step: ROW_MAJOR.
         self.host_ids, self.prev_map, self.use_mirror, self.positions = (
             allocate_ids(device, width) for _ in range(4)
@@ -63,12 +67,15 @@ class DeviceCombine:
         if faults.active("positions-stale") and self._staged_positions:
             positions = self._staged_positions
         self._staged_positions = inputs.positions
-        for values, target in (
+        staged = [
             (inputs.host_ids, self.host_ids),
             (inputs.prev_map, self.prev_map),
             (mask, self.use_mirror),
             (positions, self.positions),
-        ):
+        ]
+        if self.requests is not None:
+            staged.append((inputs.requests, self.requests))
+        for values, target in staged:
             ttnn.copy_host_to_device_tensor(host_uint32(values, self.width), target, cq_id=cq)
 
     def enqueue(self, source: ttnn.Tensor) -> None:

@@ -13,7 +13,7 @@ from typing import Any
 import torch
 
 from .backend import Backend, Mirror, MirrorSpec, StepInputs, padded_rows
-from .probe import UINT32_MASK, forward_torch, logits_table
+from .probe import UINT32_MASK, forward_torch, logits_table, sample_torch
 
 
 class CpuMirror:
@@ -23,8 +23,8 @@ class CpuMirror:
         self.ring = [torch.zeros(rows, dtype=torch.int64) for _ in range(spec.slots)]
         self.table = logits_table(spec.probe)
         zeros = torch.zeros(rows, dtype=torch.int64)
-        self._host_ids, self._prev_map, self._use_mirror, self._positions = (
-            zeros.clone() for _ in range(4)
+        self._host_ids, self._prev_map, self._use_mirror, self._positions, self._requests = (
+            zeros.clone() for _ in range(5)
         )
         self.input_ids = zeros.clone()
         """What the forward consumes: the combine's output."""
@@ -37,6 +37,8 @@ class CpuMirror:
         self._prev_map[:n] = torch.tensor(inputs.prev_map)
         self._use_mirror[:n] = torch.tensor(inputs.use_mirror)
         self._positions[:n] = torch.tensor(inputs.positions)
+        if inputs.requests:
+            self._requests[:n] = torch.tensor(inputs.requests)
 
     def combine(self, slot: int) -> None:
         source = self.ring[(slot - 1) % self.spec.slots]
@@ -44,7 +46,12 @@ class CpuMirror:
         self.input_ids = torch.where(self._use_mirror > 0, gathered, self._host_ids)
 
     def launch(self, slot: int) -> None:
-        self.ring[slot] = forward_torch(self.table, self.input_ids, self._positions)
+        seed = self.spec.probe.sampling
+        if seed is None:
+            self.ring[slot] = forward_torch(self.table, self.input_ids, self._positions)
+        else:
+            self.ring[slot] = sample_torch(self.table, self.input_ids, self._positions,
+                                           self._requests, seed)
         self.launches += 1
 
     def readback_issue(self, slot: int) -> torch.Tensor:

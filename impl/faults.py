@@ -32,6 +32,8 @@ BUGS: dict[str, str] = {
     "ring-reuse-k1": "launch (tt): the sampler always writes ring slot 0 (K=1 reuse, no check)",
     "stage-cq1-no-event": "combine (tt): host inputs written on CQ1 with no event before the "
     "combine on CQ0",
+    "prev-row-two-back": "schedule: the previous-row map takes each request's row from the last "
+    "applied step: two steps back while the previous step is in flight",
     "where-swapped": "combine (tt): where's operands swapped: mirror rows take host ids, host "
     "rows the gathered ids",
     "mask-inverted": "combine (tt): the use-mirror mask staged inverted",
@@ -39,6 +41,10 @@ BUGS: dict[str, str] = {
     "gather-current-slot": "combine (tt): gathers from the slot the step is about to write, not "
     "the previous step's",
     "positions-stale": "combine (tt): the positions tensor holds the previous step's positions",
+    "sampler-keyed-by-row": "launch (tt): the seeded sampler's draw is keyed by the batch row, "
+    "not the request",
+    "sampler-keyed-by-step": "launch (tt): the seeded sampler's draw is keyed by a device step "
+    "counter, not the position",
 }
 """Bug id -> what goes wrong. Ids marked (tt) only exist on the tt backend."""
 
@@ -46,16 +52,19 @@ TT_ONLY = frozenset(
     {
         "host-read-before-event", "readback-cq1-no-wait", "ring-reuse-k1", "stage-cq1-no-event",
         "where-swapped", "mask-inverted", "gather-off-by-one", "gather-current-slot",
-        "positions-stale",
+        "positions-stale", "sampler-keyed-by-row", "sampler-keyed-by-step",
     }
 )
 DEVICE_HALF = frozenset(
     {
         "where-swapped", "mask-inverted", "gather-off-by-one", "gather-current-slot",
-        "positions-stale", "stage-cq1-no-event",
+        "positions-stale", "stage-cq1-no-event", "sampler-keyed-by-row", "sampler-keyed-by-step",
     }
 )
 """Bugs in what the device computes (the combine's ops and inputs), not the runner's books."""
+NEEDS_BOUNDS: dict[str, dict[str, int]] = {"prev-row-two-back": {"max_tokens": 3}}
+"""Bounds a bug needs to occur at all (beyond the defaults): a request must have a row in three
+steps for "two back" and "one back" to differ."""
 TWO_QUEUES = frozenset({"readback-cq1-no-wait", "stage-cq1-no-event"})
 """Bugs that need a second command queue: they cannot occur in the one-queue configuration."""
 

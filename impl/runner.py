@@ -196,6 +196,7 @@ class Runner:
         self.slots = [_Slot() for _ in range(self.config.slots)]
         self.requests: dict[int, _Request] = {}
         self.steps = 0  # steps scheduled since load
+        self._applied_rows: dict[int, int] = {}  # for the planted prev-row-two-back bug
         self.stats: Counter[str] = Counter()
         """What happened: launches, overlapped_launches, mirror_rows, host_decode_rows, row_moves,
         slot_reuses,
@@ -336,6 +337,9 @@ class Runner:
         prev_rows = {row.req: i for i, row in enumerate(prev.rows) if row.live} if prev else {}
         if prev and faults.active("prev-row-skips-dropped"):
             prev_rows = {row.req: i for i, row in enumerate(r for r in prev.rows if r.live)}
+        if prev and faults.active("prev-row-two-back"):
+            # planted: rows as of the last applied step, one behind while a step is in flight
+            prev_rows = {r: self._applied_rows.get(r, i) for r, i in prev_rows.items()}
         guard = self.config.guard and not faults.active("guard-off")
         rows = []
         for i, r in enumerate(rows_order):
@@ -376,11 +380,11 @@ class Runner:
         if step.src_slot is not None and self.slots[step.src_slot].released:
             raise PhaseError(f"combine(q={q}): slot {step.src_slot} was released under it")
         width = len(step.rows)
-        host_ids, prev_map, use_mirror, positions = ([0] * width for _ in range(4))
+        host_ids, prev_map, use_mirror, positions, requests = ([0] * width for _ in range(5))
         for i, row in enumerate(step.rows):
             if not row.live:
                 continue  # dropped: what the device computes there is never delivered
-            positions[i] = row.pos
+            positions[i], requests[i] = row.pos, row.req
             if row.prev_row is None:
                 host_ids[i] = self.host_token(row.req, row.pos)
                 if row.pos > 0 and self.requests[row.req].preemptions and faults.active(
@@ -393,9 +397,9 @@ class Runner:
                 prev_map[i], use_mirror[i] = row.prev_row, 1
                 self.stats["mirror_rows"] += 1
         assert self.mirror is not None
-        self.mirror.stage(
-            StepInputs(tuple(host_ids), tuple(prev_map), tuple(use_mirror), tuple(positions))
-        )
+        self.mirror.stage(StepInputs(
+            tuple(host_ids), tuple(prev_map), tuple(use_mirror), tuple(positions), tuple(requests)
+        ))
         self.mirror.combine(step.slot)
         step.phase = Phase.COMBINED
 
@@ -440,6 +444,7 @@ class Runner:
             raise PhaseError(f"apply: the oldest step's readback is not complete ({state})")
         step = self.queue.pop(0)
         assert step.host_copy is not None
+        self._applied_rows = {row.req: i for i, row in enumerate(step.rows) if row.live}
         delivered = {}
         for row, token in zip(step.rows, step.host_copy, strict=True):
             if not row.live and not faults.active("deliver-dropped"):

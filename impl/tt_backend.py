@@ -52,11 +52,14 @@ class TtMirror:
         self.readback_cq = readback_cq
         self.ring = Ring(device, spec.rows, spec.slots)
         other = readback_cq if readback_cq != COMPUTE_CQ else None
-        self.combiner = DeviceCombine(device, self.ring.width, COMPUTE_CQ, other)
+        seeded = model is None and spec.probe.sampling is not None
+        self.combiner = DeviceCombine(device, self.ring.width, COMPUTE_CQ, other, identity=seeded)
         self.model = (
             model
             if model is not None
-            else TtProbeModel(device, spec.probe, self.ring.width, COMPUTE_CQ)
+            else TtProbeModel(
+                device, spec.probe, self.ring.width, COMPUTE_CQ, requests=self.combiner.requests
+            )
         )
         self._launched: list[Any] = [None] * spec.slots  # CQ0 event after the slot's writer
         self._read: list[Any] = [None] * spec.slots  # readback_cq event after the slot's copy

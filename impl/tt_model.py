@@ -1,17 +1,27 @@
-"""The probe model on a TT device: forward and greedy sample, the sampler writing a ring slot.
+"""The probe model on a TT device: forward and sample, the sampler writing a ring slot.
+
+Greedy (`ProbeSpec.sampling` None):
 
     index  = add(input_ids, positions)                  # [1, 1, 1, W] uint32: token + position
     grid   = add(index, zeros)                          # [1, 1, V, W]: broadcast over V rows
-    logits = gather(table, dim=3, index=grid)           # [1, 1, V, W] float32: column i one-hot
+    logits = gather(table, dim=3, index=grid)           # [1, 1, V, W] float32: column i = row
     argmax(logits, dim=2, keepdim=True, output_tensor=slot)   # [1, 1, 1, W] uint32 ROW_MAJOR
 
-`table` is the probe's [V + P, V] one-hot table transposed ([1, 1, V, V + P]): column x is
-one-hot at perm[x mod V], so gathering column `token + pos` for every row v gives row i's logits
-down a column, and the argmax over dimension 2 is the sampled token, laid out as the ring slot
-([1, 1, 1, users], the samplers' shape). Every call is one the installed ttnn documents: gather
-on TILE (float32 input, uint32 index), add in both layouts, argmax over dimension rank-2 writing
-UINT32 ROW_MAJOR. Every output is a persistent tensor allocated at load, so the forward allocates
-nothing per step and can be captured in a trace. The numerics are `probe.py`'s.
+Seeded (top-k 2 over each table row's two choices, keyed by (request, position)):
+
+    index  = add(input_ids, positions)
+    onehot = eq(index, rows)                            # [1, 1, V + P, W] uint32: column i one-hot
+    onehot = typecast(onehot -> bfloat16)
+    logits = matmul(onehot, table, transpose_a=True)    # [1, 1, W, V] bfloat16: one row per row
+    sampling(logits, indices, k, p, temp, seed, output_tensor=slot)   # identity: requests, pos
+
+`table` is the probe's [V + P, V] logits table (`probe.py`): transposed ([1, 1, V, V + P], float32)
+for the greedy gather, as is ([1, 1, V + P, V], bfloat16) for the seeded matmul. Every call is
+one the installed ttnn documents: gather on TILE (float32 input, uint32 index), add and eq in both
+layouts, typecast on TILE, matmul on bfloat16 TILE, argmax over dimension rank-2 writing UINT32
+ROW_MAJOR, sampling on bfloat16 TILE values with a power-of-2 multiple of 32 vocabulary. Every
+output is a persistent tensor allocated at load, so the forward allocates nothing per step and
+can be captured in a trace.
 """
 
 from __future__ import annotations
@@ -21,37 +31,95 @@ from typing import Any
 import torch
 import ttnn
 
-from .probe import ProbeSpec, logits_table
-from .ring import allocate_ids
+from . import faults
+from .device import bind_sampling_identity
+from .probe import SAMPLING_K, ProbeSpec, logits_table
+from .ring import allocate_ids, ids_shape
+
+
+def _tile(device: Any, values: torch.Tensor, dtype: ttnn.DataType, cq: int) -> ttnn.Tensor:
+    return ttnn.from_torch(values, dtype=dtype, layout=ttnn.TILE_LAYOUT, device=device, cq_id=cq)
+
+
+def _row_major(device: Any, values: torch.Tensor, dtype: ttnn.DataType, cq: int) -> ttnn.Tensor:
+    return ttnn.from_torch(
+        values, dtype=dtype, layout=ttnn.ROW_MAJOR_LAYOUT, device=device, cq_id=cq
+    )
 
 
 class TtProbeModel:
-    def __init__(self, device: Any, spec: ProbeSpec, width: int, cq: int = 0) -> None:
+    def __init__(
+        self, device: Any, spec: ProbeSpec, width: int, cq: int = 0, *, requests: Any = None
+    ) -> None:
+        """`requests`: the device tensor of each row's request id (the seeded sampler's key)."""
+        self.device = device
         self.cq = cq
-        vocab = spec.vocab
-        table = logits_table(spec).T.contiguous().reshape(1, 1, vocab, -1)
-        self.table = ttnn.from_torch(
-            table, dtype=ttnn.float32, layout=ttnn.TILE_LAYOUT, device=device, cq_id=cq
-        )
-        self.zeros = ttnn.from_torch(
-            torch.zeros(1, 1, vocab, width, dtype=torch.int32),
-            dtype=ttnn.uint32,
-            layout=ttnn.TILE_LAYOUT,
-            device=device,
-            cq_id=cq,
-        )
+        self.spec = spec
+        vocab, rows = spec.vocab, spec.vocab + spec.max_positions
         self.index = allocate_ids(device, width, ttnn.TILE_LAYOUT)
-        self.grid, self.logits = (
-            ttnn.allocate_tensor_on_device(
-                ttnn.Shape([1, 1, vocab, width]), dtype, ttnn.TILE_LAYOUT, device
+        if spec.sampling is None:
+            table = logits_table(spec).T.contiguous().reshape(1, 1, vocab, rows)
+            self.table = _tile(device, table, ttnn.float32, cq)
+            self.zeros = _tile(device, torch.zeros(1, 1, vocab, width, dtype=torch.int32),
+                               ttnn.uint32, cq)
+            self.grid, self.logits = (
+                ttnn.allocate_tensor_on_device(
+                    ttnn.Shape([1, 1, vocab, width]), dtype, ttnn.TILE_LAYOUT, device
+                )
+                for dtype in (ttnn.uint32, ttnn.float32)
             )
-            for dtype in (ttnn.uint32, ttnn.float32)
+            return
+        if requests is None:
+            raise ValueError("the seeded probe needs each row's request id on the device")
+        self.requests = requests
+        table = logits_table(spec).reshape(1, 1, rows, vocab)
+        self.table = _tile(device, table, ttnn.bfloat16, cq)
+        self.rows = _tile(device, torch.arange(rows, dtype=torch.int32).reshape(1, 1, rows, 1),
+                          ttnn.uint32, cq)
+        self.onehot = ttnn.allocate_tensor_on_device(
+            ttnn.Shape([1, 1, rows, width]), ttnn.uint32, ttnn.TILE_LAYOUT, device
         )
+        self.onehot_bf16 = ttnn.allocate_tensor_on_device(
+            ttnn.Shape([1, 1, rows, width]), ttnn.bfloat16, ttnn.TILE_LAYOUT, device
+        )
+        self.logits = ttnn.allocate_tensor_on_device(
+            ttnn.Shape([1, 1, width, vocab]), ttnn.bfloat16, ttnn.TILE_LAYOUT, device
+        )
+        self.indices = _row_major(
+            device, torch.arange(vocab, dtype=torch.int32).repeat(width, 1).reshape(
+                1, 1, width, vocab), ttnn.int32, cq,
+        )
+        self.k = _row_major(device, torch.full((width,), SAMPLING_K, dtype=torch.int32),
+                            ttnn.uint32, cq)
+        self.p, self.temp = (
+            _row_major(device, torch.ones(width, dtype=torch.bfloat16), ttnn.bfloat16, cq)
+            for _ in range(2)
+        )
+        # Only the planted keying bugs use these: the rows' indices, and a device step counter.
+        self.row_ids = _row_major(device, torch.arange(width, dtype=torch.int32).reshape(
+            ids_shape(width)), ttnn.uint32, cq)
+        self.steps = _row_major(device, torch.zeros(ids_shape(width), dtype=torch.int32),
+                                ttnn.uint32, cq)
 
     def forward(self, input_ids: ttnn.Tensor, positions: ttnn.Tensor, slot: ttnn.Tensor) -> None:
         """Enqueue forward + sample; the sampler writes straight into `slot`."""
         with ttnn.command_queue(self.cq):
             ttnn.add(input_ids, positions, output_tensor=self.index)
-            ttnn.add(self.index, self.zeros, output_tensor=self.grid)
-            ttnn.gather(self.table, 3, self.grid, out=self.logits)
-            ttnn.argmax(self.logits, dim=2, keepdim=True, output_tensor=slot)
+            if self.spec.sampling is None:
+                ttnn.add(self.index, self.zeros, output_tensor=self.grid)
+                ttnn.gather(self.table, 3, self.grid, out=self.logits)
+                ttnn.argmax(self.logits, dim=2, keepdim=True, output_tensor=slot)
+                return
+            ttnn.eq(self.index, self.rows, output_tensor=self.onehot)
+            ttnn.typecast(self.onehot, ttnn.bfloat16, output_tensor=self.onehot_bf16)
+            ttnn.matmul(self.onehot_bf16, self.table, transpose_a=True,
+                        optional_output_tensor=self.logits)
+            requests, keyed_positions = self.requests, positions
+            if faults.active("sampler-keyed-by-row"):
+                requests = self.row_ids  # planted: the draw follows the row, not the request
+            if faults.active("sampler-keyed-by-step"):
+                ttnn.plus_one(self.steps)  # planted: the draw follows a device step counter
+                keyed_positions = self.steps
+            bind_sampling_identity(self.device, requests, keyed_positions)
+            ttnn.sampling(self.logits, self.indices, self.k, self.p, self.temp,
+                          seed=int(self.spec.sampling), output_tensor=slot)

@@ -172,7 +172,7 @@ def _walk(ns: argparse.Namespace, bounds: Bounds, cov: Coverage) -> tuple[Report
         return walked, None
     trace = itf.to_itf(bounds, ns.backend, failed.prompts, failed.moves, failed.states,
                        failure=failed.error, bug=faults.current(), seed=ns.seed,
-                       config=ns.config)
+                       config=ns.config, sampling=failed.sampling)
     name = f"walk-{ns.backend}-{ns.config}-seed{ns.seed}-walk{failed.walk}.itf.json"
     return walked, _Failure(itf.write(Path(ns.traces) / name, trace), str(failed.error))
 
@@ -250,12 +250,13 @@ def cmd_replay(ns: argparse.Namespace) -> int:
     try:
         with faults.planted(bug):
             outcome = replay(loaded.bounds, backend, loaded.prompts, loaded.moves,
-                             claimed=loaded.states[1:], config=config)
+                             claimed=loaded.states[1:], config=config, sampling=loaded.sampling)
     except (ValueError, KeyError, IndexError) as e:
         raise UsageError(f"{ns.trace} is not for this model: {e}") from None
     if outcome.status == INVALID:
         raise UsageError(f"{ns.trace} is not a behaviour of this model: {outcome.reason}")
-    print(f"replay of {ns.trace} on {backend} ({config})" + (f" with bug {bug}" if bug else ""))
+    print(f"replay of {ns.trace} on {backend} ({config}, {loaded.sampling} sampler)"
+          + (f" with bug {bug}" if bug else ""))
     print(f"{'step':>4}  {'move':<28} result")
     for row in outcome.rows:
         print(f"{row.index:>4}  {row.label:<28} {row.outcome}")

@@ -37,6 +37,8 @@ GOLDEN: dict[str, Callable[..., Any]] = {
         "add",
         "slice",
         "concat",
+        "eq",
+        "matmul",
     )
 }
 GARBAGE_ID = 0x3CDCDCDC  # what a gather yields where its index is out of range ("unspecified")
@@ -354,6 +356,38 @@ def concat(bound: Bound, cq: int) -> DeviceTensor:
     )
 
 
+def eq(bound: Bound, cq: int) -> DeviceTensor:
+    a, b = bound["input_tensor_a"], bound["input_tensor_b"]
+    tensors = [o for o in (a, b) if isinstance(o, DeviceTensor)]
+    output = bound.get("output_tensor")
+    dtype = bound.get("dtype") or (output.dtype if output is not None else tensors[0].dtype)
+
+    def compute(v: list[torch.Tensor]) -> torch.Tensor:
+        # The mask is 1 for true and 0 for false, carried in the output dtype (no bool dtype).
+        it = iter(v)
+        x, y = (next(it) if isinstance(o, DeviceTensor) else o for o in (a, b))
+        return torch.eq(x, y).to(torch.int32)
+
+    scalars = tuple(o for o in (a, b) if not isinstance(o, DeviceTensor))
+    return _launch(cq, "eq", inputs=tensors, compute=compute, out_dtype=dtype,
+                   out_layout=tensors[0].layout, output=output, key=(scalars, dtype.value))
+
+
+def matmul(bound: Bound, cq: int) -> DeviceTensor:
+    a, b = bound["input_tensor_a"], bound["input_tensor_b"]
+    ta, tb = bool(bound.get("transpose_a", False)), bool(bound.get("transpose_b", False))
+    output = bound.get("optional_output_tensor")
+    dtype = bound.get("dtype") or (output.dtype if output is not None else a.dtype)
+
+    def compute(v: list[torch.Tensor]) -> torch.Tensor:
+        x = v[0].transpose(-1, -2) if ta else v[0]
+        y = v[1].transpose(-1, -2) if tb else v[1]
+        return x.float() @ y.float()  # copy_ casts to the output dtype
+
+    return _launch(cq, "matmul", inputs=[a, b], compute=compute, out_dtype=dtype,
+                   out_layout=ttnn.TILE_LAYOUT, output=output, key=(ta, tb, dtype.value))
+
+
 def _convert(
     cq: int, name: str, x: DeviceTensor, layout: ttnn.Layout, dtype: ttnn.DataType, pad: float
 ) -> DeviceTensor:
@@ -405,4 +439,6 @@ OPS: dict[str, Callable[[Bound, int], DeviceTensor]] = {
     "to_layout": to_layout,
     "tilize": tilize,
     "untilize": untilize,
+    "eq": eq,
+    "matmul": matmul,
 }

@@ -397,6 +397,45 @@ TABLE: dict[str, OpSupport] = {
             ),
         ),
     ),
+    "eq": OpSupport(
+        "eq",
+        rules=(
+            ArgRule(
+                ("input_tensor_a", "input_tensor_b", "output_tensor"),
+                (row("BFLOAT16, BFLOAT8_B, BFLOAT4_B, FLOAT32, INT32, UINT32, UINT16, UINT8",
+                     "TILE, ROW_MAJOR"),),
+                Source(table="Supported dtypes and layouts:"),
+            ),
+        ),
+        shapes=(
+            ShapeRule(
+                "Operands may mix float-family dtypes (BFLOAT16, BFLOAT8_B, BFLOAT4_B, FLOAT32); "
+                "all other dtype pairs must match.",
+                _same_dtype_unless_float("input_tensor_a", "input_tensor_b"),
+            ),
+        ),
+    ),
+    "matmul": OpSupport(
+        "matmul",
+        rules=(
+            ArgRule(("input_tensor_a",), (row("BFLOAT8_B, BFLOAT4_B, BFLOAT16, FLOAT32", "TILE"),),
+                    Source(table="input_tensor_a")),
+            ArgRule(("input_tensor_b",), (row("BFLOAT8_B, BFLOAT4_B, BFLOAT16, FLOAT32", "TILE"),),
+                    Source(table="input_tensor_b")),
+            ArgRule(
+                ("optional_output_tensor",),
+                (row("BFLOAT8_B, BFLOAT4_B, BFLOAT16, FLOAT32", "TILE"),),
+                Source(
+                    quotes=("optional_output_tensor (ttnn.Tensor, optional): User provided "
+                            "on-device output tensor where the result of matmul is to be "
+                            "written.",),
+                    implied='"The input tensors support the following data types and layouts": '
+                    "the result is in the inputs' dtypes and layout: BFLOAT8_B BFLOAT4_B "
+                    "BFLOAT16 FLOAT32 TILE",
+                ),
+            ),
+        ),
+    ),
     "argmax": OpSupport(
         "argmax",
         rules=(
