@@ -81,6 +81,7 @@ def to_itf(
     seed: int | None = None,
     config: str | None = None,
     sampling: str = "greedy",
+    sampling_seed: int = 0,
 ) -> dict[str, Any]:
     """The whole trace: state 0 is the initial state, state i+1 follows moves[i]."""
     rows = [{"#meta": {"index": 0}, **encode_state(initial_state(bounds)),
@@ -99,6 +100,7 @@ def to_itf(
         "backend": backend,
         "config": config or CONFIGS[backend][0],
         "sampling": sampling,
+        "sampling_seed": sampling_seed,
         "prompts": list(prompts),
         "bug": bug,
         "seed": seed,
@@ -134,6 +136,7 @@ class Loaded:
         self.backend = backend
         self.config = str(meta.get("config") or CONFIGS.get(backend, ("?",))[0])
         self.sampling = str(meta.get("sampling") or "greedy")
+        self.sampling_seed = int(meta.get("sampling_seed") or 0)
         self.prompts = prompts
         self.moves = moves
         self.states = states

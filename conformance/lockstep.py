@@ -43,8 +43,6 @@ BACKENDS = ("tt", "cpu")
 DROPS = ("finish", "abort", "preempt")
 SAMPLERS = ("seeded", "greedy")
 """The probe's samplers: seeded (top-k 2, keyed by request and position) or greedy (argmax)."""
-SAMPLING_SEED = 7
-"""The seeded sampler's seed: fixed, so a trace's tokens depend on its moves alone."""
 EFFECT = "device_effect"
 """A device move that completes commands through the next one a model effect stands for."""
 
@@ -125,11 +123,12 @@ class Lockstep:
         refused: set[State] | None = None,
         config: str | None = None,
         sampling: str = "greedy",
+        sampling_seed: int = 0,
     ) -> None:
         """`refusals`: after every act, try every model-disabled action on the implementation;
         `refused`: model states whose refusals were already tried (skipped, and added to);
         `config`: one of `CONFIGS[backend]` (default its first); `sampling`: one of
-        `SAMPLERS`."""
+        `SAMPLERS`, the seeded one drawing with `sampling_seed`."""
         if bounds.release_at != "complete":
             raise ValueError("the implementation has no --release-at issue switch; plant the "
                              "release-at-issue bug instead")
@@ -139,6 +138,7 @@ class Lockstep:
         if sampling not in SAMPLERS:
             raise ValueError(f"unknown sampler {sampling!r}; choose one of: {', '.join(SAMPLERS)}")
         self.sampling = sampling
+        self.sampling_seed = sampling_seed
         self.bounds = bounds
         self.backend = backend
         self.config = config
@@ -147,7 +147,7 @@ class Lockstep:
         self.prompts = tuple(prompts) or prompts_from(0, bounds.requests)
         if len(self.prompts) != bounds.requests:
             raise ValueError(f"{bounds.requests} requests need {bounds.requests} prompts")
-        probe = ProbeSpec(sampling=SAMPLING_SEED if sampling == "seeded" else None)
+        probe = ProbeSpec(sampling=sampling_seed if sampling == "seeded" else None)
         ref = ProbeReference(probe)
         self.references = [
             ref.sequence(p, bounds.max_tokens + 1, request=r) for r, p in enumerate(self.prompts)

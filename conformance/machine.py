@@ -45,6 +45,7 @@ class FailedRun:
     prompts: tuple[int, ...]
     error: Any
     sampling: str = "greedy"
+    sampling_seed: int = 0
 
 
 @dataclass
@@ -73,7 +74,7 @@ class Recorder:
             self.first_failure_examples = self.examples
             self.first_failure_seconds = time.perf_counter() - self.start
         self.last_failure = FailedRun(list(ls.moves), list(ls.states), ls.prompts, ls.failure,
-                                      ls.sampling)
+                                      ls.sampling, ls.sampling_seed)
 
 
 RULE_WEIGHTS: dict[str, float] = {"abort": 0.1, "finish": 0.3, "preempt": 0.3}
@@ -142,7 +143,7 @@ def machine(bounds: Bounds, backend: str, recorder: Recorder, config: str | None
             # Distinct prompts per request, and the sampler (seeded first: the simplest examples
             # then test the draw's keying too); drawn, so a failure's trace says which.
             self.ls = Lockstep(bounds, backend, prompts_from(base, bounds.requests),
-                               config=config, sampling=sampling)
+                               config=config, sampling=sampling, sampling_seed=base)
             # Load allocates the ring before anything else can happen; as a rule, swarm testing
             # would switch it off in a share of the examples, which then do nothing at all.
             self.ls.act(self.ls.enabled("allocate")[0])

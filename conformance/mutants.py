@@ -85,13 +85,13 @@ def kill(bug: str, bounds: Bounds, backend: str, base: settings, *, walk_seconds
     result = campaign.run(bounds, backend, no_shrink, bug=bug, config=config)
     moves: list[Move] | None = None
     prompts: tuple[int, ...] = ()
-    sampling = "greedy"
+    sampling, sampling_seed = "greedy", 0
     by, examples, seconds = None, None, None
     if result.failed and result.failing is not None:
         by, examples = "hypothesis", result.first_failure_examples
         seconds = result.first_failure_seconds
         moves, prompts = result.failing.moves, result.failing.prompts
-        sampling = result.failing.sampling
+        sampling, sampling_seed = result.failing.sampling, result.failing.sampling_seed
         step = getattr(result.failing.error, "step", len(moves) - 1)
         moves = moves[: step + 1]
     else:
@@ -105,18 +105,19 @@ def kill(bug: str, bounds: Bounds, backend: str, base: settings, *, walk_seconds
             seconds = result.seconds + (time.perf_counter() - walk_start)
             moves = walked.failure.moves[: walked.failure.step + 1]
             prompts = walked.failure.prompts
-            sampling = walked.failure.sampling
+            sampling, sampling_seed = walked.failure.sampling, walked.failure.sampling_seed
     if moves is None:
         return Kill(bug, False, None, config, None, None, None, None, None)
 
     def fails(candidate: list[Move]) -> bool:
         with faults.planted(bug):
             return replay(bounds, backend, prompts, candidate, config=config,
-                          sampling=sampling).status == FAILS
+                          sampling=sampling, sampling_seed=sampling_seed).status == FAILS
 
     small = shrink(list(moves), fails) if shrinking else list(moves)
     with faults.planted(bug):
-        outcome = replay(bounds, backend, prompts, small, config=config, sampling=sampling)
+        outcome = replay(bounds, backend, prompts, small, config=config, sampling=sampling,
+                         sampling_seed=sampling_seed)
     d = outcome.divergence
     if d is not None and d.kind == "harness":
         return Kill(bug, False, by, config, None, f"{d.message}"[:300], examples, None, None)
@@ -124,7 +125,8 @@ def kill(bug: str, bounds: Bounds, backend: str, base: settings, *, walk_seconds
     if trace_dir is not None and d is not None:
         states = model_states(bounds, small)
         trace = itf.to_itf(bounds, backend, prompts, small, states, failure=d, bug=bug,
-                           seed=seed, config=config, sampling=sampling)
+                           seed=seed, config=config, sampling=sampling,
+                           sampling_seed=sampling_seed)
         name = bug if config == CONFIGS[backend][0] else f"{bug}-{config}"
         path = str(itf.write(Path(trace_dir) / f"{name}.itf.json", trace))
     return Kill(bug, outcome.status == FAILS, by, config,

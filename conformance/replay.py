@@ -45,9 +45,11 @@ def replay(
     claimed: Sequence[dict[str, Any]] | None = None,
     config: str | None = None,
     sampling: str = "greedy",
+    sampling_seed: int = 0,
 ) -> Outcome:
     """Run `moves` in lockstep; `claimed[i]` is the trace's encoded model state after move i."""
-    ls = Lockstep(bounds, backend, prompts, config=config, sampling=sampling)
+    ls = Lockstep(bounds, backend, prompts, config=config, sampling=sampling,
+                  sampling_seed=sampling_seed)
     rows: list[Row] = []
     try:
         for i, move in enumerate(moves):

@@ -50,6 +50,7 @@ class FailedWalk:
     message: str
     step: int
     sampling: str = "greedy"
+    sampling_seed: int = 0
 
     @property
     def error(self) -> Divergence:
@@ -79,10 +80,11 @@ class Executor:
 
     def run(self, walk: Walk) -> WalkResult:
         rng = walk_rng(self.seed, walk.id)
-        prompts = prompts_from(rng.randrange(64), self.bounds.requests)
+        base = rng.randrange(64)
+        prompts = prompts_from(base, self.bounds.requests)
         sampling = rng.choice(SAMPLERS)
         ls = Lockstep(self.bounds, self.backend, prompts, refused=self.refused,
-                      config=self.config, sampling=sampling)
+                      config=self.config, sampling=sampling, sampling_seed=base)
         try:
             for action in walk.actions:
                 while rng.random() < DEVICE_MOVES:
@@ -93,7 +95,7 @@ class Executor:
                 ls.act(action)
         except Divergence as d:
             failed = FailedWalk(walk.id, ls.prompts, list(ls.moves), list(ls.states), d.kind,
-                                d.message, d.step, sampling)
+                                d.message, d.step, sampling, base)
             return WalkResult(walk.id, len(ls.moves), failed)
         finally:
             ls.close()

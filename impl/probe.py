@@ -4,14 +4,15 @@
     seeded:  next_token(token, pos) = perm[(x + c) mod V], c in {0, 1} drawn from
              (sampling seed, request, pos): the request's draw, never the row's or the step's
 
-`perm` is a fixed seeded permutation of the vocabulary. Row x of the logits table holds 2 at
-perm[x mod V], 1 at perm[(x + 1) mod V] and 0 elsewhere: argmax takes the first; the seeded
-sampler (top-k 2) takes the first or the second by its draw. For a fixed position and draw the
-map from the input token to the output is a bijection, so any stale input id (a placeholder, the
-previous step's token, a row read at the wrong index) yields a different output, and the error
-propagates to every later token of that request; and a draw keyed by anything but (request,
-position) yields a different output wherever it picks the other choice. That is what makes an
-end-to-end token comparison a real check of the mirrored ids and of the sampler's keying.
+`perm` is a fixed seeded permutation of the vocabulary. Row x of the logits table holds 1 at
+perm[x mod V], 127/128 at perm[(x + 1) mod V] (both exact in bfloat16) and 0 elsewhere: argmax
+takes the first; the seeded sampler (top-k 2) takes either, about evenly, by its draw. For a
+fixed position and draw, the map from the input token to the output is a bijection, so any stale
+input id (a placeholder, the previous step's token, a row read at the wrong index) yields a
+different output, and the error propagates to every later token of that request; and a draw
+keyed by anything but (request, position) yields a different output wherever it picks the other
+choice. That is what makes an end-to-end token comparison a real check of the mirrored ids and
+of the sampler's keying.
 """
 
 from __future__ import annotations
@@ -47,14 +48,18 @@ SAMPLING_K = 2
 """Top-k of the seeded probe: exactly the table's two choices."""
 
 
+FIRST, SECOND = 1.0, 127 / 128
+"""The two choices' logits: distinct, so the order is strict; close, so the draw is even."""
+
+
 def logits_table(spec: ProbeSpec) -> torch.Tensor:
-    """[V + P, V] float32: row x holds 2 at perm[x mod V], 1 at perm[(x + 1) mod V]."""
+    """[V + P, V] float32: row x holds FIRST at perm[x mod V], SECOND at perm[(x + 1) mod V]."""
     perm = permutation(spec)
     rows = spec.vocab + spec.max_positions
     table = torch.zeros(rows, spec.vocab, dtype=torch.float32)
     x = torch.arange(rows)
-    table[x, torch.tensor([perm[(i + 1) % spec.vocab] for i in range(rows)])] = 1.0
-    table[x, torch.tensor([perm[i % spec.vocab] for i in range(rows)])] = 2.0
+    table[x, torch.tensor([perm[(i + 1) % spec.vocab] for i in range(rows)])] = SECOND
+    table[x, torch.tensor([perm[i % spec.vocab] for i in range(rows)])] = FIRST
     return table
 
 

@@ -172,7 +172,8 @@ def _walk(ns: argparse.Namespace, bounds: Bounds, cov: Coverage) -> tuple[Report
         return walked, None
     trace = itf.to_itf(bounds, ns.backend, failed.prompts, failed.moves, failed.states,
                        failure=failed.error, bug=faults.current(), seed=ns.seed,
-                       config=ns.config, sampling=failed.sampling)
+                       config=ns.config, sampling=failed.sampling,
+                       sampling_seed=failed.sampling_seed)
     name = f"walk-{ns.backend}-{ns.config}-seed{ns.seed}-walk{failed.walk}.itf.json"
     return walked, _Failure(itf.write(Path(ns.traces) / name, trace), str(failed.error))
 
@@ -250,7 +251,8 @@ def cmd_replay(ns: argparse.Namespace) -> int:
     try:
         with faults.planted(bug):
             outcome = replay(loaded.bounds, backend, loaded.prompts, loaded.moves,
-                             claimed=loaded.states[1:], config=config, sampling=loaded.sampling)
+                             claimed=loaded.states[1:], config=config, sampling=loaded.sampling,
+                             sampling_seed=loaded.sampling_seed)
     except (ValueError, KeyError, IndexError) as e:
         raise UsageError(f"{ns.trace} is not for this model: {e}") from None
     if outcome.status == INVALID:
