@@ -172,7 +172,9 @@ class Lockstep:
     @property
     def observation(self) -> str:
         """What the abstraction can see: device data, or (on a chip) host state only."""
-        if self.backend == "tt" and self.device is not None and not self.emulated():
+        if self.backend == "cpu":
+            return "mirror data on the host: combine output and slot content as each returns"
+        if self.device is not None and not self.emulated():
             return "host state only: a chip's memory has no view (consumed and content erased)"
         return "device data: combine output and slot content as each command completes"
 

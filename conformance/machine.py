@@ -77,7 +77,7 @@ class Recorder:
                                       ls.sampling, ls.sampling_seed)
 
 
-RULE_WEIGHTS: dict[str, float] = {"abort": 0.1, "finish": 0.3, "preempt": 0.3}
+RULE_WEIGHTS: dict[str, float] = {"abort": 0.1, "finish": 0.3, "preempt": 0.6}
 """Chance that a selected rule acts: events that close or set back a request would otherwise
 end most examples within a few steps, long before a request decodes from the mirror."""
 
@@ -98,7 +98,23 @@ def _action_rule(name: str) -> Any:
         return enabled(rule(data=st.data())(perform))
     # A second argument also sorts the rule after the one-argument rules (Hypothesis orders rules
     # by arity, then name), so the simplest examples make progress before they close a request.
-    return enabled(rule(data=st.data(), chance=st.integers(0, 99))(perform))
+    # sampled_from draws uniformly while generating (integers favour small and edge values).
+    return enabled(rule(data=st.data(), chance=st.sampled_from(range(100)))(perform))
+
+
+def _any_action_rule() -> Any:
+    def any_action(self: Any, data: st.DataObject, chance: int = 0) -> None:
+        """Some enabled model action, the rare ones (`RULE_WEIGHTS`) at their weight: the rule
+        swarm testing cannot starve of progress by switching one action's rule off."""
+        actions = [
+            a for a in self.ls.enabled()
+            if chance < 100 * RULE_WEIGHTS.get(a.name, 1.0)
+        ]
+        if actions:
+            self.ls.act(data.draw(st.sampled_from(actions), label="any_action"))
+
+    enabled = precondition(lambda self: self.ls is not None and bool(self.ls.enabled()))
+    return enabled(rule(data=st.data(), chance=st.sampled_from(range(100)))(any_action))
 
 
 def _device_rule(cq: int) -> Any:
@@ -182,6 +198,7 @@ def machine(bounds: Bounds, backend: str, recorder: Recorder, config: str | None
     Conformance.idle = idle  # type: ignore[attr-defined]
     for name in ALL_ACTIONS:
         setattr(Conformance, name, _action_rule(name))
+    Conformance.any_action = _any_action_rule()  # type: ignore[attr-defined]
     for cq in (0, 1):
         setattr(Conformance, f"device_step_cq{cq}", _device_rule(cq))
         setattr(Conformance, f"device_effect_cq{cq}", _effect_rule(cq))

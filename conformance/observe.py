@@ -81,6 +81,8 @@ class DeviceObserver:
     def next_effect(self, cq: int) -> Any | None:
         """The next command on `cq` that makes a model effect exist, if it can be reached by
         completing `cq`'s commands in order now (each ready, or waiting on one before it)."""
+        if cq >= len(self.device.queues):
+            return None  # a one-queue device
         earlier: set[int] = set()
         for command in self.device.queues[cq]:
             if not command.ready() and (

@@ -76,7 +76,11 @@ class TtMirror:
     def _decode_step(self, slot: int) -> None:
         """The device work of one step: combine from the previous slot, forward, sample."""
         self.combiner.enqueue(self._source(slot))
-        self.model.forward(self.combiner.input_ids, self.combiner.positions, self.ring[slot])
+        self.model.forward(self.combiner.input_ids, self.combiner.positions, self._target(slot))
+
+    def _target(self, slot: int) -> ttnn.Tensor:
+        """The slot step's sampler writes."""
+        return self.ring[0 if faults.active("ring-reuse-k1") else slot]  # planted: K=1 reuse
 
     def _source(self, slot: int) -> ttnn.Tensor:
         """The slot the combine for `slot` reads: the previous step's."""
@@ -100,8 +104,7 @@ class TtMirror:
         if self.traces is not None:
             self.traces.replay(slot)
         else:
-            target = self.ring[0 if faults.active("ring-reuse-k1") else slot]
-            self.model.forward(self.combiner.input_ids, self.combiner.positions, target)
+            self.model.forward(self.combiner.input_ids, self.combiner.positions, self._target(slot))
         if self.readback_cq != COMPUTE_CQ:
             self._launched[slot] = ttnn.record_event(self.device, cq_id=COMPUTE_CQ)
         self.launches += 1

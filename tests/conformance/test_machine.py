@@ -1,6 +1,7 @@
-"""The state machine in the ci profile, in lockstep with the model, on the emulated TT device and
-on the cpu backend: it passes, it is not vacuous (every model action ran), and coverage is
-recorded against the exhaustive graph."""
+"""The state machine in the ci profile, in lockstep with the model, on the emulated TT device in
+each configuration and on the cpu backend: it passes, it is not vacuous (every model action ran,
+both samplers ran, device effects were compared as they completed), and coverage is recorded
+against the exhaustive graph, per configuration."""
 
 from __future__ import annotations
 
@@ -13,20 +14,54 @@ from ttmirror.conformance.lockstep import Lockstep
 from ttmirror.model.explore import Exploration
 from ttmirror.model.state import Bounds
 
+RUNS = [("tt", "eager-2cq"), ("tt", "eager-1cq"), ("tt", "traced"), ("cpu", "host")]
 
-@pytest.mark.parametrize("backend", ["tt", "cpu"])
-def test_state_machine_conforms_in_ci_profile(backend: str, default_run: Exploration) -> None:
+
+@pytest.mark.parametrize(("backend", "config"), RUNS)
+def test_state_machine_conforms_in_ci_profile(backend: str, config: str,
+                                              default_run: Exploration) -> None:
     cov = Coverage(default_run)
-    result = campaign.run(Bounds(), backend, profiles.profile("ci"), on_run=cov.record)
+    samplers: set[str] = set()
+    compared = [0]
+
+    def record(ls: Lockstep) -> None:
+        cov.record(ls)
+        samplers.add(ls.sampling)
+        observer = ls.observer
+        if observer is not None:
+            compared[0] += len(observer.observed.consumed) + len(observer.observed.content)
+
+    result = campaign.run(Bounds(), backend, profiles.profile("ci"), on_run=record,
+                          config=config)
     assert not result.failed, result.error
+    assert result.config == config and "combine output and slot content" in result.observation
     assert result.examples >= 100 and result.steps > 1000
+    assert samplers == {"seeded", "greedy"}
+    assert compared[0] > 1000  # combine outputs and slot contents really were compared
+    assert cov.actions_covered == 1.0, sorted(cov.actions)
+    if config not in ("eager-2cq", "host"):
+        return  # walks for the default configurations only: CI's time is the limit
     # Uniform rules rarely stop-check a request between its apply and its next schedule; the
     # guided walks target what the rules left uncovered.
     hypothesis_edges = len(cov.edges)
-    walked = walks.run(cov, backend, seed=0, until=1.0, seconds=15)
+    walked = walks.run(cov, backend, seed=0, until=1.0, seconds=15, config=config)
     assert walked.failure is None and walked.walks > 0
-    assert cov.actions_covered == 1.0, sorted(cov.actions)
     assert hypothesis_edges < len(cov.edges) < cov.total_edges
+
+
+def test_the_longer_bound_conforms_and_reaches_a_third_mirrored_step() -> None:
+    # With three tokens per request, a row's previous-row map and the row it had two steps
+    # back can differ: the bound where a map built from the last applied step goes wrong.
+    reached = [0]
+
+    def record(ls: Lockstep) -> None:
+        if ls.runner.stats["row_moves"] and any(len(r.delivered) >= 3 for r in
+                                                 ls.runner.requests.values()):
+            reached[0] += 1
+
+    result = campaign.run(Bounds(max_tokens=3), "tt", profiles.profile("ci"), on_run=record)
+    assert not result.failed, result.error
+    assert reached[0] > 0
 
 
 @pytest.mark.parametrize("config", ["eager-2cq", "eager-1cq", "traced"])

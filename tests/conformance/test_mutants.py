@@ -1,5 +1,6 @@
-"""Every planted bug is killed, and its shrunk regression trace fails with the bug and passes
-without it."""
+"""Every planted bug is killed in every configuration where it can occur, by the check the kill
+matrix names; its shrunk regression trace fails with the bug, conforms without it, and (for the
+device half) fails the moment the wrong data exists on the device."""
 
 from __future__ import annotations
 
@@ -7,17 +8,33 @@ from pathlib import Path
 
 import pytest
 
-from ttmirror.conformance import itf, mutants, profiles
+from ttmirror.conformance import abstraction, itf, mutants, profiles
+from ttmirror.conformance.configs import CONFIGS
 from ttmirror.conformance.replay import CONFORMS, FAILS, replay
 from ttmirror.impl import faults
 from ttmirror.model.explore import Exploration
 from ttmirror.model.state import Bounds
 
 REGRESSIONS = Path(__file__).parent.parent / "regressions"
+DATA_BUGS = sorted(faults.DEVICE_HALF - {"stage-cq1-no-event"})
+"""Device-half bugs that change what the device computes (the other one is a race)."""
+KILLS = [
+    (backend, config, bug)
+    for backend in ("tt", "cpu")
+    for config in CONFIGS[backend]
+    for bug in sorted(faults.BUGS)
+    if mutants.applies(bug, backend, config)
+]
 
 
-def test_catalog_has_at_least_eight_bugs_and_a_trace_each() -> None:
-    assert len(faults.BUGS) >= 8
+def _replay(trace: itf.Loaded, moves: list | None = None) -> str:  # type: ignore[type-arg]
+    return replay(trace.bounds, trace.backend, trace.prompts,
+                  trace.moves if moves is None else moves, config=trace.config,
+                  sampling=trace.sampling, sampling_seed=trace.sampling_seed).status
+
+
+def test_catalog_has_every_bug_class_and_a_trace_each() -> None:
+    assert len(faults.BUGS) >= 20 and len(faults.DEVICE_HALF) >= 8
     assert {p.name.removesuffix(".itf.json") for p in REGRESSIONS.glob("*.itf.json")} == set(
         faults.BUGS
     )
@@ -28,22 +45,68 @@ def test_regression_trace_fails_with_its_bug_and_passes_without(bug: str) -> Non
     trace = itf.load(REGRESSIONS / f"{bug}.itf.json")
     assert trace.meta["bug"] == bug
     with faults.planted(bug):
-        on = replay(trace.bounds, trace.backend, trace.prompts, trace.moves, trace.states[1:])
-    off = replay(trace.bounds, trace.backend, trace.prompts, trace.moves, trace.states[1:])
+        on = replay(trace.bounds, trace.backend, trace.prompts, trace.moves, trace.states[1:],
+                    config=trace.config, sampling=trace.sampling,
+                    sampling_seed=trace.sampling_seed)
+    off = replay(trace.bounds, trace.backend, trace.prompts, trace.moves, trace.states[1:],
+                 config=trace.config, sampling=trace.sampling, sampling_seed=trace.sampling_seed)
     assert on.status == FAILS, on.reason
     assert off.status == CONFORMS, off.rows[-1:]
 
 
-@pytest.mark.parametrize("bug", sorted(faults.BUGS))
-def test_suite_kills_bug(bug: str, default_run: Exploration, tmp_path: Path) -> None:
-    kill = mutants.kill(bug, Bounds(), "tt", profiles.profile("ci"), walk_seconds=60,
-                        trace_dir=tmp_path, explored=lambda: default_run)
-    assert kill.killed, kill
-    assert kill.trace is not None and kill.trace_len is not None and kill.trace_len <= 40
+@pytest.mark.parametrize("bug", DATA_BUGS)
+def test_device_half_traces_fail_when_the_wrong_data_comes_into_being(bug: str) -> None:
+    trace = itf.load(REGRESSIONS / f"{bug}.itf.json")
+    failure = trace.meta["failure"]
+    assert "(device data)" in failure["message"]
+    assert failure["step"] == len(trace.moves)  # the last move, not a readback or apply later
+    assert trace.moves[-1].kind == "device"  # the command whose completion wrote it
     with faults.planted(bug):
-        again = replay(Bounds(), "tt", itf.load(Path(kill.trace)).prompts,
-                       itf.load(Path(kill.trace)).moves)
-    assert again.status == FAILS
+        assert _replay(trace) == FAILS
+        assert _replay(trace, trace.moves[:-1]) == CONFORMS  # nothing showed before that move
+
+
+@pytest.mark.parametrize(("backend", "config", "bug"), KILLS)
+def test_suite_kills_bug_in_every_configuration(backend: str, config: str, bug: str,
+                                                default_run: Exploration, tmp_path: Path) -> None:
+    default = (backend, config) == ("tt", CONFIGS["tt"][0])
+    bounds = mutants.bounds_for(bug, Bounds())
+    explored = (lambda: default_run) if bounds == Bounds() else None
+    kill = mutants.kill(bug, bounds, backend, profiles.profile("ci"), walk_seconds=60,
+                        trace_dir=tmp_path, explored=explored, config=config,
+                        shrinking=default)
+    assert kill.killed and kill.harness_error is None, kill
+    assert kill.layer in mutants.LAYERS and kill.examples is not None
+    if bug in DATA_BUGS:
+        assert kill.layer == "device data", kill
+    assert kill.trace is not None
+    if default:
+        assert kill.trace_len is not None and kill.trace_len <= 40
+    loaded = itf.load(Path(kill.trace))
+    assert loaded.config == config
+    with faults.planted(bug):
+        assert _replay(loaded) == FAILS
+
+
+def test_a_harness_error_is_not_a_kill(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    def broken(*args: object) -> object:
+        raise KeyError("the harness's own bug")
+
+    monkeypatch.setattr("ttmirror.conformance.lockstep.abstract", broken)
+    kill = mutants.kill("where-swapped", Bounds(), "tt", profiles.profile("ci"), walk_seconds=1,
+                        trace_dir=tmp_path, shrinking=False)
+    assert not kill.killed and kill.layer is None
+    assert kill.harness_error is not None and "the harness's own bug" in kill.harness_error
+
+
+def test_layers_name_the_check() -> None:
+    assert mutants.layer("state", "queue[0].rows[1].consumed (device data): ...") == "device data"
+    assert mutants.layer("state", "requests[0].delivered: ...") == "host state"
+    assert mutants.layer("accepted", "...") == "refusal"
+    assert mutants.layer("hazard:read-after-write", "...") == "hazard"
+    assert mutants.layer("invariant", "...") == "model invariant"
+    assert mutants.layer("harness", "...") is None
+    assert abstraction.PENDING == "pending"
 
 
 def test_bugs_are_inert_when_off() -> None:
