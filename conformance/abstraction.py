@@ -248,17 +248,13 @@ def status_name(status: runner.Status) -> str:
 
 
 def diff(expected: Abstract, got: Abstract) -> list[str]:
-    """Readable differences, field by field (model first, implementation second)."""
+    """Readable differences, field by field (model first, implementation second): the queue
+    first, so a combine's output is named before the slot the sampler then wrote from it."""
     out: list[str] = []
     for name in ("allocated", "next_slot"):
         a, b = getattr(expected, name), getattr(got, name)
         if a != b:
             out.append(f"{name}: model {a} != impl {b}")
-    for k, (a, b) in enumerate(zip(expected.slots, got.slots, strict=True)):
-        if a[0] != b[0]:
-            out.append(f"slots[{k}].content (device data): model {a[0]} != impl {b[0]}")
-        if a[1] != b[1]:
-            out.append(f"slots[{k}].released: model {a[1]} != impl {b[1]}")
     if len(expected.queue) != len(got.queue):
         out.append(f"queue length: model {len(expected.queue)} != impl {len(got.queue)}")
     for q, (a, b) in enumerate(zip(expected.queue, got.queue, strict=False)):
@@ -275,6 +271,11 @@ def diff(expected: Abstract, got: Abstract) -> list[str]:
                         out.append(f"queue[{q}].rows[{i}]: model {rx[:4]} != impl {ry[:4]}")
                 continue
             out.append(f"queue[{q}].{f}: model {x} != impl {y}")
+    for k, (a, b) in enumerate(zip(expected.slots, got.slots, strict=True)):
+        if a[0] != b[0]:
+            out.append(f"slots[{k}].content (device data): model {a[0]} != impl {b[0]}")
+        if a[1] != b[1]:
+            out.append(f"slots[{k}].released: model {a[1]} != impl {b[1]}")
     for r, (a, b) in enumerate(zip(expected.requests, got.requests, strict=True)):
         for f in ARequest._fields:
             if getattr(a, f) != getattr(b, f):

@@ -13,5 +13,9 @@ from ttmirror.model.state import Bounds
 
 TestConformanceTT = machine(Bounds(), "tt", Recorder()).TestCase
 TestConformanceTT.settings = profile("dev")
+TestConformanceTTOneQueue = machine(Bounds(), "tt", Recorder(), "eager-1cq").TestCase
+TestConformanceTTOneQueue.settings = profile("dev")
+TestConformanceTTTraced = machine(Bounds(), "tt", Recorder(), "traced").TestCase
+TestConformanceTTTraced.settings = profile("dev")
 TestConformanceCpu = machine(Bounds(), "cpu", Recorder()).TestCase
 TestConformanceCpu.settings = profile("dev")

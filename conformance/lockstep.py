@@ -280,6 +280,17 @@ class Lockstep:
             self._fail(_kind(e), f"device(cq={cq}): {type(e).__name__}: {e}", step)
         self.check(step)
 
+    def perform(self, move: Move) -> None:
+        """Perform one recorded move (what a replay does, move by move)."""
+        if move.kind == "act":
+            self.act(move.action)
+        elif move.kind == "device" and move.action.name == EFFECT:
+            self.advance_to_effect(move.action.args[0])
+        elif move.kind == "device":
+            self.advance_device(move.action.args[0])
+        else:
+            self.refuse(move.action)
+
     def effect_ready(self, cq: int) -> bool:
         """A model effect (combine output, sampler write) can be made to exist on `cq` now."""
         observer = self.observer

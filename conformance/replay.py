@@ -57,14 +57,7 @@ def replay(
             if reason is not None:
                 return Outcome(INVALID, rows, reason=f"move {i + 1} ({move.label()}): {reason}")
             try:
-                if move.kind == "act":
-                    ls.act(move.action)
-                elif move.kind == "device" and move.action.name == EFFECT:
-                    ls.advance_to_effect(move.action.args[0])
-                elif move.kind == "device":
-                    ls.advance_device(move.action.args[0])
-                else:
-                    ls.refuse(move.action)
+                ls.perform(move)
             except Divergence as d:
                 rows.append(Row(i + 1, move.label(), f"DIVERGES: {d.kind}: {d.message}"))
                 return Outcome(FAILS, rows, divergence=d)

@@ -10,6 +10,7 @@ import pytest
 
 from ttmirror.conformance import abstraction, itf, mutants, profiles
 from ttmirror.conformance.configs import CONFIGS
+from ttmirror.conformance.lockstep import Divergence, Lockstep
 from ttmirror.conformance.replay import CONFORMS, FAILS, replay
 from ttmirror.impl import faults
 from ttmirror.model.explore import Exploration
@@ -54,16 +55,42 @@ def test_regression_trace_fails_with_its_bug_and_passes_without(bug: str) -> Non
     assert off.status == CONFORMS, off.rows[-1:]
 
 
+def _effects(trace: itf.Loaded, moves: list) -> set[tuple[str, int]]:  # type: ignore[type-arg]
+    """The device effects (combine outputs, sampler writes, by step) that came into being
+    during `moves` (a slot's content is overwritten later, so it is collected move by move)."""
+    ls = Lockstep(trace.bounds, trace.backend, trace.prompts, config=trace.config,
+                  sampling=trace.sampling, sampling_seed=trace.sampling_seed)
+    effects: set[tuple[str, int]] = set()
+    try:
+        for move in moves:
+            diverged = False
+            try:
+                ls.perform(move)
+            except Divergence:
+                diverged = True  # the effect exists all the same: collect it, then stop
+            if ls.observer is not None:  # it exists once the ring is allocated
+                seen = ls.observer.observed
+                effects |= {("combine", n) for n in seen.consumed}
+                effects |= {("sampler", n) for n, _ in seen.content.values()}
+            if diverged:
+                break
+        return effects
+    finally:
+        ls.close()
+
+
 @pytest.mark.parametrize("bug", DATA_BUGS)
 def test_device_half_traces_fail_when_the_wrong_data_comes_into_being(bug: str) -> None:
     trace = itf.load(REGRESSIONS / f"{bug}.itf.json")
     failure = trace.meta["failure"]
-    assert "(device data)" in failure["message"]
-    assert failure["step"] == len(trace.moves)  # the last move, not a readback or apply later
-    assert trace.moves[-1].kind == "device"  # the command whose completion wrote it
+    assert "(device data)" in failure["message"].split(";")[0]  # the first thing that differs
+    assert failure["step"] == len(trace.moves)
     with faults.planted(bug):
         assert _replay(trace) == FAILS
         assert _replay(trace, trace.moves[:-1]) == CONFORMS  # nothing showed before that move
+        # ... and the failing move is the one in which the wrong data came into being: a
+        # combine output or a sampler write that did not exist before it (not a later read).
+        assert _effects(trace, trace.moves) > _effects(trace, trace.moves[:-1])
 
 
 @pytest.mark.parametrize(("backend", "config", "bug"), KILLS)
