@@ -13,9 +13,9 @@ model                  implementation                               note
 allocated, next_slot   same fields                                  exact
 queue[q].slot,         StepView.slot, src_slot, phase               exact; phases by name
 src_slot, phase
-queue[q].rows[i]       RowView(req, pos, prev_row, live)            a dropped row (live False)
+queue[q].rows[i]       RowView(req, pos, prev_row, live, partial)   a dropped row (live False)
 req, pos, prev_row,                                                 maps to the model's DEAD_ROW
-live
+live, partial
 rows[i].consumed       the combine's output ids (device data),      once its command completed;
                        copied when the command completes            before that, None on both
                                                                     sides; id -> token below
@@ -25,7 +25,7 @@ slots[k].content       the slot's ids (device data), copied when    once the sam
                        released; None when never written            sides; id -> token below
 slots[k].released      SlotView.released                            exact
 requests[r]            RequestView(status, delivered, closed_at,    absent from the view = ABSENT;
-                       unchecked, preemptions)                      statuses by name; delivered
+                       unchecked, preemptions, prefill_left)        statuses by name; delivered
                                                                     ids -> tokens
 broken                 (ghost, no counterpart)                      checked as a model invariant
 =====================  ===========================================  ==============================
@@ -40,8 +40,9 @@ An id read for a row of request r at position p maps to ``(r, p)`` when it equal
 id there, to PLACEHOLDER when it is the host's placeholder (-1 as uint32), and to GARBAGE
 otherwise. The probe's step is a bijection of the input id at each position, so a stale input
 never yields the right id by chance. Slot content follows the model's `_drop`: a token of request
-r in a slot written by step n is GARBAGE once r was finished, aborted or preempted after step n
-was scheduled (its row was dropped, or its token scrubbed).
+r in a slot written by step n is GARBAGE once r was finished, aborted or preempted (drop policy)
+after step n was scheduled (its row was dropped, or its token scrubbed). A partial-prefill row's
+sampled id is GARBAGE in the slot and the host copy: it is no token of the sequence.
 """
 
 from __future__ import annotations
@@ -58,11 +59,11 @@ PENDING = "pending"
 """A slot's content while the sampler that writes it has not completed on the device."""
 UINT32 = 0xFFFFFFFF
 
-type ARow = tuple[int, int, int | None, bool, Token | None]
-"""(req, pos, prev_row, live, consumed)."""
+type ARow = tuple[int, int, int | None, bool, Token | None, bool]
+"""(req, pos, prev_row, live, consumed, partial)."""
 type Content = tuple[Token, ...] | str | None
 
-DEAD: ARow = (-1, 0, None, False, None)
+DEAD: ARow = (-1, 0, None, False, None, False)
 """The model's DEAD_ROW, projected."""
 
 
@@ -82,6 +83,7 @@ class ARequest(NamedTuple):
     closed_at: int | None
     unchecked: bool
     preemptions: int
+    prefill_left: int
 
 
 class Abstract(NamedTuple):
@@ -113,8 +115,11 @@ class Context:
     """references[r][p - 1] is the id at position p of request r (p >= 1)."""
     layouts: dict[int, tuple[tuple[int, int], ...]] = field(default_factory=dict)
     """Step number -> (req, pos) per row, as scheduled (kept after the step retires)."""
+    partials: dict[int, frozenset[int]] = field(default_factory=dict)
+    """Step number -> its partial-prefill rows."""
     drops: list[tuple[int, int]] = field(default_factory=list)
-    """(request, steps scheduled so far) at each finish, abort or preemption."""
+    """(request, steps scheduled so far) at each finish, abort or preemption (drop policy)."""
+    prefill_chunks: int = 1
 
     def id_at(self, req: int, pos: int) -> int | None:
         if pos == 0:
@@ -143,7 +148,7 @@ def project(s: State, seen: Seen) -> Abstract:
             src_slot=step.src_slot,
             phase=step.phase.name,
             rows=tuple(
-                (r.req, r.pos, r.prev_row, r.live, r.consumed if combined else None)
+                (r.req, r.pos, r.prev_row, r.live, r.consumed if combined else None, r.partial)
                 if r.live else DEAD
                 for r in step.rows
             ),
@@ -161,7 +166,8 @@ def project(s: State, seen: Seen) -> Abstract:
         queue=tuple(queue),
         slots=tuple(slots),
         requests=tuple(
-            ARequest(r.status.name, r.delivered, r.closed_at, r.unchecked, r.preemptions)
+            ARequest(r.status.name, r.delivered, r.closed_at, r.unchecked, r.preemptions,
+                     r.prefill_left)
             for r in s.requests
         ),
     )
@@ -188,7 +194,8 @@ def abstract(view: RunnerView, context: Context, observed: Observed | None, seen
         host_copy = None
         if step.host_copy is not None:
             host_copy = tuple(
-                context.token(row.req, row.pos + 1, value) if row.live else GARBAGE
+                context.token(row.req, row.pos + 1, value)
+                if row.live and not row.partial else GARBAGE
                 for row, value in zip(step.rows, step.host_copy, strict=True)
             )
         queue.append(AStep(
@@ -213,11 +220,12 @@ def abstract(view: RunnerView, context: Context, observed: Observed | None, seen
     for r in range(len(context.prompts)):
         rv = view.requests.get(r)
         if rv is None:
-            requests.append(ARequest(Status.ABSENT.name, (), None, False, 0))
+            requests.append(ARequest(Status.ABSENT.name, (), None, False, 0,
+                                     context.prefill_chunks - 1))
             continue
         delivered = tuple(context.token(r, i + 1, v) for i, v in enumerate(rv.delivered))
         requests.append(ARequest(status_name(rv.status), delivered, rv.closed_at, rv.unchecked,
-                                 rv.preemptions))
+                                 rv.preemptions, rv.prefill_left))
     return Abstract(view.allocated, view.next_slot, tuple(queue), tuple(slots), tuple(requests))
 
 
@@ -225,15 +233,17 @@ def _row(context: Context, row: RowView, consumed: tuple[int, ...] | None, i: in
     if not row.live:
         return DEAD
     token = None if consumed is None else context.token(row.req, row.pos, consumed[i])
-    return (row.req, row.pos, row.prev_row, True, token)
+    return (row.req, row.pos, row.prev_row, True, token, row.partial)
 
 
 def _content(context: Context, writer: int, ids: tuple[int, ...]) -> tuple[Token, ...]:
     """A slot's ids as the model's content: one token per row of the step that wrote it."""
     out = []
-    for (req, pos), value in zip(context.layouts[writer], ids, strict=False):
+    partial = context.partials.get(writer, frozenset())
+    for i, ((req, pos), value) in enumerate(zip(context.layouts[writer], ids, strict=False)):
         token = context.token(req, pos + 1, value)
-        out.append(GARBAGE if context.dropped_since(req, writer) or token[0] != req else token)
+        dropped = context.dropped_since(req, writer) or i in partial
+        out.append(GARBAGE if dropped or token[0] != req else token)
     return tuple(out)
 
 
@@ -267,8 +277,9 @@ def diff(expected: Abstract, got: Abstract) -> list[str]:
                     if rx[4] != ry[4]:
                         out.append(f"queue[{q}].rows[{i}].consumed (device data): model {rx[4]} "
                                    f"!= impl {ry[4]}")
-                    if rx[:4] != ry[:4]:
-                        out.append(f"queue[{q}].rows[{i}]: model {rx[:4]} != impl {ry[:4]}")
+                    if rx[:4] + rx[5:] != ry[:4] + ry[5:]:
+                        out.append(f"queue[{q}].rows[{i}] (req, pos, prev_row, live, partial): "
+                                   f"model {rx[:4] + rx[5:]} != impl {ry[:4] + ry[5:]}")
                 continue
             out.append(f"queue[{q}].{f}: model {x} != impl {y}")
     for k, (a, b) in enumerate(zip(expected.slots, got.slots, strict=True)):

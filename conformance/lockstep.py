@@ -132,6 +132,9 @@ class Lockstep:
         if bounds.release_at != "complete":
             raise ValueError("the implementation has no --release-at issue switch; plant the "
                              "release-at-issue bug instead")
+        if bounds.variant:
+            raise ValueError(f"the implementation has no --variant switch; plant the "
+                             f"{bounds.variant} bug instead")
         if backend not in BACKENDS:
             raise ValueError(f"unknown backend {backend!r}; choose one of: {', '.join(BACKENDS)}")
         config = check_config(backend, config)
@@ -152,12 +155,14 @@ class Lockstep:
         self.references = [
             ref.sequence(p, bounds.max_tokens + 1, request=r) for r, p in enumerate(self.prompts)
         ]
-        self.context = Context(self.prompts, self.references)
+        self.context = Context(self.prompts, self.references,
+                               prefill_chunks=bounds.prefill_chunks)
         self.device: Any = None
         self.runner = Runner(self._open_backend(backend), RunnerConfig(
             depth=bounds.depth, slots=bounds.slots, rows=max(1, bounds.requests),
             max_tokens=bounds.max_tokens, guard=bounds.guard, probe=probe,
-            trace=config == "traced",
+            trace=config == "traced", preempt_policy=bounds.preempt_policy,
+            prefill_chunks=bounds.prefill_chunks,
         ))
         self.observer: DeviceObserver | HostObserver | None = None
         """Sees device data as it comes into being; None before load, and on a chip."""
@@ -376,7 +381,11 @@ class Lockstep:
         elif action.name == "schedule":
             step = r.queue[-1]
             self.context.layouts[step.index] = tuple((row.req, row.pos) for row in step.rows)
-        elif action.name in DROPS:
+            self.context.partials[step.index] = frozenset(
+                i for i, row in enumerate(step.rows) if row.partial)
+        elif action.name in DROPS and not (
+            action.name == "preempt" and self.bounds.preempt_policy == "keep"
+        ):
             self.context.drops.append((action.args[0], r.steps))
         elif action.name in ("combine", "launch"):
             step = r.queue[action.args[0]]
@@ -403,7 +412,8 @@ class Lockstep:
             case "allocate":
                 r.allocate()
             case "arrive":
-                r.arrive(args[0], self.prompts[args[0]], max_tokens=self.bounds.max_tokens)
+                r.arrive(args[0], self.prompts[args[0]], max_tokens=self.bounds.max_tokens,
+                         host_sync=A.is_host_sync(self.bounds, args[0]))
             case "schedule":
                 r.schedule(list(args))
             case "apply":

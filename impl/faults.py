@@ -45,6 +45,12 @@ BUGS: dict[str, str] = {
     "not the request",
     "sampler-keyed-by-step": "launch (tt): the seeded sampler's draw is keyed by a device step "
     "counter, not the position",
+    "resume-with-placeholder": "resume: a preempted request (keep) resumes while its in-flight "
+    "token is still owed, so its prefill reads a host placeholder",
+    "partial-prefill-feeds-mirror": "schedule: the previous-row map takes a partial-prefill "
+    "row, whose sampled id is discarded",
+    "host-sync-unguarded": "schedule: a host-sync request is scheduled while its step is in "
+    "flight, from host ids that lack its newest token",
 }
 """Bug id -> what goes wrong. Ids marked (tt) only exist on the tt backend."""
 
@@ -62,9 +68,13 @@ DEVICE_HALF = frozenset(
     }
 )
 """Bugs in what the device computes (the combine's ops and inputs), not the runner's books."""
-NEEDS_BOUNDS: dict[str, dict[str, int]] = {"prev-row-two-back": {"max_tokens": 3}}
+NEEDS_BOUNDS: dict[str, dict[str, int | bool]] = {
+    "prev-row-two-back": {"max_tokens": 3},
+    "partial-prefill-feeds-mirror": {"prefill_chunks": 2},
+    "host-sync-unguarded": {"host_sync": True},
+}
 """Bounds a bug needs to occur at all (beyond the defaults): a request must have a row in three
-steps for "two back" and "one back" to differ."""
+steps for "two back" and "one back" to differ; chunked prefill; a host-sync request."""
 TWO_QUEUES = frozenset({"readback-cq1-no-wait", "stage-cq1-no-event"})
 """Bugs that need a second command queue: they cannot occur in the one-queue configuration."""
 

@@ -83,10 +83,20 @@ class RunnerConfig:
     False reproduces the bug class (host placeholders reach the model); never serve with it."""
     probe: ProbeSpec = field(default_factory=ProbeSpec)
     trace: bool = False
+    preempt_policy: str = "keep"
+    """A preempted request's in-flight tokens: "keep" (vLLM's: delivered at apply; it resumes
+    only once it owns no placeholder) or "drop" (never delivered; recomputed after resume)."""
+    prefill_chunks: int = 1
+    """Chunks of each request's first prefill: all but the last are partial-prefill rows, whose
+    sampled id is discarded and never mirrored (1 = no chunking)."""
 
     def __post_init__(self) -> None:
         if self.depth not in (1, 2):
             raise ValueError(f"depth (max_concurrent_batches) must be 1 or 2, got {self.depth}")
+        if self.preempt_policy not in ("keep", "drop"):
+            raise ValueError(f"preempt_policy must be 'keep' or 'drop', got {self.preempt_policy!r}")
+        if self.prefill_chunks < 1:
+            raise ValueError(f"prefill_chunks must be 1 or more, got {self.prefill_chunks}")
 
 
 # --- read-only views (what abstract() returns) ----------------------------------------------------
@@ -99,7 +109,9 @@ class RowView(NamedTuple):
     prev_row: int | None
     """Row of `req` in the previous step's slot (the previous-row map); None = host ids."""
     live: bool
-    """False once its request finished, aborted or was preempted: its token is dropped."""
+    """False once its request finished, aborted or was preempted (drop): its token is dropped."""
+    partial: bool = False
+    """A partial-prefill row: it consumes a prompt chunk and its sampled id is discarded."""
 
 
 class StepView(NamedTuple):
@@ -131,6 +143,10 @@ class RequestView(NamedTuple):
     """A token was delivered and its stop check is not resolved yet (finish is allowed)."""
     preemptions: int
     max_tokens: int
+    prefill_left: int = 0
+    """Partial-prefill chunks of its first prefill still to schedule."""
+    host_sync: bool = False
+    """It needs its newest token on the host before its next step."""
 
 
 class RunnerView(NamedTuple):
@@ -153,6 +169,7 @@ class _Row:
     pos: int
     prev_row: int | None
     live: bool = True
+    partial: bool = False
 
 
 @dataclass
@@ -182,6 +199,8 @@ class _Request:
     closed_at: int | None = None
     unchecked: bool = False
     preemptions: int = 0
+    prefill_left: int = 0
+    host_sync: bool = False
 
 
 class Runner:
@@ -200,7 +219,8 @@ class Runner:
         self.stats: Counter[str] = Counter()
         """What happened: launches, overlapped_launches, mirror_rows, host_decode_rows, row_moves,
         slot_reuses,
-        dropped_rows, finish_in_flight, abort_in_flight, preempt_in_flight, resumed_prefills."""
+        dropped_rows, finish_in_flight, abort_in_flight, preempt_in_flight, resumed_prefills,
+        partial_rows, preempted_delivered, host_sync_held."""
 
     # --- derived values --------------------------------------------------------------------------
     @property
@@ -212,7 +232,20 @@ class Runner:
         return self.config.depth
 
     def live_rows(self, req: int) -> int:
-        return sum(row.live and row.req == req for step in self.queue for row in step.rows)
+        """In-flight rows of `req` that will deliver a token: its placeholders."""
+        return sum(
+            row.live and not row.partial and row.req == req
+            for step in self.queue for row in step.rows
+        )
+
+    def has_step_in_flight(self, req: int) -> bool:
+        """Some in-flight step holds a live row of `req`, partial-prefill rows included."""
+        return any(row.live and row.req == req for step in self.queue for row in step.rows)
+
+    def held_for_host(self, req: int) -> bool:
+        """A host-sync request waits for its step in flight to be applied."""
+        return (self.requests[req].host_sync and self.has_step_in_flight(req)
+                and not faults.active("host-sync-unguarded"))
 
     def next_pos(self, req: int) -> int:
         """Position of `req`'s newest token: delivered ones plus those still in flight."""
@@ -224,6 +257,7 @@ class Runner:
             r
             for r, req in sorted(self.requests.items())
             if req.status in (Status.WAITING, Status.RUNNING) and self.next_pos(r) < req.max_tokens
+            and not self.held_for_host(r)
         ]
 
     def can_schedule(self) -> bool:
@@ -253,8 +287,10 @@ class Runner:
             MirrorSpec(rows=c.rows, slots=c.slots, probe=c.probe, trace=c.trace)
         )
 
-    def arrive(self, req: int, prompt: int, *, max_tokens: int | None = None) -> None:
-        """Request `req` arrives with the last prompt token `prompt`; it waits for a step."""
+    def arrive(self, req: int, prompt: int, *, max_tokens: int | None = None,
+               host_sync: bool = False) -> None:
+        """Request `req` arrives with the last prompt token `prompt`; it waits for a step.
+        `host_sync`: it needs its newest token on the host before each next step."""
         self._need_allocated("arrive")
         if req in self.requests:
             status = self.requests[req].status.name
@@ -266,14 +302,16 @@ class Runner:
             raise ValueError(
                 f"arrive(r{req}): max_tokens {budget} must be in [1, probe.max_positions)"
             )
-        self.requests[req] = _Request(prompt=prompt, max_tokens=budget)
+        self.requests[req] = _Request(prompt=prompt, max_tokens=budget,
+                                      prefill_left=self.config.prefill_chunks - 1,
+                                      host_sync=host_sync)
 
     def finish(self, req: int) -> None:
         """The newest delivered token was a stop token: finish, dropping in-flight rows."""
         r = self._request("finish", req)
-        if r.status != Status.RUNNING or not r.unchecked:
+        if r.status in CLOSED or not r.unchecked:
             raise PhaseError(
-                f"finish(r{req}): needs RUNNING with a delivered token not yet stop-checked "
+                f"finish(r{req}): needs a delivered token not yet stop-checked "
                 f"(status {r.status.name}, unchecked {r.unchecked}); a stop is known only "
                 "right after the apply that delivered it"
             )
@@ -289,21 +327,32 @@ class Runner:
         r.status, r.closed_at, r.unchecked = Status.ABORTED, len(r.delivered), False
 
     def preempt(self, req: int) -> None:
-        """Preempted: its in-flight tokens are stale and will never be read from the ring."""
+        """Preempted: its in-flight tokens are delivered when applied (keep) or never read from
+        the ring (drop); it will prefill again in one step."""
         r = self._request("preempt", req)
         if r.status != Status.RUNNING:
             raise PhaseError(
                 f"preempt(r{req}): only RUNNING requests can be; it is {r.status.name}"
             )
-        self._drop(req, "preempt_in_flight")
-        r.status, r.unchecked = Status.PREEMPTED, False
+        if self.config.preempt_policy == "drop":
+            self._drop(req, "preempt_in_flight")
+        elif self.has_step_in_flight(req):
+            self.stats["preempt_in_flight"] += 1
+        r.status, r.unchecked, r.prefill_left = Status.PREEMPTED, False, 0
         r.preemptions += 1
 
     def resume(self, req: int) -> None:
-        """A preempted request waits again; it restarts from the host's delivered tokens."""
+        """A preempted request waits again, once it owns no placeholder (keep); it restarts
+        from the host's delivered tokens."""
         r = self._request("resume", req)
         if r.status != Status.PREEMPTED:
             raise PhaseError(f"resume(r{req}): it is {r.status.name}, not PREEMPTED")
+        owed = self.live_rows(req)
+        if owed and not faults.active("resume-with-placeholder"):
+            raise PhaseError(
+                f"resume(r{req}): it still owns {owed} placeholder(s): its in-flight token is "
+                "delivered first (apply), or its prefill would read a placeholder"
+            )
         r.status = Status.WAITING
 
     # --- step phases -----------------------------------------------------------------------------
@@ -334,7 +383,11 @@ class Runner:
                 "rows; admit fewer requests or raise rows"
             )
         prev = self.queue[-1] if self.queue else None
-        prev_rows = {row.req: i for i, row in enumerate(prev.rows) if row.live} if prev else {}
+        feeds = faults.active("partial-prefill-feeds-mirror")
+        prev_rows = {
+            row.req: i for i, row in enumerate(prev.rows)
+            if row.live and (feeds or not row.partial)  # a partial row's id is discarded
+        } if prev else {}
         if prev and faults.active("prev-row-skips-dropped"):
             prev_rows = {row.req: i for i, row in enumerate(r for r in prev.rows if r.live)}
         if prev and faults.active("prev-row-two-back"):
@@ -343,14 +396,19 @@ class Runner:
         guard = self.config.guard and not faults.active("guard-off")
         rows = []
         for i, r in enumerate(rows_order):
-            prev_row = prev_rows.get(r) if guard else None
+            req = self.requests[r]
+            # Arrived and resumed requests prefill from host ids, and a host-sync request's next
+            # input is built on the host: none of them reads the mirror.
+            from_host = req.status == Status.WAITING or req.host_sync
+            prev_row = prev_rows.get(r) if guard and not from_host else None
             if prev_row is not None and faults.active("prev-row-not-remapped"):
                 prev_row = i
             if prev_row is not None and prev_row != i:
                 self.stats["row_moves"] += 1
             if self.requests[r].status == Status.WAITING and self.requests[r].delivered:
                 self.stats["resumed_prefills"] += 1
-            rows.append(_Row(req=r, pos=self.next_pos(r), prev_row=prev_row))
+            rows.append(_Row(req=r, pos=self.next_pos(r), prev_row=prev_row,
+                             partial=req.prefill_left > 0))
         uses_mirror = any(row.prev_row is not None for row in rows)
         step = _Step(
             index=self.steps,
@@ -361,8 +419,15 @@ class Runner:
         self.queue.append(step)
         self.steps += 1
         self.next_slot = (self.next_slot + 1) % self.config.slots
+        for r, req in self.requests.items():
+            if r not in rows_order and req.host_sync and self.has_step_in_flight(r) and (
+                req.status in (Status.WAITING, Status.RUNNING)
+            ):
+                self.stats["host_sync_held"] += 1
         for r in rows_order:
-            self.requests[r].status, self.requests[r].unchecked = Status.RUNNING, False
+            req = self.requests[r]
+            req.status, req.unchecked = Status.RUNNING, False
+            req.prefill_left = max(req.prefill_left - 1, 0)
         return len(self.queue) - 1
 
     def combine(self, q: int) -> None:
@@ -385,6 +450,8 @@ class Runner:
             if not row.live:
                 continue  # dropped: what the device computes there is never delivered
             positions[i], requests[i] = row.pos, row.req
+            if row.partial:
+                self.stats["partial_rows"] += 1  # a prompt chunk: its sampled id is discarded
             if row.prev_row is None:
                 host_ids[i] = self.host_token(row.req, row.pos)
                 if row.pos > 0 and self.requests[row.req].preemptions and faults.active(
@@ -447,9 +514,13 @@ class Runner:
         self._applied_rows = {row.req: i for i, row in enumerate(step.rows) if row.live}
         delivered = {}
         for row, token in zip(step.rows, step.host_copy, strict=True):
+            if row.partial:
+                continue  # a partial prefill's id is no token of the sequence
             if not row.live and not faults.active("deliver-dropped"):
-                continue  # finished, aborted or preempted since scheduling: dropped
+                continue  # finished, aborted or preempted (drop) since scheduling: dropped
             r = self.requests[row.req]
+            if row.live and r.status == Status.PREEMPTED:
+                self.stats["preempted_delivered"] += 1  # keep: computed before the preemption
             r.delivered.append(token)
             delivered[row.req] = token
             if len(r.delivered) >= r.max_tokens:
@@ -484,7 +555,8 @@ class Runner:
                     slot=s.slot,
                     src_slot=s.src_slot,
                     phase=s.phase,
-                    rows=tuple(RowView(r.req, r.pos, r.prev_row, r.live) for r in s.rows),
+                    rows=tuple(RowView(r.req, r.pos, r.prev_row, r.live, r.partial)
+                               for r in s.rows),
                     host_copy=s.host_copy,
                 )
                 for s in self.queue
@@ -500,6 +572,8 @@ class Runner:
                         r.unchecked,
                         r.preemptions,
                         r.max_tokens,
+                        r.prefill_left,
+                        r.host_sync,
                     )
                     for i, r in sorted(self.requests.items())
                 }

@@ -19,6 +19,7 @@ from typing import NamedTuple
 from .state import (
     CLOSED,
     GARBAGE,
+    HOST_SYNC_REQUEST,
     PLACEHOLDER,
     Bounds,
     Phase,
@@ -77,8 +78,20 @@ ALL_ACTIONS = (
 
 
 def in_flight(s: State, req: int) -> int:
-    """How many in-flight rows of ``req`` will still deliver a token."""
-    return sum(row.live and row.req == req for step in s.queue for row in step.rows)
+    """How many in-flight rows of ``req`` will still deliver a token (its placeholders)."""
+    return sum(
+        row.live and not row.partial and row.req == req for step in s.queue for row in step.rows
+    )
+
+
+def has_step_in_flight(s: State, req: int) -> bool:
+    """Some in-flight step holds a live row of ``req``, partial-prefill rows included."""
+    return any(row.live and row.req == req for step in s.queue for row in step.rows)
+
+
+def is_host_sync(b: Bounds, req: int) -> bool:
+    """``req`` needs its newest token on the host before its next step."""
+    return b.host_sync and req == HOST_SYNC_REQUEST
 
 
 def next_pos(s: State, req: int) -> int:
@@ -99,7 +112,11 @@ def eligible(s: State, b: Bounds) -> list[int]:
     return [
         r
         for r, req in enumerate(s.requests)
-        if req.status in (Status.WAITING, Status.RUNNING) and next_pos(s, r) < b.max_tokens
+        if req.status in (Status.WAITING, Status.RUNNING)
+        and next_pos(s, r) < b.max_tokens
+        # A host-sync request waits for its step to be applied (unless the bad variant).
+        and not (is_host_sync(b, r) and has_step_in_flight(s, r)
+                 and b.variant != "host-sync-unguarded")
     ]
 
 
@@ -194,15 +211,23 @@ def schedule(s: State, b: Bounds, order: tuple[int, ...]) -> State | None:
     if not todo or sorted(order) != todo or (not b.condense and list(order) != todo):
         return None
     prev = s.queue[-1] if s.queue else None
+    feeds = b.variant == "partial-prefill-feeds-mirror"
     rows = []
     for r in order:
+        req = s.requests[r]
         prev_row = None
-        if b.guard and prev is not None:
-            # The guard: a request whose newest token is still in flight reads it from the mirror.
+        # Arrived and resumed requests prefill from host ids, and so does a host-sync request
+        # (its next input is built on the host): none of them reads the mirror.
+        from_host = req.status == Status.WAITING or is_host_sync(b, r)
+        if b.guard and prev is not None and not from_host:
+            # The guard: a request whose newest token is still in flight reads it from the mirror;
+            # a partial-prefill row's id is discarded, never mirrored.
             prev_row = next(
-                (i for i, row in enumerate(prev.rows) if row.live and row.req == r), None
+                (i for i, row in enumerate(prev.rows)
+                 if row.live and row.req == r and (feeds or not row.partial)), None
             )
-        rows.append(Row(req=r, pos=next_pos(s, r), prev_row=prev_row, consumed=None, live=True))
+        rows.append(Row(req=r, pos=next_pos(s, r), prev_row=prev_row, consumed=None, live=True,
+                        partial=req.prefill_left > 0))
     uses_mirror = any(row.prev_row is not None for row in rows)
     step = Step(
         slot=s.next_slot,
@@ -212,7 +237,8 @@ def schedule(s: State, b: Bounds, order: tuple[int, ...]) -> State | None:
         host_copy=None,
     )
     requests = tuple(
-        req._replace(status=Status.RUNNING, unchecked=False) if i in order else req
+        req._replace(status=Status.RUNNING, unchecked=False,
+                     prefill_left=max(req.prefill_left - 1, 0)) if i in order else req
         for i, req in enumerate(s.requests)
     )
     return s._replace(
@@ -255,9 +281,11 @@ def launch(s: State, b: Bounds, q: int) -> State | None:
     broken = s.broken
     if readers_outstanding(s, step.slot, q):
         broken = broken | {REWRITE_WITH_READER}
-    # The next token is a function of the consumed one: a stale input yields a wrong token.
+    # The next token is a function of the consumed one: a stale input yields a wrong token; a
+    # partial-prefill row's sample (mid-prompt) is no token of the sequence.
     content = tuple(
-        (row.req, row.pos + 1) if row.live and row.consumed == (row.req, row.pos) else GARBAGE
+        (row.req, row.pos + 1)
+        if row.live and not row.partial and row.consumed == (row.req, row.pos) else GARBAGE
         for row in step.rows
     )
     slots = list(s.slots)
@@ -294,8 +322,8 @@ def apply(s: State, b: Bounds) -> State | None:
     assert step.host_copy is not None
     requests = list(s.requests)
     for row, token in zip(step.rows, step.host_copy, strict=True):
-        if not row.live:
-            continue  # finished, aborted or preempted since scheduling: dropped
+        if not row.live or row.partial:
+            continue  # dropped since scheduling, or a partial prefill's discarded id
         req = requests[row.req]
         delivered = (*req.delivered, token)
         if len(delivered) >= b.max_tokens:
@@ -332,7 +360,8 @@ def release(s: State, b: Bounds, slot: int) -> State | None:
 def finish(s: State, b: Bounds, req: int) -> State | None:
     """The newest delivered token was a stop token: the request finishes, in-flight rows drop."""
     r = s.requests[req]
-    if not b.finish or r.status != Status.RUNNING or not r.unchecked:
+    # A preempted request (keep) is stop-checked too when its in-flight token is delivered.
+    if not b.finish or r.status in CLOSED or not r.unchecked:
         return None
     s = _drop(s, req)
     closed = r._replace(status=Status.FINISHED, closed_at=len(r.delivered), unchecked=False)
@@ -350,20 +379,26 @@ def abort(s: State, b: Bounds, req: int) -> State | None:
 
 
 def preempt(s: State, b: Bounds, req: int) -> State | None:
-    """The KV budget is exceeded: the request is preempted, its in-flight tokens are stale."""
+    """The KV budget is exceeded: the request is preempted; its in-flight tokens are kept and
+    delivered (keep), or dropped (drop). It will prefill again in one step."""
     r = s.requests[req]
     if not b.preempt or r.status != Status.RUNNING or r.preemptions >= b.preemptions:
         return None
-    s = _drop(s, req)
-    preempted = r._replace(status=Status.PREEMPTED, unchecked=False, preemptions=r.preemptions + 1)
+    if b.preempt_policy == "drop":
+        s = _drop(s, req)
+    preempted = r._replace(status=Status.PREEMPTED, unchecked=False, preemptions=r.preemptions + 1,
+                           prefill_left=0)
     return _set_request(s, req, preempted)
 
 
 def resume(s: State, b: Bounds, req: int) -> State | None:
-    """A preempted request waits again; it restarts from the host's authoritative tokens."""
+    """A preempted request waits again, once it owns no placeholder; it restarts from the
+    host's authoritative tokens."""
     r = s.requests[req]
     if r.status != Status.PREEMPTED:
         return None
+    if in_flight(s, req) > 0 and b.variant != "resume-with-placeholder":
+        return None  # its in-flight token is still to be delivered (keep)
     return _set_request(s, req, r._replace(status=Status.WAITING))
 
 

@@ -7,8 +7,14 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import NamedTuple
 
-from .actions import READ_RELEASED, REWRITE_WITH_READER, Action, in_flight
-from .state import CLOSED, Bounds, Phase, State, Status
+from .actions import (
+    READ_RELEASED,
+    REWRITE_WITH_READER,
+    Action,
+    has_step_in_flight,
+    in_flight,
+)
+from .state import CLOSED, HOST_SYNC_REQUEST, Bounds, Phase, State, Status
 
 # ---------------------------------------------------------------------------------------------
 # Invariants: state predicates.
@@ -128,6 +134,42 @@ def resumed_after_preempt(s: State, a: Action, t: State) -> bool:
     )
 
 
+def preempted_token_delivered(s: State, a: Action, t: State) -> bool:
+    """A preempted request's in-flight token was applied and delivered (keep)."""
+    return a.name == "apply" and any(
+        row.live and not row.partial and s.requests[row.req].status == Status.PREEMPTED
+        for row in s.queue[0].rows
+    )
+
+
+def resume_waited_for_placeholder(s: State, a: Action, t: State) -> bool:
+    """The apply that delivered a preempted request's last placeholder, which its resume
+    waited for (keep)."""
+    return a.name == "apply" and any(
+        row.live and not row.partial and s.requests[row.req].status == Status.PREEMPTED
+        and in_flight(t, row.req) == 0 and t.requests[row.req].status == Status.PREEMPTED
+        for row in s.queue[0].rows
+    )
+
+
+def partial_prefill_beside_mirror(s: State, a: Action, t: State) -> bool:
+    """A step combined a partial-prefill row beside a row that reads the mirror."""
+    if a.name != "combine":
+        return False
+    rows = [row for row in s.queue[a.args[0]].rows if row.live]
+    return any(r.partial for r in rows) and any(r.prev_row is not None for r in rows)
+
+
+def host_sync_skipped(s: State, a: Action, t: State) -> bool:
+    """A step was scheduled without the host-sync request, held back by its step in flight."""
+    r = HOST_SYNC_REQUEST
+    req = s.requests[r] if r < len(s.requests) else None
+    return (
+        a.name == "schedule" and req is not None and r not in a.args
+        and req.status in (Status.WAITING, Status.RUNNING) and has_step_in_flight(s, r)
+    )
+
+
 class Sometimes(NamedTuple):
     name: str
     reached: Callable[[State, Action, State], bool]
@@ -135,7 +177,8 @@ class Sometimes(NamedTuple):
 
 
 def _async(b: Bounds) -> bool:
-    return b.depth >= 2
+    """Steps can overlap: depth 2, and some request that is not host-sync."""
+    return b.depth >= 2 and not (b.host_sync and b.requests == 1)
 
 
 SOMETIMES: tuple[Sometimes, ...] = (
@@ -156,10 +199,29 @@ SOMETIMES: tuple[Sometimes, ...] = (
     Sometimes(
         "slot_reused",
         slot_reused,
-        lambda b: b.requests * b.max_tokens > b.slots or b.preempt,
+        # More steps than slots: tokens plus partial-prefill chunks, or a dropped token redone.
+        lambda b: b.requests * (b.max_tokens + b.prefill_chunks - 1) > b.slots
+        or (b.preempt and b.preempt_policy == "drop"),
     ),
     Sometimes("steps_overlap", steps_overlap, _async),
     Sometimes(
         "resumed_after_preempt", resumed_after_preempt, lambda b: b.preempt and b.max_tokens >= 2
+    ),
+    Sometimes(
+        "preempted_token_delivered", preempted_token_delivered,
+        lambda b: b.preempt and b.preempt_policy == "keep",
+    ),
+    Sometimes(
+        "resume_waited_for_placeholder", resume_waited_for_placeholder,
+        lambda b: b.preempt and b.preempt_policy == "keep" and b.max_tokens >= 2,
+    ),
+    Sometimes(
+        "partial_prefill_beside_mirror", partial_prefill_beside_mirror,
+        lambda b: b.prefill_chunks >= 2 and _async(b) and b.requests >= 2 and b.max_tokens >= 2
+        and b.guard,
+    ),
+    Sometimes(
+        "host_sync_skipped", host_sync_skipped,
+        lambda b: b.host_sync and _async(b) and b.requests >= 2,
     ),
 )

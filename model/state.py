@@ -43,6 +43,28 @@ class Bounds(NamedTuple):
     """The stale-host-ids guard: rows whose newest token is in flight combine from the mirror."""
     release_at: str = "complete"
     """When a slot may be handed back: "complete" (correct) or "issue" (known-bad)."""
+    preempt_policy: str = "keep"
+    """A preempted request's in-flight tokens: "keep" (vLLM's: applied and delivered, and the
+    request resumes only once it owns no placeholder) or "drop" (forgotten, recomputed)."""
+    prefill_chunks: int = 1
+    """Chunks of each prompt's first prefill: every chunk but the last samples an id that is
+    discarded (a partial-prefill row); 1 = no chunking."""
+    host_sync: bool = False
+    """Request 0 needs its newest token on the host before its next step (a host-side mask,
+    as structured output does): it is not scheduled while it has a step in flight."""
+    variant: str = ""
+    """A known-bad variant of the options above, or "" (see VARIANTS)."""
+
+
+VARIANTS: dict[str, str] = {
+    "resume-with-placeholder": "a preempted request (keep) resumes while it owns a placeholder",
+    "partial-prefill-feeds-mirror": "a partial-prefill row's id feeds the previous-row map",
+    "host-sync-unguarded": "a host-sync request is scheduled while its step is in flight",
+}
+"""Known-bad variants selected by ``Bounds.variant``, and what each does wrong."""
+
+HOST_SYNC_REQUEST = 0
+"""The request that is host-sync when ``Bounds.host_sync`` is on."""
 
 
 class Status(IntEnum):
@@ -80,7 +102,9 @@ class Row(NamedTuple):
     consumed: Token | None
     """What the combine put into the input ids; None until combined."""
     live: bool
-    """False once the request finished, aborted or was preempted: its token is dropped."""
+    """False once the request finished, aborted or was preempted (drop): its token is dropped."""
+    partial: bool = False
+    """A partial-prefill row: it consumes a prompt chunk and its sampled id is discarded."""
 
 
 class Step(NamedTuple):
@@ -117,6 +141,8 @@ class Request(NamedTuple):
     """A token was delivered and its stop check has not been resolved yet."""
     preemptions: int
     """How often it has been preempted so far."""
+    prefill_left: int = 0
+    """Partial-prefill chunks of its first prefill still to schedule."""
 
 
 class State(NamedTuple):
@@ -143,7 +169,8 @@ def initial_state(bounds: Bounds) -> State:
         slots=tuple(Slot(content=None, released=False) for _ in range(bounds.slots)),
         requests=tuple(
             Request(
-                status=Status.ABSENT, delivered=(), closed_at=None, unchecked=False, preemptions=0
+                status=Status.ABSENT, delivered=(), closed_at=None, unchecked=False, preemptions=0,
+                prefill_left=bounds.prefill_chunks - 1,
             )
             for _ in range(bounds.requests)
         ),
@@ -163,3 +190,21 @@ def validate_bounds(bounds: Bounds) -> None:
         raise ValueError(f"--max-tokens must be between 1 and 4, got {bounds.max_tokens}")
     if bounds.release_at not in ("complete", "issue"):
         raise ValueError(f"--release-at must be 'complete' or 'issue', got {bounds.release_at!r}")
+    if bounds.preempt_policy not in ("keep", "drop"):
+        raise ValueError(
+            f"--preempt-policy must be 'keep' or 'drop', got {bounds.preempt_policy!r}"
+        )
+    if not 1 <= bounds.prefill_chunks <= 3:
+        raise ValueError(f"--prefill-chunks must be between 1 and 3, got {bounds.prefill_chunks}")
+    if bounds.variant and bounds.variant not in VARIANTS:
+        raise ValueError(
+            f"--variant {bounds.variant!r} is unknown; choose one of: {', '.join(VARIANTS)}"
+        )
+    needs = {
+        "resume-with-placeholder": (
+            bounds.preempt and bounds.preempt_policy == "keep", "--preempt-policy keep"),
+        "partial-prefill-feeds-mirror": (bounds.prefill_chunks >= 2, "--prefill-chunks 2 or more"),
+        "host-sync-unguarded": (bounds.host_sync, "--host-sync"),
+    }
+    if bounds.variant and not needs[bounds.variant][0]:
+        raise ValueError(f"--variant {bounds.variant} needs {needs[bounds.variant][1]}")

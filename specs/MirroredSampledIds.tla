@@ -27,7 +27,13 @@ CONSTANTS
     Preempt,        \* preemption
     Condense,       \* rows may be placed in any order
     Guard,          \* the stale-host-ids guard
-    ReleaseAtIssue  \* known-bad: a slot is released once its readback is issued
+    ReleaseAtIssue, \* known-bad: a slot is released once its readback is issued
+    PreemptKeep,    \* preempted requests keep their in-flight tokens (vLLM's policy), else drop
+    PrefillChunks,  \* chunks of each first prefill; all but the last are partial rows
+    HostSync,       \* request 0 needs its newest token on the host before its next step
+    ResumeWithPlaceholder,  \* known-bad: resume while an in-flight token is still owed (keep)
+    PartialFeedsMirror,     \* known-bad: a partial-prefill row feeds the previous-row map
+    HostSyncUnguarded       \* known-bad: the host-sync request is scheduled while in flight
 
 Req == 0 .. Requests - 1
 SlotIds == 0 .. Slots - 1
@@ -54,14 +60,16 @@ READ_RELEASED == "NoReadOfReleasedOrOverwrittenSlot"
 REWRITE_WITH_READER == "NoRewriteWhileReaderOutstanding"
 
 \* A dropped row: its token is never delivered nor read, so what it held is forgotten.
-DeadRow == [req |-> NONE, pos |-> 0, prev_row |-> NONE, consumed |-> <<>>, live |-> FALSE]
+DeadRow == [req |-> NONE, pos |-> 0, prev_row |-> NONE, consumed |-> <<>>, live |-> FALSE,
+            partial |-> FALSE]
 
 VARIABLES
     allocated,  \* the ring exists (allocated at load, before any trace capture)
     next_slot,  \* the slot the next scheduled step takes
     queue,      \* in-flight steps, oldest first: [slot, src_slot, phase, rows, host_copy]
     slots,      \* per slot: [written, content, released]
-    requests,   \* per request: [status, delivered, closed_at, unchecked, preemptions]
+    requests,   \* per request: [status, delivered, closed_at, unchecked, preemptions,
+                \*               prefill_left]
     broken      \* ghost: the slot rules an access broke at the moment it happened
 
 vars == <<allocated, next_slot, queue, slots, requests, broken>>
@@ -71,7 +79,7 @@ vars == <<allocated, next_slot, queue, slots, requests, broken>>
 
 Token == (Req \X (0 .. MaxTokens)) \cup {PLACEHOLDER, GARBAGE}
 Row == [req: Req \cup {NONE}, pos: 0 .. MaxTokens, prev_row: (0 .. Requests - 1) \cup {NONE},
-        consumed: Token \cup {<<>>}, live: BOOLEAN]
+        consumed: Token \cup {<<>>}, live: BOOLEAN, partial: BOOLEAN]
 
 TypeOK ==
     /\ allocated \in BOOLEAN
@@ -87,6 +95,7 @@ TypeOK ==
           /\ requests[r].status \in ABSENT .. ABORTED
           /\ Len(requests[r].delivered) <= MaxTokens
           /\ requests[r].preemptions \in 0 .. Preemptions
+          /\ requests[r].prefill_left \in 0 .. PrefillChunks - 1
     /\ broken \subseteq {READ_RELEASED, REWRITE_WITH_READER}
 
 ---------------------------------------------------------------------------------------
@@ -94,12 +103,21 @@ TypeOK ==
 
 RowIds(q) == 1 .. Len(queue[q].rows)
 
-\* In-flight rows of r whose token will be delivered.
+\* In-flight rows of r whose token will be delivered (its placeholders).
 LiveCount(r) ==
     Cardinality({qi \in (1 .. Len(queue)) \X (1 .. Requests) :
                     /\ qi[2] \in RowIds(qi[1])
                     /\ queue[qi[1]].rows[qi[2]].live
+                    /\ ~queue[qi[1]].rows[qi[2]].partial
                     /\ queue[qi[1]].rows[qi[2]].req = r})
+
+\* Some in-flight step holds a live row of r, partial-prefill rows included.
+HasStepInFlight(r) ==
+    \E q \in 1 .. Len(queue) : \E i \in RowIds(q) :
+        queue[q].rows[i].live /\ queue[q].rows[i].req = r
+
+\* r needs its newest token on the host before its next step.
+IsHostSync(r) == HostSync /\ r = 0
 
 \* Position of r's newest token: delivered ones plus those still in flight.
 NextPos(r) == Len(requests[r].delivered) + LiveCount(r)
@@ -111,7 +129,9 @@ HostToken(r, pos) ==
     ELSE PLACEHOLDER
 
 \* Requests the scheduler must put in the next step: active with budget left.
-Eligible == {r \in Req : requests[r].status \in {WAITING, RUNNING} /\ NextPos(r) < MaxTokens}
+Eligible == {r \in Req : /\ requests[r].status \in {WAITING, RUNNING}
+                         /\ NextPos(r) < MaxTokens
+                         /\ ~(IsHostSync(r) /\ HasStepInFlight(r) /\ ~HostSyncUnguarded)}
 
 \* Every order of a set of requests, and the ascending one.
 Orders(S) == {f \in [1 .. Cardinality(S) -> S] : \A i, j \in DOMAIN f : i # j => f[i] # f[j]}
@@ -146,10 +166,13 @@ DropQueue(r) ==
 DropSlots(r) == [k \in SlotIds |-> [slots[k] EXCEPT !.content = Scrub(r, slots[k].content)]]
 
 \* The row of r in the previous (newest) in-flight step, if live there: the previous-row map.
+\* Arrived, resumed and host-sync requests take host ids; a partial row is never mirrored.
 PrevRow(r) ==
-    IF ~Guard \/ queue = <<>> THEN NONE
+    IF ~Guard \/ queue = <<>> \/ requests[r].status = WAITING \/ IsHostSync(r) THEN NONE
     ELSE LET prev == queue[Len(queue)]
-             hits == {i \in 1 .. Len(prev.rows) : prev.rows[i].live /\ prev.rows[i].req = r}
+             hits == {i \in 1 .. Len(prev.rows) :
+                        /\ prev.rows[i].live /\ prev.rows[i].req = r
+                        /\ (PartialFeedsMirror \/ ~prev.rows[i].partial)}
          IN IF hits = {} THEN NONE ELSE (CHOOSE i \in hits : TRUE) - 1
 
 ---------------------------------------------------------------------------------------
@@ -161,7 +184,8 @@ Init ==
     /\ queue = <<>>
     /\ slots = [k \in SlotIds |-> [written |-> FALSE, content |-> <<>>, released |-> FALSE]]
     /\ requests = [r \in Req |-> [status |-> ABSENT, delivered |-> <<>>, closed_at |-> NONE,
-                                  unchecked |-> FALSE, preemptions |-> 0]]
+                                  unchecked |-> FALSE, preemptions |-> 0,
+                                  prefill_left |-> PrefillChunks - 1]]
     /\ broken = {}
 
 \* Load: allocate the ring of K mirror slots, before any step (and so any trace capture).
@@ -186,7 +210,8 @@ Schedule ==
         /\ Condense \/ Ascending(order)
         /\ LET rows == [i \in DOMAIN order |->
                           [req |-> order[i], pos |-> NextPos(order[i]),
-                           prev_row |-> PrevRow(order[i]), consumed |-> <<>>, live |-> TRUE]]
+                           prev_row |-> PrevRow(order[i]), consumed |-> <<>>, live |-> TRUE,
+                           partial |-> requests[order[i]].prefill_left > 0]]
                mirror == \E i \in DOMAIN rows : rows[i].prev_row # NONE
                step == [slot |-> next_slot,
                         src_slot |-> IF mirror THEN queue[Len(queue)].slot ELSE NONE,
@@ -195,7 +220,8 @@ Schedule ==
               /\ next_slot' = (next_slot + 1) % Slots
               /\ requests' = [r \in Req |->
                                 IF r \in Range(order)
-                                THEN [requests[r] EXCEPT !.status = RUNNING, !.unchecked = FALSE]
+                                THEN [requests[r] EXCEPT !.status = RUNNING, !.unchecked = FALSE,
+                                        !.prefill_left = IF @ > 0 THEN @ - 1 ELSE 0]
                                 ELSE requests[r]]
     /\ UNCHANGED <<allocated, slots, broken>>
 
@@ -220,7 +246,7 @@ Launch(q) ==
     /\ q <= Len(queue)
     /\ queue[q].phase = COMBINED
     /\ LET st == queue[q]
-           Sampled(row) == IF row.live /\ row.consumed = <<row.req, row.pos>>
+           Sampled(row) == IF row.live /\ ~row.partial /\ row.consumed = <<row.req, row.pos>>
                         THEN <<row.req, row.pos + 1>> ELSE GARBAGE
        IN /\ broken' = IF ReadersOutstanding(st.slot, q)
                        THEN broken \cup {REWRITE_WITH_READER} ELSE broken
@@ -254,7 +280,8 @@ Apply ==
     /\ queue # <<>>
     /\ queue[1].phase = READBACK_DONE
     /\ LET st == queue[1]
-           Hits(r) == {i \in RowIds(1) : st.rows[i].live /\ st.rows[i].req = r}
+           Hits(r) == {i \in RowIds(1) :
+                         st.rows[i].live /\ ~st.rows[i].partial /\ st.rows[i].req = r}
            Deliver(r) ==
                LET d == Append(requests[r].delivered, st.host_copy[CHOOSE i \in Hits(r) : TRUE])
                IN IF Len(d) >= MaxTokens
@@ -280,7 +307,7 @@ Release(k) ==
 \* The newest delivered token was a stop token: the request finishes, in-flight rows drop.
 FinishReq(r) ==
     /\ Finish
-    /\ requests[r].status = RUNNING
+    /\ requests[r].status \notin {FINISHED, ABORTED}
     /\ requests[r].unchecked
     /\ queue' = DropQueue(r)
     /\ slots' = DropSlots(r)
@@ -300,20 +327,23 @@ AbortReq(r) ==
                                     ![r].unchecked = FALSE]
     /\ UNCHANGED <<allocated, next_slot, broken>>
 
-\* The KV budget is exceeded: the request is preempted, its in-flight tokens are stale.
+\* The KV budget is exceeded: the request is preempted; its in-flight tokens are kept and
+\* delivered (PreemptKeep), or dropped. It will prefill again in one step.
 PreemptReq(r) ==
     /\ Preempt
     /\ requests[r].status = RUNNING
     /\ requests[r].preemptions < Preemptions
-    /\ queue' = DropQueue(r)
-    /\ slots' = DropSlots(r)
+    /\ queue' = IF PreemptKeep THEN queue ELSE DropQueue(r)
+    /\ slots' = IF PreemptKeep THEN slots ELSE DropSlots(r)
     /\ requests' = [requests EXCEPT ![r].status = PREEMPTED, ![r].unchecked = FALSE,
-                                    ![r].preemptions = @ + 1]
+                                    ![r].preemptions = @ + 1, ![r].prefill_left = 0]
     /\ UNCHANGED <<allocated, next_slot, broken>>
 
-\* A preempted request waits again; it restarts from the host's authoritative tokens.
+\* A preempted request waits again, once it owns no placeholder; it restarts from the host's
+\* authoritative tokens.
 Resume(r) ==
     /\ requests[r].status = PREEMPTED
+    /\ LiveCount(r) = 0 \/ ResumeWithPlaceholder
     /\ requests' = [requests EXCEPT ![r].status = WAITING]
     /\ UNCHANGED <<allocated, next_slot, queue, slots, broken>>
 

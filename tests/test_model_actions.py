@@ -156,32 +156,91 @@ def test_finish_only_after_a_delivered_token() -> None:
     assert A.finish(s, B._replace(finish=False), 0) is None
 
 
-def test_abort_preempt_resume() -> None:
-    s = run(*PIPE)
-    t = A.abort(s, B, 0)
+DROP = B._replace(preempt_policy="drop")
+
+
+def test_abort_preempt_resume_under_drop() -> None:
+    s = run(*PIPE, b=DROP)
+    t = A.abort(s, DROP, 0)
     assert t is not None and t.requests[0].status == Status.ABORTED
-    assert A.abort(t, B, 0) is None and A.preempt(t, B, 0) is None
-    assert A.abort(s, B._replace(abort=False), 0) is None
-    p = A.preempt(s, B, 0)
+    assert A.abort(t, DROP, 0) is None and A.preempt(t, DROP, 0) is None
+    assert A.abort(s, DROP._replace(abort=False), 0) is None
+    p = A.preempt(s, DROP, 0)
     assert p is not None and p.requests[0].status == Status.PREEMPTED
     assert not any(row.live for step in p.queue for row in step.rows)
-    assert A.preempt(p, B, 0) is None and A.resume(s, B, 0) is None
-    r = A.resume(p, B, 0)
+    assert A.preempt(p, DROP, 0) is None and A.resume(s, DROP, 0) is None
+    r = A.resume(p, DROP, 0)
     assert r is not None and r.requests[0].status == Status.WAITING
     # Preemptions are bounded per request: once back to running, no second preemption.
     again = run(*PIPE, ("preempt", 0), ("resume", 0), ("readback_issue", 0),
                 ("readback_complete", 0), ("apply",), ("combine", 0), ("launch", 0),
-                ("schedule", (0,)))
-    assert again.requests[0].status == Status.RUNNING and A.preempt(again, B, 0) is None
-    assert A.preempt(again, B._replace(preemptions=2), 0) is not None
-    assert A.preempt(s, B._replace(preempt=False), 0) is None
+                ("schedule", (0,)), b=DROP)
+    assert again.requests[0].status == Status.RUNNING and A.preempt(again, DROP, 0) is None
+    assert A.preempt(again, DROP._replace(preemptions=2), 0) is not None
+    assert A.preempt(s, DROP._replace(preempt=False), 0) is None
 
 
-def test_resumed_request_restarts_from_host_ids() -> None:
+def test_resumed_request_restarts_from_host_ids_under_drop() -> None:
     s = run(*PIPE, ("preempt", 0), ("resume", 0), ("readback_issue", 0), ("readback_complete", 0),
-            ("apply",), ("combine", 0), ("launch", 0), ("schedule", (0,)))
+            ("apply",), ("combine", 0), ("launch", 0), ("schedule", (0,)), b=DROP)
     row = s.queue[-1].rows[0]
     assert row.prev_row is None and row.pos == 0  # nothing delivered: re-prefill from the prompt
+
+
+def test_keep_delivers_the_in_flight_token_and_resumes_only_without_placeholders() -> None:
+    s = run(*PIPE)  # keep is the default: vLLM's policy
+    p = A.preempt(s, B, 0)
+    assert p is not None and p.requests[0].status == Status.PREEMPTED
+    assert all(row.live for step in p.queue for row in step.rows)  # nothing dropped
+    assert A.resume(p, B, 0) is None  # it owns two placeholders
+    t = run(*PIPE, ("preempt", 0), ("readback_issue", 0), ("readback_complete", 0), ("apply",))
+    assert t.requests[0].delivered == ((0, 1),) and t.requests[0].status == Status.PREEMPTED
+    assert A.finish(t, B, 0) is not None  # the delivered token is stop-checked as usual
+    assert A.resume(t, B, 0) is None  # q1's row is still owed
+    # q1 (scheduled before the preemption) combines from the mirror and delivers too.
+    t = run(*PIPE, ("preempt", 0), ("readback_issue", 0), ("readback_complete", 0), ("apply",),
+            ("combine", 0), ("launch", 0), ("readback_issue", 0), ("readback_complete", 0),
+            ("apply",))
+    assert t.requests[0].status == Status.FINISHED and t.requests[0].delivered == ((0, 1), (0, 2))
+    long = B._replace(max_tokens=3)
+    t = run(*PIPE, ("preempt", 0), ("readback_issue", 0), ("readback_complete", 0), ("apply",),
+            ("combine", 0), ("launch", 0), ("readback_issue", 0), ("readback_complete", 0),
+            ("apply",), ("resume", 0), ("schedule", (0,)), b=long)
+    row = t.queue[-1].rows[0]
+    assert row.prev_row is None and row.pos == 2  # resumed: host ids, its tokens all delivered
+
+
+def test_resume_with_placeholder_reads_it_from_the_host_table() -> None:
+    bad = B._replace(variant="resume-with-placeholder")
+    s = run(*PIPE[:-1], ("preempt", 0), ("resume", 0), ("schedule", (0,)), ("combine", 1), b=bad)
+    assert s.queue[1].rows[0].consumed == PLACEHOLDER and s.queue[1].rows[0].pos == 1
+
+
+def test_partial_prefill_rows_are_discarded_and_never_mirrored() -> None:
+    b = B._replace(prefill_chunks=2)
+    s = run(*LOADED, ("schedule", (0,)), ("schedule", (0,)), b=b)
+    first, last = s.queue[0].rows[0], s.queue[1].rows[0]
+    assert first.partial and first.pos == 0 and not last.partial and last.pos == 0
+    assert last.prev_row is None and s.queue[1].src_slot is None  # the partial id is discarded
+    assert A.in_flight(s, 0) == 1  # only the last chunk owes a token
+    s = run(*LOADED, ("schedule", (0,)), ("combine", 0), ("launch", 0), ("readback_issue", 0),
+            ("readback_complete", 0), ("apply",), b=b)
+    assert s.slots[0].content == (GARBAGE,) and s.requests[0].delivered == ()
+    bad = b._replace(variant="partial-prefill-feeds-mirror")
+    s = run(*LOADED, ("schedule", (0,)), ("schedule", (0,)), ("combine", 0), ("launch", 0),
+            ("combine", 1), b=bad)
+    assert s.queue[1].rows[0].prev_row == 0 and s.queue[1].rows[0].consumed == GARBAGE
+
+
+def test_host_sync_request_waits_for_its_step() -> None:
+    b = B._replace(host_sync=True)
+    s = run(*LOADED, ("arrive", 1), ("schedule", (0, 1)), b=b)
+    assert A.eligible(s, b) == [1]  # r0 is held back while its step is in flight
+    assert A.schedule(s, b, (0, 1)) is None and A.schedule(s, b, (1,)) is not None
+    bad = b._replace(variant="host-sync-unguarded")
+    t = run(*LOADED, ("schedule", (0,)), ("combine", 0), ("launch", 0), ("schedule", (0,)),
+            ("combine", 1), b=bad)
+    assert t.queue[1].rows[0].prev_row is None and t.queue[1].rows[0].consumed == PLACEHOLDER
 
 
 def test_final_state_requires_everything_closed_and_released() -> None:

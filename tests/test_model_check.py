@@ -13,12 +13,16 @@ from ttmirror.model.state import Bounds
 
 Explored = Callable[[Bounds], Exploration]
 
+OPTION_ONLY = {"partial_prefill_beside_mirror", "host_sync_skipped"}
+"""Sometimes checks of options that are off at the default bounds (chunking, host sync)."""
+
 
 def test_default_bounds_hold_and_every_situation_occurs(default_run: Exploration) -> None:
     ex = default_run
     assert ex.violations == {}
     assert ex.deadlocks == [] and ex.cannot_finish == []
-    assert set(ex.sometimes) == {c.name for c in SOMETIMES}  # all apply at default bounds
+    # Every check applies at the default bounds but those of the options that are off there.
+    assert set(ex.sometimes) == {c.name for c in SOMETIMES} - OPTION_ONLY
     assert all(ex.sometimes.values()), report.unreached(ex)
     assert len(ex.finals) > 0
     assert len(ex.states) > 10_000  # the bounds really exercise the pipeline
@@ -44,8 +48,12 @@ def test_depth_1_is_the_oracle_and_passes(explored: Explored) -> None:
         (Bounds(guard=False), "StaleHostIdsGuard", 7),
         (Bounds(slots=1), "NoRewriteWhileReaderOutstanding", 8),
         (Bounds(release_at="issue"), "NoReadOfReleasedOrOverwrittenSlot", 8),
+        (Bounds(variant="resume-with-placeholder"), "StaleHostIdsGuard", 9),
+        (Bounds(prefill_chunks=2, variant="partial-prefill-feeds-mirror"), "StaleHostIdsGuard", 7),
+        (Bounds(host_sync=True, variant="host-sync-unguarded"), "StaleHostIdsGuard", 7),
     ],
-    ids=["guard-off", "one-slot", "release-at-issue"],
+    ids=["guard-off", "one-slot", "release-at-issue", "resume-with-placeholder",
+         "partial-prefill-feeds-mirror", "host-sync-unguarded"],
 )
 def test_known_bad_variants_fail_with_minimal_counterexample(
     variant: Bounds, invariant: str, length: int, explored: Explored
@@ -62,6 +70,50 @@ def test_known_bad_variants_fail_with_minimal_counterexample(
     before = ex.states[path[-2][1]]
     inv = next(i for i in INVARIANTS if i.name == invariant)
     assert inv.holds(before, variant) and not inv.holds(ex.states[path[-1][1]], variant)
+
+
+@pytest.mark.parametrize(
+    ("option", "checks"),
+    [
+        (Bounds(preempt_policy="drop"), set()),
+        (Bounds(prefill_chunks=2), {"partial_prefill_beside_mirror"}),
+        (Bounds(host_sync=True), {"host_sync_skipped"}),
+    ],
+    ids=["preempt-drop", "prefill-chunks-2", "host-sync"],
+)
+def test_each_option_holds_at_the_default_bounds_and_its_situations_occur(
+    option: Bounds, checks: set[str], explored: Explored
+) -> None:
+    ex = explored(option)
+    assert ex.ok and report.passed(ex), report.unreached(ex)
+    assert checks <= set(ex.sometimes) and all(ex.sometimes.values())
+    keep_only = {"preempted_token_delivered", "resume_waited_for_placeholder"}
+    assert (keep_only <= set(ex.sometimes)) == (option.preempt_policy == "keep")
+
+
+COUNTS = {
+    Bounds(): (40_667, 137_869),
+    Bounds(preempt_policy="drop"): (141_033, 534_610),
+    Bounds(prefill_chunks=2): (136_661, 525_320),
+    Bounds(host_sync=True): (28_377, 96_531),
+    Bounds(depth=1): (10_413, 32_887),
+}
+"""States and transitions per bound: the spec's "Bounds and results" table quotes these."""
+
+
+@pytest.mark.parametrize("bounds", list(COUNTS), ids=["default", "preempt-drop",
+                                                      "prefill-chunks-2", "host-sync", "depth-1"])
+def test_state_counts_are_pinned(bounds: Bounds, explored: Explored) -> None:
+    ex = explored(bounds)
+    assert (len(ex.states), ex.transitions) == COUNTS[bounds]
+
+
+def test_the_spec_quotes_the_pinned_counts() -> None:
+    from ttmirror.specdoc import SPEC
+
+    text = SPEC.read_text()
+    for states, transitions in COUNTS.values():
+        assert f"| {states:,} | {transitions:,} |" in text
 
 
 def test_one_slot_is_safe_when_only_one_step_is_in_flight(explored: Explored) -> None:

@@ -32,7 +32,7 @@ def test_tla_values_parse() -> None:
 
 def test_small_bound_agrees_on_everything(explored: Explored) -> None:
     result = tlc.cross_check(SMALL, explored(SMALL))
-    assert result["python_states"] == result["tlc_states"] == 825
+    assert result["python_states"] == result["tlc_states"] == 277
     assert result["graph"]["same_nodes"] and result["graph"]["same_edges"]
     assert result["graph"]["tlc_edges"] == result["graph"]["python_edges"] > 0
     assert result["verdicts"]["agree"] and result["verdicts"]["tlc"]["violated"] is None
@@ -43,16 +43,35 @@ def test_small_bound_agrees_on_everything(explored: Explored) -> None:
 
 
 @pytest.mark.parametrize(
+    "option",
+    [SMALL._replace(preempt_policy="drop"), SMALL._replace(prefill_chunks=2),
+     SMALL._replace(host_sync=True)],
+    ids=["preempt-drop", "prefill-chunks-2", "host-sync"],
+)
+def test_each_option_agrees_state_for_state(option: Bounds, explored: Explored) -> None:
+    result = tlc.cross_check(option, explored(option))
+    assert result["python_states"] == result["tlc_states"] > 0
+    assert result["graph"]["same_nodes"] and result["graph"]["same_edges"]
+    assert result["agree"]
+
+
+@pytest.mark.parametrize(
     ("variant", "invariant", "length"),
     [(SMALL._replace(slots=1), "NoRewriteWhileReaderOutstanding", 8),
-     (SMALL._replace(release_at="issue"), "NoReadOfReleasedOrOverwrittenSlot", 8)],
-    ids=["one-slot", "release-at-issue"],
+     (SMALL._replace(release_at="issue"), "NoReadOfReleasedOrOverwrittenSlot", 8),
+     (SMALL._replace(variant="resume-with-placeholder"), "StaleHostIdsGuard", 9),
+     (SMALL._replace(prefill_chunks=2, variant="partial-prefill-feeds-mirror"),
+      "StaleHostIdsGuard", 7),
+     (SMALL._replace(host_sync=True, variant="host-sync-unguarded"), "StaleHostIdsGuard", 7)],
+    ids=["one-slot", "release-at-issue", "resume-with-placeholder",
+         "partial-prefill-feeds-mirror", "host-sync-unguarded"],
 )
 def test_bad_variants_fail_in_tlc_too(
-    variant: Bounds, invariant: str, length: int, tmp_path: Path
+    variant: Bounds, invariant: str, length: int, tmp_path: Path, explored: Explored
 ) -> None:
     run = tlc.run_tlc(variant, tmp_path)
     assert run.violated == invariant and run.trace_len == length
+    assert tlc.python_verdict(explored(variant)) == (invariant, length)
 
 
 def test_graph_comparison_can_disagree(explored: Explored, tmp_path: Path) -> None:

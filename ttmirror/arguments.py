@@ -12,7 +12,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import NoReturn
 
-from .model.state import Bounds, validate_bounds
+from .model.state import VARIANTS, Bounds, validate_bounds
 
 DEFAULTS = Bounds()
 
@@ -57,14 +57,45 @@ def add_bounds(p: argparse.ArgumentParser) -> None:
     t.add_argument("--release-at", choices=("complete", "issue"), default=DEFAULTS.release_at,
                    help="when a slot may be released: readback complete (correct) or issue "
                         "(known-bad)")
+    t.add_argument("--preempt-policy", choices=("keep", "drop"), default=DEFAULTS.preempt_policy,
+                   help="a preempted request's in-flight tokens: keep (vLLM's: delivered, and "
+                        "the request resumes once it owns no placeholder) or drop "
+                        "(default %(default)s)")
+    t.add_argument("--prefill-chunks", type=int, default=None,
+                   help="chunks of each first prefill, all but the last discarded "
+                        f"(default {DEFAULTS.prefill_chunks}: no chunking; 2 with "
+                        "--variant partial-prefill-feeds-mirror)")
+    t.add_argument("--host-sync", action=bool_flag, default=None,
+                   help="request 0 needs its newest token on the host before its next step "
+                        "(default off; on with --variant host-sync-unguarded)")
+    t.add_argument("--variant", choices=(*VARIANTS, *OLD_VARIANTS), default="",
+                   help="a known-bad variant: " + "; ".join(
+                       f"{k}: {v}" for k, v in {**VARIANTS, **OLD_VARIANTS}.items()))
+
+
+OLD_VARIANTS = {
+    "guard-off": "no stale-host-ids guard (also --no-guard)",
+    "release-at-issue": "a slot released once its readback is issued (also --release-at issue)",
+}
+"""The earlier bad variants, also reachable through their own options."""
 
 
 def bounds_from(ns: argparse.Namespace) -> Bounds:
     """The bounds `add_bounds` parsed, checked: impossible ones are a `UsageError`."""
+    variant = ns.variant
+    chunks = ns.prefill_chunks
+    if chunks is None:  # a variant that needs chunking gets the smallest that shows it
+        chunks = 2 if variant == "partial-prefill-feeds-mirror" else DEFAULTS.prefill_chunks
+    host_sync = ns.host_sync
+    if host_sync is None:
+        host_sync = variant == "host-sync-unguarded"
     b = Bounds(
         depth=ns.depth, slots=ns.slots, requests=ns.requests, max_tokens=ns.max_tokens,
         preemptions=ns.preemptions, finish=ns.finish, abort=ns.abort, preempt=ns.preempt,
-        condense=ns.condense, guard=ns.guard, release_at=ns.release_at,
+        condense=ns.condense, guard=ns.guard and variant != "guard-off",
+        release_at="issue" if variant == "release-at-issue" else ns.release_at,
+        preempt_policy=ns.preempt_policy, prefill_chunks=chunks, host_sync=host_sync,
+        variant=variant if variant in VARIANTS else "",
     )
     if ns.preemptions < 0:
         raise UsageError(f"--preemptions must be 0 or more, got {ns.preemptions}")

@@ -144,7 +144,9 @@ def cmd_tlc(ns: argparse.Namespace) -> int:
             print("  only in python: " + "; ".join(g["only_python"]))
             print("  only in TLC:    " + "; ".join(g["only_tlc"]))
     off = result["guard_off"]
-    if off is not None:
+    if off is not None and off["python_violated"] is None and off["tlc_violated"] is None:
+        print("guard off: both hold (no row reads the mirror at these bounds): agree")
+    elif off is not None:
         print(f"guard off: python {off['python_violated']} in {off['python_length']} steps, "
               f"TLC {off['tlc_violated']} in {off['tlc_length']} steps: "
               f"{'agree' if off['agree'] else 'DISAGREE'}")
