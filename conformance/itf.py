@@ -24,7 +24,9 @@ from .configs import CONFIGS
 from .lockstep import EFFECT, Divergence, Move
 
 MODEL = "mirrored-sampled-ids"
-VERSION = 1
+VERSION = 2
+"""2: rows carry `partial`, requests `prefill_left`, bounds the preemption policy, chunking and
+host sync; a version-1 trace is refused with its version."""
 VARS = ["allocated", "next_slot", "queue", "slots", "requests", "broken",
         "mbt::actionTaken", "mbt::nondetPicks"]
 

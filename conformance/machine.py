@@ -77,7 +77,7 @@ class Recorder:
                                       ls.sampling, ls.sampling_seed)
 
 
-RULE_WEIGHTS: dict[str, float] = {"abort": 0.1, "finish": 0.3, "preempt": 0.6}
+RULE_WEIGHTS: dict[str, float] = {"abort": 0.2, "finish": 0.5, "preempt": 0.8}
 """Chance that a selected rule acts: events that close or set back a request would otherwise
 end most examples within a few steps, long before a request decodes from the mirror."""
 

@@ -94,7 +94,9 @@ class RunnerConfig:
         if self.depth not in (1, 2):
             raise ValueError(f"depth (max_concurrent_batches) must be 1 or 2, got {self.depth}")
         if self.preempt_policy not in ("keep", "drop"):
-            raise ValueError(f"preempt_policy must be 'keep' or 'drop', got {self.preempt_policy!r}")
+            raise ValueError(
+                f"preempt_policy must be 'keep' or 'drop', got {self.preempt_policy!r}"
+            )
         if self.prefill_chunks < 1:
             raise ValueError(f"prefill_chunks must be 1 or more, got {self.prefill_chunks}")
 

@@ -8,7 +8,8 @@ phases in pipeline order, stop tokens) plus what serving a decoder model needs:
 - each admitted request holds one KV block (a device row of the context table) until it
   finishes, aborts or is preempted;
 - a KV budget in tokens: before each step, if the contexts the step would grow exceed it, the
-  newest-arrived running request is preempted (its block freed, its in-flight tokens dropped);
+  newest-arrived running request is preempted (its block freed; its in-flight tokens delivered
+  under the keep policy, the default, or dropped under drop);
   preempted requests resume first, when the budget allows, rebuilt from the host's token list;
 - each step stages its rows' context inputs (block, write index, prefill) between the runner's
   schedule and combine.
@@ -162,7 +163,8 @@ class ServingEngine(Engine):
         )
         for req in preempted:
             # A request preempted just now waits a step: resuming it at once would only thrash.
-            if req in victims or not self._fits(req):
+            # Under keep it also waits until its in-flight tokens are delivered (no placeholder).
+            if req in victims or r.live_rows(req) or not self._fits(req):
                 return  # first come, first served: nobody overtakes a preempted request
             r.resume(req)
             self._take_block(req)

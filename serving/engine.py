@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from ..impl.backend import Backend
 from ..impl.probe import ProbeSpec
 from ..impl.resolution import SchedulingConfig, resolve
-from ..impl.runner import CLOSED, Runner, RunnerConfig, Status
+from ..impl.runner import CLOSED, Runner, RunnerConfig
 
 Order = Callable[[list[int]], Sequence[int]]
 """Chooses the row order of a step from the eligible requests (condense/reorder policy)."""
@@ -42,6 +42,9 @@ class EngineConfig:
     probe: ProbeSpec = field(default_factory=ProbeSpec)
     trace: bool = False
     guard: bool = True
+    preempt_policy: str = "keep"
+    """A preempted request's in-flight tokens: "keep" (vLLM's: delivered; it resumes once it owns
+    no placeholder) or "drop" (recomputed after the resume)."""
     drain_on_layout_change: bool = False
     """The TT plugin's policy, for comparison only: before a step whose rows differ from the
     previous step's (arrival, finish, preemption, reorder), retire every step in flight. The
@@ -65,6 +68,7 @@ class Engine:
                 guard=c.guard,
                 probe=c.probe,
                 trace=c.trace,
+                preempt_policy=c.preempt_policy,
             ),
         )
         self.order: Order = order or (lambda eligible: eligible)
@@ -144,7 +148,8 @@ class Engine:
         r.readback_complete(0)
         tokens = r.apply()
         for req, token in tokens.items():
-            if token in self.stop_ids.get(req, ()) and r.status(req) == Status.RUNNING:
+            # A preempted request's kept token is stop-checked too (it may finish while preempted).
+            if token in self.stop_ids.get(req, ()) and r.status(req) not in CLOSED:
                 r.finish(req)
         for slot in range(len(r.slots)):
             if r.releasable(slot):

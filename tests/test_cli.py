@@ -29,6 +29,12 @@ def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
         ["check", "--max-tokens", "x"],
         ["check", "--preemptions", "-1"],
         ["check", "--release-at", "never"],
+        ["check", "--preempt-policy", "sometimes"],
+        ["check", "--prefill-chunks", "0"],
+        ["check", "--variant", "no-such-variant"],
+        ["check", "--prefill-chunks", "1", "--variant", "partial-prefill-feeds-mirror"],
+        ["check", "--no-host-sync", "--variant", "host-sync-unguarded"],
+        ["fuzz", "--variant", "resume-with-placeholder"],
         ["check", "--frobnicate"],
         ["graph", "--view", "sideways"],
         ["graph", "--format", "png"],
@@ -151,3 +157,29 @@ def test_info_async_off_and_unknown_backend() -> None:
     assert info["async_scheduling_enabled"] is False and info["max_concurrent_batches"] == 1
     bad = run_cli("info", "--backend", "nope")
     assert bad.returncode == 2 and bad.stderr.count("\n") == 1
+
+
+@pytest.mark.parametrize(
+    ("args", "invariant", "length"),
+    [
+        (["--variant", "resume-with-placeholder"], "StaleHostIdsGuard", 9),
+        (["--variant", "partial-prefill-feeds-mirror"], "StaleHostIdsGuard", 7),
+        (["--variant", "host-sync-unguarded"], "StaleHostIdsGuard", 7),
+        (["--variant", "guard-off"], "StaleHostIdsGuard", 7),
+    ],
+)
+def test_variants_fail_check_with_their_shortest_counterexample(
+    args: list[str], invariant: str, length: int, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # A variant implies the option it needs (chunking, host sync), so it fails on its own.
+    assert main(["check", *SMALL, *args, "--json"]) == 1
+    out = json.loads(capsys.readouterr().out)
+    assert out["violated"] == invariant and len(out["counterexample"]) == length
+
+
+@pytest.mark.parametrize("args", [["--preempt-policy", "drop"], ["--prefill-chunks", "2"],
+                                  ["--host-sync"]])
+def test_each_option_passes_check(args: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["check", *SMALL, *args, "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["passed"] is True

@@ -135,6 +135,9 @@ def _fuzz_bounds(ns: argparse.Namespace) -> Bounds:
     if bounds.release_at != "complete":
         raise UsageError("--release-at issue has no implementation counterpart; use "
                          "`ttmirror mutants --bug release-at-issue`")
+    if bounds.variant:
+        raise UsageError(f"--variant {bounds.variant} is a model variant with no implementation "
+                         f"switch; use `ttmirror mutants --bug {bounds.variant}`")
     if ns.examples < 0 or ns.seconds < 0 or not 0 <= ns.min_edges <= 1 or ns.jobs < 1:
         raise UsageError("--examples and --seconds must be >= 0, --jobs >= 1, --min-edges in "
                          "[0, 1]")

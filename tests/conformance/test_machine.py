@@ -104,3 +104,25 @@ def test_profiles_exist() -> None:
     assert profiles.profile("dev").max_examples < profiles.profile("nightly").max_examples
     with pytest.raises(ValueError, match="unknown profile"):
         profiles.profile("weekly")
+
+
+OPTIONS = [
+    # (bounds, the runner counter that shows the option's situation really occurred)
+    (Bounds(preempt_policy="drop"), "dropped_rows"),
+    (Bounds(), "preempted_delivered"),  # keep, the default: a preempted token delivered
+    (Bounds(prefill_chunks=2), "partial_rows"),
+    (Bounds(host_sync=True), "host_sync_held"),
+]
+
+
+@pytest.mark.parametrize(("bounds", "stat"), OPTIONS,
+                         ids=["preempt-drop", "preempt-keep", "prefill-chunks-2", "host-sync"])
+def test_each_option_conforms_and_its_situation_occurs(bounds: Bounds, stat: str) -> None:
+    seen = [0]
+
+    def record(ls: Lockstep) -> None:
+        seen[0] += ls.runner.stats[stat]
+
+    result = campaign.run(bounds, "tt", profiles.profile("ci"), on_run=record, max_examples=60)
+    assert not result.failed, result.error
+    assert seen[0] > 0, f"no run had {stat}: the option's situation never occurred"

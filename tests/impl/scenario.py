@@ -89,7 +89,9 @@ def run(engine: Engine, plan: list[RequestPlan], reference: ProbeReference) -> O
             p = arrivals.pop(0)
             engine.submit(p.req, p.prompt, max_tokens=p.max_tokens, stop_ids=stop_ids(p, reference))
         for req, when in list(resume_at.items()):
-            if when <= it:
+            if runner.requests[req].status in CLOSED:
+                del resume_at[req]  # keep: its kept token finished it while preempted
+            elif when <= it and not runner.live_rows(req):  # keep: no placeholder left
                 engine.resume(req)
                 del resume_at[req]
         engine.step()

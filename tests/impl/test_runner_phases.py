@@ -17,8 +17,9 @@ from ttmirror.impl.runner import (
 from ttmirror.impl.tt_backend import TtBackend
 
 
-def loaded(depth: int = 2, slots: int = 2, backend: object = None) -> Runner:
-    runner = Runner(backend or CpuBackend(), RunnerConfig(depth=depth, slots=slots, rows=4))  # type: ignore[arg-type]
+def loaded(depth: int = 2, slots: int = 2, backend: object = None, **config: object) -> Runner:
+    runner = Runner(backend or CpuBackend(),  # type: ignore[arg-type]
+                    RunnerConfig(depth=depth, slots=slots, rows=4, **config))  # type: ignore[arg-type]
     runner.allocate()
     return runner
 
@@ -115,7 +116,7 @@ def test_request_events_check_status() -> None:
 
 
 def test_abstract_shows_the_previous_row_map_and_dropped_rows() -> None:
-    runner = loaded()
+    runner = loaded(preempt_policy="drop")
     for req in (0, 1, 2):
         runner.arrive(req, 10 + req)
     launch_step(runner, [0, 1, 2])
@@ -144,6 +145,49 @@ def test_abstract_shows_the_previous_row_map_and_dropped_rows() -> None:
     retire(runner)
     q = runner.schedule([0, 2])
     assert [r.prev_row for r in runner.abstract().queue[q].rows] == [None, None]
+
+
+def test_keep_delivers_a_preempted_token_and_resumes_without_placeholders() -> None:
+    runner = loaded(max_tokens=4)  # keep is the default
+    runner.arrive(0, 10)
+    launch_step(runner)
+    launch_step(runner)
+    runner.preempt(0)
+    assert all(r.live for s in runner.abstract().queue for r in s.rows)  # nothing dropped
+    refused(runner, lambda: runner.resume(0), "placeholder")
+    assert 0 in retire(runner) and runner.status(0) == Status.PREEMPTED
+    refused(runner, lambda: runner.resume(0), "placeholder")  # the second step still owes one
+    retire(runner)
+    assert len(runner.requests[0].delivered) == 2 and runner.stats["preempted_delivered"] == 2
+    runner.resume(0)
+    q = runner.schedule()
+    row = runner.abstract().queue[q].rows[0]
+    assert (row.pos, row.prev_row) == (2, None)  # re-prefill from host ids, nothing owed
+
+
+def test_partial_prefill_rows_are_never_mirrored_nor_delivered() -> None:
+    runner = loaded(prefill_chunks=2)
+    runner.arrive(0, 10)
+    launch_step(runner)
+    q = launch_step(runner)
+    first, last = (s.rows[0] for s in runner.abstract().queue)
+    assert first.partial and not last.partial and (last.pos, last.prev_row) == (0, None)
+    assert runner.abstract().queue[q].src_slot is None
+    assert retire(runner) == {}  # the partial row's id is discarded
+    assert list(retire(runner)) == [0] and len(runner.requests[0].delivered) == 1
+
+
+def test_host_sync_request_waits_for_its_step_in_flight() -> None:
+    runner = loaded()
+    runner.arrive(0, 10, host_sync=True)
+    runner.arrive(1, 11)
+    launch_step(runner)
+    assert runner.eligible() == [1]
+    q = launch_step(runner)
+    assert [r.req for r in runner.abstract().queue[q].rows] == [1]
+    assert runner.stats["host_sync_held"] == 1
+    retire(runner)
+    assert 0 in runner.eligible()
 
 
 def test_a_slot_is_not_rewritten_while_its_readback_is_outstanding(tt: TtBackend) -> None:
