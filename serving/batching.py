@@ -42,6 +42,8 @@ class ServingConfig:
     trace: bool = False
     guard: bool = True
     drain_on_layout_change: bool = False
+    preempt_policy: str = "keep"
+    """A preempted request's in-flight tokens: "keep" (vLLM's) or "drop" (recomputed)."""
 
 
 @dataclass
@@ -84,6 +86,7 @@ class ServingEngine(Engine):
                 trace=c.trace,
                 guard=c.guard,
                 drain_on_layout_change=c.drain_on_layout_change,
+                preempt_policy=c.preempt_policy,
             ),
             order,
         )

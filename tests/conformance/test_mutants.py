@@ -83,7 +83,9 @@ def _effects(trace: itf.Loaded, moves: list) -> set[tuple[str, int]]:  # type: i
 def test_device_half_traces_fail_when_the_wrong_data_comes_into_being(bug: str) -> None:
     trace = itf.load(REGRESSIONS / f"{bug}.itf.json")
     failure = trace.meta["failure"]
-    assert "(device data)" in failure["message"].split(";")[0]  # the first thing that differs
+    # Device data differs (a host-blocking move may complete the effect and its readback at
+    # once: then the host copy differs beside it).
+    assert "(device data)" in failure["message"]
     assert failure["step"] == len(trace.moves)
     with faults.planted(bug):
         assert _replay(trace) == FAILS

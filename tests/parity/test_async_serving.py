@@ -64,6 +64,7 @@ class Run:
     async_scheduling: str = "auto"
     guard: bool = True
     trace: bool = False
+    preempt_policy: str = "keep"
 
 
 def _require_async(enabled: bool, batches: int) -> None:
@@ -98,6 +99,7 @@ def _serve(run: Run, plan: list[RequestPlan]) -> Outcome:
                 kv_tokens=KV_TOKENS,
                 guard=run.guard,
                 trace=run.trace,
+                preempt_policy=run.preempt_policy,
             ),
         )
         try:
@@ -125,7 +127,8 @@ def _outcome(run: Run, gate: bool = False) -> Outcome:
     return out
 
 
-def _check_scenario(out: Outcome, plan: list[RequestPlan], depth: int) -> None:
+def _check_scenario(out: Outcome, plan: list[RequestPlan], depth: int,
+                    policy: str = "keep") -> None:
     """Each scenario of the workload really happened (a run that skipped one proves nothing)."""
     s = out.stats
     assert s["depth"] == depth
@@ -147,14 +150,19 @@ def _check_scenario(out: Outcome, plan: list[RequestPlan], depth: int) -> None:
         assert s["mirror_rows"] > 0
         assert s.get("preempt_in_flight", 0) >= 1
         assert s.get("abort_in_flight", 0) + s.get("finish_in_flight", 0) >= 1
+        if policy == "keep":  # a preempted request's in-flight token really was delivered
+            assert s.get("preempted_delivered", 0) >= 1
+        else:  # ... or really was dropped
+            assert s.get("preempted_delivered", 0) == 0 and s.get("dropped_rows", 0) >= 1
 
 
-def _parity_case(model: str, sampling: str, async_scheduling: str = "auto") -> None:
+def _parity_case(model: str, sampling: str, async_scheduling: str = "auto",
+                 policy: str = "keep") -> None:
     plan = standard_plan(_model(model).vocab)
-    depth2 = _outcome(Run(model, sampling, async_scheduling), gate=True)
-    depth1 = _outcome(Run(model, sampling, "off"))
-    _check_scenario(depth2, plan, depth=2)
-    _check_scenario(depth1, plan, depth=1)
+    depth2 = _outcome(Run(model, sampling, async_scheduling, preempt_policy=policy), gate=True)
+    depth1 = _outcome(Run(model, sampling, "off", preempt_policy=policy))
+    _check_scenario(depth2, plan, depth=2, policy=policy)
+    _check_scenario(depth1, plan, depth=1, policy=policy)
     for p in plan:
         assert depth2.tokens[p.req] == depth1.tokens[p.req], f"request {p.req} differs"
     assert depth2.statuses == depth1.statuses
@@ -167,6 +175,18 @@ def _parity_case(model: str, sampling: str, async_scheduling: str = "auto") -> N
 @pytest.mark.parametrize("model", ["probe", *TINY])
 def test_async_serving_parity(model: str, sampling: str) -> None:
     _parity_case(model, sampling)
+
+
+@pytest.mark.parametrize("sampling", sorted(SAMPLINGS))
+@pytest.mark.parametrize("model", ["probe", *TINY])
+def test_async_serving_parity_when_preemption_drops(model: str, sampling: str) -> None:
+    # The other legal policy: tokens in flight at a preemption are recomputed after the resume.
+    _parity_case(model, sampling, policy="drop")
+
+
+def test_both_preemption_policies_serve_the_same_tokens() -> None:
+    keep = _outcome(Run("probe", "greedy", "off")).tokens
+    assert keep == _outcome(Run("probe", "greedy", "off", preempt_policy="drop")).tokens
 
 
 @pytest.fixture(params=sorted(CHECKPOINTS))
