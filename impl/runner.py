@@ -290,9 +290,10 @@ class Runner:
         )
 
     def arrive(self, req: int, prompt: int, *, max_tokens: int | None = None,
-               host_sync: bool = False) -> None:
+               host_sync: bool = False, prefill_chunks: int | None = None) -> None:
         """Request `req` arrives with the last prompt token `prompt`; it waits for a step.
-        `host_sync`: it needs its newest token on the host before each next step."""
+        `host_sync`: it needs its newest token on the host before each next step;
+        `prefill_chunks`: steps its first prefill takes (default: the config's)."""
         self._need_allocated("arrive")
         if req in self.requests:
             status = self.requests[req].status.name
@@ -304,9 +305,11 @@ class Runner:
             raise ValueError(
                 f"arrive(r{req}): max_tokens {budget} must be in [1, probe.max_positions)"
             )
+        chunks = self.config.prefill_chunks if prefill_chunks is None else prefill_chunks
+        if chunks < 1:
+            raise ValueError(f"arrive(r{req}): prefill_chunks must be 1 or more, got {chunks}")
         self.requests[req] = _Request(prompt=prompt, max_tokens=budget,
-                                      prefill_left=self.config.prefill_chunks - 1,
-                                      host_sync=host_sync)
+                                      prefill_left=chunks - 1, host_sync=host_sync)
 
     def finish(self, req: int) -> None:
         """The newest delivered token was a stop token: finish, dropping in-flight rows."""

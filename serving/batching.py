@@ -44,6 +44,9 @@ class ServingConfig:
     drain_on_layout_change: bool = False
     preempt_policy: str = "keep"
     """A preempted request's in-flight tokens: "keep" (vLLM's) or "drop" (recomputed)."""
+    prefill_chunk: int | None = None
+    """Prompt tokens a step prefills per request (chunked prefill); None: a whole prompt. A
+    partial chunk's sampled id is discarded; a resumed request re-prefills in one step."""
 
 
 @dataclass
@@ -60,6 +63,10 @@ class KvStats:
     resumes: int = 0
     peak_tokens: int = 0
     prefills: int = 0
+    partial_chunks: int = 0
+    """Partial prefill chunks staged (their sampled ids discarded)."""
+    chunks_beside_mirror: int = 0
+    """Steps that prefilled a partial chunk beside a row decoding from the mirror."""
     preempted: set[int] = field(default_factory=set)
     resumed_at: dict[int, int] = field(default_factory=dict)
     """Tokens each resumed request had at its last resume."""
@@ -75,6 +82,8 @@ class ServingEngine(Engine):
         self.model: DecoderModel = backend.model
         self.serving = config or ServingConfig()
         c = self.serving
+        if c.prefill_chunk is not None and c.prefill_chunk < 1:
+            raise ValueError(f"prefill_chunk must be 1 or more, got {c.prefill_chunk}")
         super().__init__(
             backend,
             EngineConfig(
@@ -95,6 +104,7 @@ class ServingEngine(Engine):
         self.requests: dict[int, _Request] = {}
         self.queued: list[int] = []  # submitted, never admitted, in arrival order
         self.block_of: dict[int, int] = {}
+        self.chunks_done: dict[int, int] = {}  # partial prefill chunks scheduled so far
         self.free_blocks = list(range(c.rows))
         self.needs_prefill: set[int] = set()
         self.kv = KvStats()
@@ -176,7 +186,9 @@ class ServingEngine(Engine):
         while self.queued and self._fits(self.queued[0]):
             req = self.queued.pop(0)
             w = self.requests[req]
-            r.arrive(req, w.prompt[-1], max_tokens=w.max_tokens)
+            r.arrive(req, w.prompt[-1], max_tokens=w.max_tokens,
+                     prefill_chunks=self._chunks(len(w.prompt)))
+            self.chunks_done[req] = 0
             self.stop_ids[req] = w.stop_ids
             self._take_block(req)
         self.kv.peak_tokens = max(self.kv.peak_tokens, self._usage())
@@ -186,10 +198,18 @@ class ServingEngine(Engine):
         step = self.runner.queue[q]
         active, block, write_at, prefill, request = ([] for _ in range(5))
         prefill_ids: list[tuple[int, ...]] = []
+        live = [row for row in step.rows if row.live]
+        if any(row.partial for row in live) and any(row.prev_row is not None for row in live):
+            self.kv.chunks_beside_mirror += 1
         for row in step.rows:
             w = self.requests[row.req]
             at = len(w.prompt) - 1 + row.pos
-            fresh = row.live and row.req in self.needs_prefill
+            if row.live and row.partial:
+                # A partial chunk ends inside the prompt: its sampled id is discarded.
+                self.chunks_done[row.req] += 1
+                at = self.chunks_done[row.req] * (self.serving.prefill_chunk or 0) - 1
+                self.kv.partial_chunks += 1
+            fresh = row.live and (row.partial or row.req in self.needs_prefill)
             active.append(int(row.live))
             block.append(self.block_of.get(row.req, 0))
             write_at.append(at)
@@ -199,8 +219,9 @@ class ServingEngine(Engine):
                 # Re-entering: the block is rebuilt from the host's authoritative tokens.
                 known = w.prompt + tuple(self.runner.requests[row.req].delivered)
                 prefill_ids.append(known[:at])
-                self.needs_prefill.discard(row.req)
-                self.kv.prefills += 1
+                if not row.partial:
+                    self.needs_prefill.discard(row.req)
+                    self.kv.prefills += 1
             else:
                 prefill_ids.append(())
         self.context.stage(
@@ -243,6 +264,11 @@ class ServingEngine(Engine):
                 f"request {req}: it needs {need} KV tokens, the budget is {budget} in all"
             )
         return ids
+
+    def _chunks(self, prompt_len: int) -> int:
+        """Steps a prompt's first prefill takes."""
+        chunk = self.serving.prefill_chunk
+        return 1 if chunk is None else -(-prompt_len // chunk)
 
     def _context_after_step(self, req: int) -> int:
         """Context tokens `req` holds once the next step ran (in-flight tokens included)."""

@@ -145,6 +145,8 @@ def _outcome(engine: ServingEngine, iterations: int, seconds: float, aborted: se
             "kv_resumes": kv.resumes,
             "kv_prefills": kv.prefills,
             "kv_peak_tokens": kv.peak_tokens,
+            "kv_partial_chunks": kv.partial_chunks,
+            "kv_chunks_beside_mirror": kv.chunks_beside_mirror,
             "preempted_requests": sorted(kv.preempted),
             "resumed_and_progressed": sorted(
                 r for r, at in kv.resumed_at.items() if len(runner.requests[r].delivered) > at

@@ -65,6 +65,7 @@ class Run:
     guard: bool = True
     trace: bool = False
     preempt_policy: str = "keep"
+    prefill_chunk: int | None = None
 
 
 def _require_async(enabled: bool, batches: int) -> None:
@@ -100,6 +101,7 @@ def _serve(run: Run, plan: list[RequestPlan]) -> Outcome:
                 guard=run.guard,
                 trace=run.trace,
                 preempt_policy=run.preempt_policy,
+                prefill_chunk=run.prefill_chunk,
             ),
         )
         try:
@@ -182,6 +184,26 @@ def test_async_serving_parity(model: str, sampling: str) -> None:
 def test_async_serving_parity_when_preemption_drops(model: str, sampling: str) -> None:
     # The other legal policy: tokens in flight at a preemption are recomputed after the resume.
     _parity_case(model, sampling, policy="drop")
+
+
+CHUNK = 2
+"""Prompt tokens per prefill chunk: every prompt of the standard plan longer than this is split."""
+
+
+@pytest.mark.parametrize("sampling", sorted(SAMPLINGS))
+@pytest.mark.parametrize("model", ["probe", *TINY])
+def test_async_serving_parity_with_chunked_prefill(model: str, sampling: str) -> None:
+    plan = standard_plan(_model(model).vocab)
+    depth2 = _outcome(Run(model, sampling, prefill_chunk=CHUNK), gate=True)
+    depth1 = _outcome(Run(model, sampling, "off", prefill_chunk=CHUNK))
+    _check_scenario(depth2, plan, depth=2)
+    _check_scenario(depth1, plan, depth=1)
+    # Chunks were really prefilled, and one beside a row decoding from the mirror.
+    assert depth2.stats["kv_partial_chunks"] > 0 and depth2.stats["kv_chunks_beside_mirror"] > 0
+    assert depth2.stats["partial_rows"] > 0
+    assert depth2.tokens == depth1.tokens and depth2.statuses == depth1.statuses
+    # Chunking changes when tokens come, not which: the same tokens as one-step prefill.
+    assert depth2.tokens == _outcome(Run(model, sampling, "off")).tokens
 
 
 def test_both_preemption_policies_serve_the_same_tokens() -> None:
