@@ -46,6 +46,8 @@ def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
         # when cli.py runs as __main__.
         ["fuzz", "--jobs", "0"],
         ["serve-demo", "--requests", "0"],
+        ["serve-demo", "--prefill-chunk", "0"],
+        ["serve-demo", "--preempt-policy", "never"],
         ["mutants", "--bug", "no-such-bug"],
     ],
 )

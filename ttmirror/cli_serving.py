@@ -42,6 +42,12 @@ def register(add_parser: AddParser) -> None:
                    help="KV budget in context tokens (default %(default)s)")
     s.add_argument("--prompt", default=None,
                    help="comma-separated prompt ids for request 0 (checked against the vocab)")
+    s.add_argument("--preempt-policy", choices=("keep", "drop"), default="keep",
+                   help="a preempted request's in-flight tokens: keep (vLLM's: delivered) or "
+                        "drop (recomputed) (default %(default)s)")
+    s.add_argument("--prefill-chunk", type=int, default=None,
+                   help="prompt tokens prefilled per step (chunked prefill; default: a whole "
+                        "prompt in one step)")
     s.set_defaults(func=cmd_serve_demo)
 
 
@@ -64,6 +70,7 @@ def cmd_serve_demo(ns: argparse.Namespace) -> int:
     _positive("requests", ns.requests)
     _positive("max-tokens", ns.max_tokens)
     _positive("kv-tokens", ns.kv_tokens)
+    _positive("prefill-chunk", ns.prefill_chunk)
     prompt = _parse_prompt(ns.prompt) if ns.prompt is not None else None
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     # Checked before the imports below: they load torch, ttnn and transformers.
@@ -134,7 +141,8 @@ def _open_engine(ns: argparse.Namespace, model: DecoderModel) -> tuple[ServingBa
         )
     backend = ServingBackend(get_backend(ns.backend, **options), model, sampling)
     try:
-        config = ServingConfig(async_scheduling=ns.async_scheduling, kv_tokens=ns.kv_tokens)
+        config = ServingConfig(async_scheduling=ns.async_scheduling, kv_tokens=ns.kv_tokens,
+                               preempt_policy=ns.preempt_policy, prefill_chunk=ns.prefill_chunk)
         return backend, ServingEngine(backend, config)
     except (ValueError, NotImplementedError) as e:
         # ValueError: async "on" where the backend cannot; NotImplementedError: the decoder op
