@@ -55,6 +55,7 @@ class _Request:
     max_tokens: int
     stop_ids: frozenset[int]
     arrival: int
+    host_sync: bool = False
 
 
 @dataclass
@@ -118,10 +119,14 @@ class ServingEngine(Engine):
         *,
         max_tokens: int = 16,
         stop_ids: Iterable[int] = (),
+        host_sync: bool = False,
     ) -> None:
-        """Queue a request; InvalidRequest (nothing queued) if the engine can never serve it."""
+        """Queue a request; InvalidRequest (nothing queued) if the engine can never serve it.
+        `host_sync`: its next step needs its newest token on the host (a host-side mask, as
+        structured output needs), so it is not scheduled while a step of it is in flight."""
         ids = self.validate(req, prompt, max_tokens)
-        self.requests[req] = _Request(ids, max_tokens, frozenset(stop_ids), self._arrivals)
+        self.requests[req] = _Request(ids, max_tokens, frozenset(stop_ids), self._arrivals,
+                                      host_sync)
         self._arrivals += 1
         self.queued.append(req)
 
@@ -187,7 +192,7 @@ class ServingEngine(Engine):
             req = self.queued.pop(0)
             w = self.requests[req]
             r.arrive(req, w.prompt[-1], max_tokens=w.max_tokens,
-                     prefill_chunks=self._chunks(len(w.prompt)))
+                     prefill_chunks=self._chunks(len(w.prompt)), host_sync=w.host_sync)
             self.chunks_done[req] = 0
             self.stop_ids[req] = w.stop_ids
             self._take_block(req)

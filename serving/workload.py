@@ -27,6 +27,8 @@ class RequestPlan:
     stop_ids: frozenset[int] = frozenset()
     abort_after: int | None = None
     """Aborted once it has received this many tokens."""
+    host_sync: bool = False
+    """Its next step needs its newest token on the host (not scheduled while one is in flight)."""
 
 
 @dataclass
@@ -98,7 +100,8 @@ def run_workload(
     while True:
         while pending and pending[0].arrival <= it:
             p = pending.pop(0)
-            engine.submit(p.req, p.prompt, max_tokens=p.max_tokens, stop_ids=p.stop_ids)
+            engine.submit(p.req, p.prompt, max_tokens=p.max_tokens, stop_ids=p.stop_ids,
+                          host_sync=p.host_sync)
         engine.step()
         if on_step is not None:
             on_step(engine)

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import cache
 
 import pytest
@@ -204,6 +204,21 @@ def test_async_serving_parity_with_chunked_prefill(model: str, sampling: str) ->
     assert depth2.tokens == depth1.tokens and depth2.statuses == depth1.statuses
     # Chunking changes when tokens come, not which: the same tokens as one-step prefill.
     assert depth2.tokens == _outcome(Run(model, sampling, "off")).tokens
+
+
+@pytest.mark.parametrize("sampling", sorted(SAMPLINGS))
+@pytest.mark.parametrize("model", ["probe", *TINY])
+def test_async_serving_parity_with_a_host_sync_request(model: str, sampling: str) -> None:
+    # Request 1 needs its newest token on the host before each step (as a structured-output
+    # mask does): it takes no depth-2 step, while the others still overlap.
+    plan = [replace(p, host_sync=p.req == 1) for p in standard_plan(_model(model).vocab)]
+    depth2 = _serve(Run(model, sampling), plan)
+    depth1 = _serve(Run(model, sampling, "off"), plan)
+    _require_async(depth2.stats["async_enabled"], depth2.stats["depth"])
+    _check_scenario(depth2, plan, depth=2)
+    _check_scenario(depth1, plan, depth=1)
+    assert depth2.stats["host_sync_held"] > 0, "the host-sync request was never held back"
+    assert depth2.tokens == depth1.tokens and depth2.statuses == depth1.statuses
 
 
 def test_both_preemption_policies_serve_the_same_tokens() -> None:
