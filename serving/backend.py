@@ -17,7 +17,7 @@ from ..impl.backend import Backend, Mirror, MirrorSpec, padded_rows
 from ..impl.cpu_backend import CpuBackend, CpuMirror
 from ..impl.device.sampling import sample_rows
 from ..impl.probe import ProbeSpec
-from .context import ContextRows, SamplingParams, decode_rows
+from .context import ContextRows, SamplingParams, decode_rows, row_sampling
 from .models import DecoderModel
 
 
@@ -69,13 +69,13 @@ class CpuDecoder:
         s, v = self.sampling, self.model.vocab
         values = logits.to(torch.bfloat16).reshape(1, 1, self.width, v)  # as the device's typecast
         indices = torch.arange(v).repeat(self.width, 1).reshape(1, 1, self.width, v)
-        full = lambda x: torch.full((self.width,), x)  # noqa: E731
+        k, p, inv_t = row_sampling(r, s, self.width)
         return sample_rows(
             values,
             indices,
-            full(s.top_k),
-            full(s.top_p).to(torch.bfloat16),
-            full(1.0 / s.temperature).to(torch.bfloat16),
+            k,
+            p.to(torch.bfloat16),
+            inv_t.to(torch.bfloat16),
             seed=int(s.seed or 0),
             requests=self._column(r.request),
             positions=positions,

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from ..impl.probe import ProbeSpec
 from ..impl.runner import CLOSED, Status
 from .backend import ServingBackend
-from .context import ContextRows
+from .context import ContextRows, SamplingParams
 from .engine import Engine, EngineConfig, Order
 from .models import DecoderModel
 
@@ -56,6 +56,8 @@ class _Request:
     stop_ids: frozenset[int]
     arrival: int
     host_sync: bool = False
+    sampling: SamplingParams | None = None
+    """Its own sampling parameters (None: the engine's)."""
 
 
 @dataclass
@@ -66,6 +68,8 @@ class KvStats:
     prefills: int = 0
     partial_chunks: int = 0
     """Partial prefill chunks staged (their sampled ids discarded)."""
+    mixed_sampling_steps: int = 0
+    """Steps whose rows sample with different parameters (greedy beside sampled, ...)."""
     chunks_beside_mirror: int = 0
     """Steps that prefilled a partial chunk beside a row decoding from the mirror."""
     preempted: set[int] = field(default_factory=set)
@@ -81,6 +85,7 @@ class ServingEngine(Engine):
         order: Order | None = None,
     ) -> None:
         self.model: DecoderModel = backend.model
+        self.sampling: SamplingParams = backend.sampling
         self.serving = config or ServingConfig()
         c = self.serving
         if c.prefill_chunk is not None and c.prefill_chunk < 1:
@@ -120,13 +125,24 @@ class ServingEngine(Engine):
         max_tokens: int = 16,
         stop_ids: Iterable[int] = (),
         host_sync: bool = False,
+        sampling: SamplingParams | None = None,
     ) -> None:
         """Queue a request; InvalidRequest (nothing queued) if the engine can never serve it.
         `host_sync`: its next step needs its newest token on the host (a host-side mask, as
-        structured output needs), so it is not scheduled while a step of it is in flight."""
+        structured output needs), so it is not scheduled while a step of it is in flight.
+        `sampling`: its own top-k, top-p and temperature (greedy: top-k 1), on an engine loaded
+        with a seeded sampler."""
         ids = self.validate(req, prompt, max_tokens)
+        if sampling is not None and self.sampling.greedy and not sampling.greedy:
+            raise InvalidRequest(
+                f"request {req}: sampled ({sampling.describe()}) on an engine loaded greedy (the "
+                "argmax path); load it with a seeded sampler to serve per-request sampling"
+            )
+        if sampling is not None and (sampling.top_k < 1 or not 0 < sampling.top_p <= 1
+                                     or sampling.temperature <= 0):
+            raise InvalidRequest(f"request {req}: impossible sampling {sampling.describe()}")
         self.requests[req] = _Request(ids, max_tokens, frozenset(stop_ids), self._arrivals,
-                                      host_sync)
+                                      host_sync, sampling)
         self._arrivals += 1
         self.queued.append(req)
 
@@ -202,6 +218,9 @@ class ServingEngine(Engine):
         """Stage the step's context rows: block, write index, and prefill from host tokens."""
         step = self.runner.queue[q]
         active, block, write_at, prefill, request = ([] for _ in range(5))
+        top_k: list[int] = []
+        top_p: list[float] = []
+        temperature: list[float] = []
         prefill_ids: list[tuple[int, ...]] = []
         live = [row for row in step.rows if row.live]
         if any(row.partial for row in live) and any(row.prev_row is not None for row in live):
@@ -220,6 +239,11 @@ class ServingEngine(Engine):
             write_at.append(at)
             prefill.append(int(fresh))
             request.append(row.req)
+            own = w.sampling or self.sampling
+            # A greedy request on the sampler path draws its single most likely id.
+            top_k.append(1 if own.greedy else own.top_k)
+            top_p.append(1.0 if own.greedy else own.top_p)
+            temperature.append(1.0 if own.greedy else own.temperature)
             if fresh:
                 # Re-entering: the block is rebuilt from the host's authoritative tokens.
                 known = w.prompt + tuple(self.runner.requests[row.req].delivered)
@@ -229,6 +253,10 @@ class ServingEngine(Engine):
                     self.kv.prefills += 1
             else:
                 prefill_ids.append(())
+        live_params = {(top_k[i], top_p[i], temperature[i]) for i, row in enumerate(step.rows)
+                       if row.live}
+        if len(live_params) > 1:
+            self.kv.mixed_sampling_steps += 1  # requests with different parameters, one step
         self.context.stage(
             ContextRows(
                 tuple(active),
@@ -237,6 +265,9 @@ class ServingEngine(Engine):
                 tuple(prefill),
                 tuple(prefill_ids),
                 tuple(request),
+                tuple(top_k),
+                tuple(top_p),
+                tuple(temperature),
             )
         )
 

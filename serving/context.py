@@ -25,7 +25,9 @@ UINT32_MASK = 0xFFFFFFFF
 
 @dataclass(frozen=True)
 class SamplingParams:
-    """Greedy (`seed is None`) or seeded top-k/top-p sampling; one setting per engine."""
+    """Greedy (`seed is None`) or seeded top-k/top-p sampling. The engine's setting picks the
+    decoder's path at load (argmax, or the device sampler); on the sampler path each request may
+    carry its own top-k, top-p and temperature, and a greedy request draws with top-k 1."""
 
     seed: int | None = None
     top_k: int = 8
@@ -55,9 +57,25 @@ class ContextRows:
     """For prefill rows: the context before `write_at`, from the host's token list."""
     request: tuple[int, ...]
     """The request each row holds: seeded sampling draws by (seed, request, position)."""
+    top_k: tuple[int, ...] = ()
+    """Per row, on the sampler path: the request's top-k (1 for a greedy request)."""
+    top_p: tuple[float, ...] = ()
+    temperature: tuple[float, ...] = ()
 
     def any_prefill(self) -> bool:
         return any(self.prefill)
+
+
+def row_sampling(
+    rows: ContextRows, default: SamplingParams, width: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Per row: top-k, top-p and 1/temperature for the sampler (the engine's where unstaged)."""
+    k = torch.full((width,), default.top_k, dtype=torch.int32)
+    p = torch.full((width,), default.top_p, dtype=torch.float32)
+    inv_t = torch.full((width,), 1.0 / default.temperature, dtype=torch.float32)
+    for i, (rk, rp, rt) in enumerate(zip(rows.top_k, rows.top_p, rows.temperature, strict=True)):
+        k[i], p[i], inv_t[i] = rk, rp, 1.0 / rt
+    return k, p, inv_t
 
 
 def decode_rows(

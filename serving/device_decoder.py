@@ -32,7 +32,7 @@ import ttnn
 
 from ..impl.device import EmulatedMeshDevice, bind_sampling_identity
 from ..impl.device.commands import Program
-from .context import ContextRows, SamplingParams, decode_rows
+from .context import ContextRows, SamplingParams, decode_rows, row_sampling
 from .models import DecoderModel
 
 
@@ -93,6 +93,10 @@ class DeviceDecoder:
         self._allocate_context(blocks)
         if not sampling.greedy:
             self._allocate_sampler()
+        self._staged_sampling: tuple[tuple[float, ...], ...] | None = None
+        if not sampling.greedy:  # what _allocate_sampler wrote: the engine's, on every row
+            k, p, inv_t = row_sampling(ContextRows((), (), (), (), (), ()), sampling, width)
+            self._staged_sampling = (tuple(k.tolist()), tuple(p.tolist()), tuple(inv_t.tolist()))
         self.forwards = 0
         self.compute_s = 0.0
         """Time the decoder op spent computing (its delay excluded), for calibration."""
@@ -176,6 +180,23 @@ class DeviceDecoder:
                 if ids:
                     table[i, : len(ids)] = torch.tensor(ids, dtype=torch.int32)
             ttnn.copy_host_to_device_tensor(_host(table, ttnn.uint32), self.prefill_ids, cq_id=0)
+        if not self.sampling.greedy:
+            self._stage_sampling(rows)
+
+    def _stage_sampling(self, rows: ContextRows) -> None:
+        """Each row's top-k, top-p and 1/T, written only when a row's request or its
+        parameters changed (steady decode with one layout writes nothing)."""
+        k, p, inv_t = row_sampling(rows, self.sampling, self.width)
+        key = (tuple(k.tolist()), tuple(p.tolist()), tuple(inv_t.tolist()))
+        if key == self._staged_sampling:
+            return
+        self._staged_sampling = key
+        for values, dtype, target in ((k, ttnn.uint32, self.k), (p, ttnn.bfloat16, self.p),
+                                      (inv_t, ttnn.bfloat16, self.temp)):
+            host = ttnn.from_torch(values.to(torch.int32 if dtype == ttnn.uint32
+                                             else torch.bfloat16),
+                                   dtype=dtype, layout=ttnn.ROW_MAJOR_LAYOUT)
+            ttnn.copy_host_to_device_tensor(host, target, cq_id=self.cq)
 
     def forward(self, input_ids: ttnn.Tensor, positions: ttnn.Tensor, slot: ttnn.Tensor) -> None:
         """Enqueue the decoder op and the sampler; the sampler writes straight into `slot`."""

@@ -15,6 +15,7 @@ from typing import Any
 
 from ..impl.runner import Status
 from .batching import ServingEngine
+from .context import SamplingParams
 
 
 @dataclass(frozen=True)
@@ -29,6 +30,8 @@ class RequestPlan:
     """Aborted once it has received this many tokens."""
     host_sync: bool = False
     """Its next step needs its newest token on the host (not scheduled while one is in flight)."""
+    sampling: SamplingParams | None = None
+    """Its own sampling parameters (None: the engine's)."""
 
 
 @dataclass
@@ -101,7 +104,7 @@ def run_workload(
         while pending and pending[0].arrival <= it:
             p = pending.pop(0)
             engine.submit(p.req, p.prompt, max_tokens=p.max_tokens, stop_ids=p.stop_ids,
-                          host_sync=p.host_sync)
+                          host_sync=p.host_sync, sampling=p.sampling)
         engine.step()
         if on_step is not None:
             on_step(engine)
@@ -150,6 +153,7 @@ def _outcome(engine: ServingEngine, iterations: int, seconds: float, aborted: se
             "kv_peak_tokens": kv.peak_tokens,
             "kv_partial_chunks": kv.partial_chunks,
             "kv_chunks_beside_mirror": kv.chunks_beside_mirror,
+            "kv_mixed_sampling_steps": kv.mixed_sampling_steps,
             "preempted_requests": sorted(kv.preempted),
             "resumed_and_progressed": sorted(
                 r for r, at in kv.resumed_at.items() if len(runner.requests[r].delivered) > at

@@ -221,6 +221,36 @@ def test_async_serving_parity_with_a_host_sync_request(model: str, sampling: str
     assert depth2.tokens == depth1.tokens and depth2.statuses == depth1.statuses
 
 
+MIXED = (SamplingParams(), SamplingParams(seed=SEED, top_k=4, temperature=0.7),
+         SamplingParams(seed=SEED, top_k=16, top_p=0.5), SamplingParams(seed=SEED, top_k=2))
+"""Per-request sampling, by request id modulo 4: greedy, and three seeded settings."""
+
+
+@pytest.mark.parametrize("model", ["probe", *TINY])
+def test_async_serving_parity_with_per_request_sampling(model: str) -> None:
+    # Greedy and sampled requests in one batch: each row draws with its request's parameters,
+    # keyed by (request, position), wherever the request sits.
+    base = standard_plan(_model(model).vocab)
+    plan = [replace(p, sampling=MIXED[p.req % len(MIXED)]) for p in base]
+    depth2 = _serve(Run(model, "seeded"), plan)
+    depth1 = _serve(Run(model, "seeded", "off"), plan)
+    _require_async(depth2.stats["async_enabled"], depth2.stats["depth"])
+    _check_scenario(depth2, plan, depth=2)
+    _check_scenario(depth1, plan, depth=1)
+    assert depth2.stats["kv_mixed_sampling_steps"] > 0, "no step mixed sampling parameters"
+    assert depth2.tokens == depth1.tokens and depth2.statuses == depth1.statuses
+    # The parameters really matter: the engine's one setting serves other tokens.
+    assert depth2.tokens != _outcome(Run(model, "seeded", "off")).tokens
+
+
+def test_a_sampled_request_on_a_greedy_engine_is_refused() -> None:
+    from ttmirror.serving.batching import InvalidRequest
+
+    with pytest.raises(InvalidRequest, match="engine loaded greedy"):
+        _serve(Run("probe", "greedy"), [replace(standard_plan(_model("probe").vocab)[0],
+                                                 sampling=MIXED[1])])
+
+
 def test_both_preemption_policies_serve_the_same_tokens() -> None:
     keep = _outcome(Run("probe", "greedy", "off")).tokens
     assert keep == _outcome(Run("probe", "greedy", "off", preempt_policy="drop")).tokens
