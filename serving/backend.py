@@ -17,7 +17,7 @@ from ..impl.backend import Backend, Mirror, MirrorSpec, padded_rows
 from ..impl.cpu_backend import CpuBackend, CpuMirror
 from ..impl.device.sampling import sample_rows
 from ..impl.probe import ProbeSpec
-from .context import ContextRows, SamplingParams, decode_rows, row_sampling
+from .context import ContextRows, SamplingParams, constraint_tables, decode_rows, row_sampling
 from .models import DecoderModel
 
 
@@ -62,6 +62,7 @@ class CpuDecoder:
             self._column(r.write_at),
             self._column(r.prefill),
             table,
+            *constraint_tables(r, self.width),
         )
         self.forwards += 1
         if self.sampling.greedy:

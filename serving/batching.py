@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from ..impl.probe import ProbeSpec
 from ..impl.runner import CLOSED, Status
 from .backend import ServingBackend
-from .context import ContextRows, SamplingParams
+from .context import BANNED, ContextRows, SamplingParams
 from .engine import Engine, EngineConfig, Order
 from .models import DecoderModel
 
@@ -133,15 +133,19 @@ class ServingEngine(Engine):
         `sampling`: its own top-k, top-p and temperature (greedy: top-k 1), on an engine loaded
         with a seeded sampler."""
         ids = self.validate(req, prompt, max_tokens)
+        stops = frozenset(stop_ids)
         if sampling is not None and self.sampling.greedy and not sampling.greedy:
             raise InvalidRequest(
                 f"request {req}: sampled ({sampling.describe()}) on an engine loaded greedy (the "
                 "argmax path); load it with a seeded sampler to serve per-request sampling"
             )
         if sampling is not None and (sampling.top_k < 1 or not 0 < sampling.top_p <= 1
-                                     or sampling.temperature <= 0):
+                                     or sampling.temperature <= 0 or sampling.min_tokens < 0
+                                     or sampling.repetition_penalty <= 0):
             raise InvalidRequest(f"request {req}: impossible sampling {sampling.describe()}")
-        self.requests[req] = _Request(ids, max_tokens, frozenset(stop_ids), self._arrivals,
+        if sampling is not None and sampling.min_tokens and len(stops) > BANNED:
+            raise InvalidRequest(f"request {req}: min_tokens masks at most {BANNED} stop ids")
+        self.requests[req] = _Request(ids, max_tokens, stops, self._arrivals,
                                       host_sync, sampling)
         self._arrivals += 1
         self.queued.append(req)
@@ -221,6 +225,8 @@ class ServingEngine(Engine):
         top_k: list[int] = []
         top_p: list[float] = []
         temperature: list[float] = []
+        constraints: list[tuple[float, float, float, float]] = []
+        banned: list[tuple[int, ...]] = []
         prefill_ids: list[tuple[int, ...]] = []
         live = [row for row in step.rows if row.live]
         if any(row.partial for row in live) and any(row.prev_row is not None for row in live):
@@ -244,6 +250,9 @@ class ServingEngine(Engine):
             top_k.append(1 if own.greedy else own.top_k)
             top_p.append(1.0 if own.greedy else own.top_p)
             temperature.append(1.0 if own.greedy else own.temperature)
+            constraints.append((own.presence_penalty, own.frequency_penalty,
+                                own.repetition_penalty, float(own.min_tokens)))
+            banned.append(tuple(sorted(w.stop_ids)) if own.min_tokens else ())
             if fresh:
                 # Re-entering: the block is rebuilt from the host's authoritative tokens.
                 known = w.prompt + tuple(self.runner.requests[row.req].delivered)
@@ -268,6 +277,8 @@ class ServingEngine(Engine):
                 tuple(top_k),
                 tuple(top_p),
                 tuple(temperature),
+                tuple(constraints),
+                tuple(banned),
             )
         )
 

@@ -33,15 +33,33 @@ class SamplingParams:
     top_k: int = 8
     top_p: float = 0.9
     temperature: float = 1.0
+    presence_penalty: float = 0.0
+    """Subtracted once from the logit of every id the request has generated (as vLLM)."""
+    frequency_penalty: float = 0.0
+    """Subtracted from an id's logit once per time the request generated it."""
+    repetition_penalty: float = 1.0
+    """Ids in the prompt or the output: a positive logit is divided by it, a negative one
+    multiplied."""
+    min_tokens: int = 0
+    """Its stop ids are masked out until it has generated this many tokens."""
+
+    def constrained(self) -> bool:
+        """Any penalty or min_tokens: the decoder op applies them on the device."""
+        return (self.presence_penalty != 0 or self.frequency_penalty != 0
+                or self.repetition_penalty != 1 or self.min_tokens > 0)
 
     @property
     def greedy(self) -> bool:
         return self.seed is None
 
     def describe(self) -> str:
-        if self.greedy:
-            return "greedy"
-        return f"seeded(seed={self.seed}, k={self.top_k}, p={self.top_p}, T={self.temperature})"
+        base = ("greedy" if self.greedy else
+                f"seeded(seed={self.seed}, k={self.top_k}, p={self.top_p}, T={self.temperature})")
+        if not self.constrained():
+            return base
+        return (f"{base} + penalties(presence={self.presence_penalty}, "
+                f"frequency={self.frequency_penalty}, repetition={self.repetition_penalty}, "
+                f"min_tokens={self.min_tokens})")
 
 
 @dataclass(frozen=True)
@@ -61,6 +79,10 @@ class ContextRows:
     """Per row, on the sampler path: the request's top-k (1 for a greedy request)."""
     top_p: tuple[float, ...] = ()
     temperature: tuple[float, ...] = ()
+    constraints: tuple[tuple[float, float, float, float], ...] = ()
+    """Per row: (presence, frequency, repetition, min_tokens); empty = none on any row."""
+    banned: tuple[tuple[int, ...], ...] = ()
+    """Per row: the ids masked while it has generated fewer than min_tokens (its stop ids)."""
 
     def any_prefill(self) -> bool:
         return any(self.prefill)
@@ -78,6 +100,47 @@ def row_sampling(
     return k, p, inv_t
 
 
+BANNED = 64
+"""Stop ids per row that min_tokens can mask (the device table's width)."""
+
+
+def constraint_tables(rows: ContextRows, width: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The per-row constraint tables the decoder op reads: [width, 4] float32 parameters
+    (presence, frequency, repetition, min_tokens; neutral on unstaged rows) and [width, BANNED]
+    int32 banned ids (-1 = none)."""
+    params = torch.tensor([[0.0, 0.0, 1.0, 0.0]] * width, dtype=torch.float32)
+    banned = torch.full((width, BANNED), -1, dtype=torch.int32)
+    for i, c in enumerate(rows.constraints):
+        params[i] = torch.tensor(c, dtype=torch.float32)
+    for i, ids in enumerate(rows.banned):
+        if len(ids) > BANNED:
+            raise ValueError(f"row {i}: {len(ids)} stop ids, the device table holds {BANNED}")
+        if ids:
+            banned[i, : len(ids)] = torch.tensor(ids, dtype=torch.int32)
+    return params, banned
+
+
+def constrain(logits: torch.Tensor, context: torch.Tensor, generated: int,
+              params: torch.Tensor, banned: torch.Tensor) -> torch.Tensor:
+    """One row's logits after penalties and the min_tokens mask, from the context on the device
+    (`generated`: the row's position, the tokens it has generated, the newest included)."""
+    presence, frequency, repetition, min_tokens = (float(x) for x in params)
+    out = logits.clone()
+    vocab = out.numel()
+    seen = context.clamp(0, vocab - 1)
+    if repetition != 1.0:
+        hit = torch.zeros(vocab, dtype=torch.bool)
+        hit[seen] = True
+        out[hit] = torch.where(out[hit] > 0, out[hit] / repetition, out[hit] * repetition)
+    if generated and (presence or frequency):
+        counts = torch.bincount(seen[-generated:], minlength=vocab).to(out.dtype)
+        out -= frequency * counts + presence * (counts > 0).to(out.dtype)
+    if generated < min_tokens:
+        ids = banned[banned >= 0].to(torch.int64)
+        out[ids[ids < vocab]] = float("-inf")
+    return out
+
+
 def decode_rows(
     model: DecoderModel,
     history: torch.Tensor,
@@ -88,8 +151,11 @@ def decode_rows(
     write_at: torch.Tensor,
     prefill: torch.Tensor,
     prefill_ids: torch.Tensor,
+    params: torch.Tensor | None = None,
+    banned: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Apply one step to `history` in place and return [rows, V] float32 logits.
+    """Apply one step to `history` in place and return [rows, V] float32 logits, penalised and
+    masked per row by `params` and `banned` (`constraint_tables`) when given.
 
     Ids arrive as device integers: a -1 placeholder wraps to 2**32 - 1 and is clamped to the last
     vocabulary id (a wrong token, as on a device, not a crash).
@@ -106,5 +172,8 @@ def decode_rows(
             history[b, :at] = prefill_ids[i, :at].to(history.dtype)
         history[b, at] = int(ids[i])
         context = history[b, : at + 1].to(torch.int64)
-        logits[i] = model.logits(context, int(positions.reshape(-1)[i]))
+        pos = int(positions.reshape(-1)[i])
+        logits[i] = model.logits(context, pos)
+        if params is not None and banned is not None:
+            logits[i] = constrain(logits[i], context, pos, params[i], banned[i])
     return logits

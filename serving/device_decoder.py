@@ -32,7 +32,14 @@ import ttnn
 
 from ..impl.device import EmulatedMeshDevice, bind_sampling_identity
 from ..impl.device.commands import Program
-from .context import ContextRows, SamplingParams, decode_rows, row_sampling
+from .context import (
+    BANNED,
+    ContextRows,
+    SamplingParams,
+    constraint_tables,
+    decode_rows,
+    row_sampling,
+)
 from .models import DecoderModel
 
 
@@ -65,7 +72,8 @@ def dram_bytes(model: DecoderModel, width: int, blocks: int) -> int:
     for large vocabularies."""
     padded = padded_vocab(model.vocab)
     logits = width * (model.vocab * 4 + padded * (4 + 2 + 4))
-    return logits + (blocks + width) * model.max_context * 4
+    constraints = width * (4 + BANNED) * 4
+    return logits + (blocks + width) * model.max_context * 4 + constraints
 
 
 class DeviceDecoder:
@@ -109,6 +117,13 @@ class DeviceDecoder:
             _allocate(self.device, [1, width], ttnn.uint32) for _ in range(5)
         )
         self.prefill_ids = _allocate(self.device, [width, length], ttnn.uint32)
+        # Per-row penalties and min_tokens (float32), and the ids min_tokens masks.
+        self.params = _allocate(self.device, [width, 4], ttnn.float32)
+        self.banned = _allocate(self.device, [width, BANNED], ttnn.int32)
+        params, banned = constraint_tables(ContextRows((), (), (), (), (), ()), width)
+        self._staged_constraints = (params, banned)
+        ttnn.copy_host_to_device_tensor(_host(params, ttnn.float32), self.params, cq_id=cq)
+        ttnn.copy_host_to_device_tensor(_host(banned, ttnn.int32), self.banned, cq_id=cq)
         if self.sampling.greedy:  # one column per row: argmax over dimension 2 gives the slot
             self.logits = _allocate(self.device, [1, 1, self.model.vocab, width], ttnn.float32)
         else:  # one row per row, padded: what typecast and sampling take
@@ -182,6 +197,13 @@ class DeviceDecoder:
             ttnn.copy_host_to_device_tensor(_host(table, ttnn.uint32), self.prefill_ids, cq_id=0)
         if not self.sampling.greedy:
             self._stage_sampling(rows)
+        params, banned = constraint_tables(rows, w)
+        staged = self._staged_constraints
+        if not (torch.equal(params, staged[0]) and torch.equal(banned, staged[1])):
+            # Written only when a row's request or its constraints changed.
+            self._staged_constraints = (params, banned)
+            ttnn.copy_host_to_device_tensor(_host(params, ttnn.float32), self.params, cq_id=0)
+            ttnn.copy_host_to_device_tensor(_host(banned, ttnn.int32), self.banned, cq_id=0)
 
     def _stage_sampling(self, rows: ContextRows) -> None:
         """Each row's top-k, top-p and 1/T, written only when a row's request or its
@@ -227,6 +249,8 @@ class DeviceDecoder:
             self.write_at,
             self.prefill,
             self.prefill_ids,
+            self.params,
+            self.banned,
         ]
         # Views at fixed addresses, as every emulated op: a trace replays the same bytes.
         views = [t.data for t in inputs]

@@ -243,6 +243,46 @@ def test_async_serving_parity_with_per_request_sampling(model: str) -> None:
     assert depth2.tokens != _outcome(Run(model, "seeded", "off")).tokens
 
 
+MIN_TOKENS = 3
+
+
+def _constrained(p: RequestPlan, sampling: str) -> RequestPlan:
+    """Stop requests get min_tokens; the others repetition and presence, or frequency,
+    penalties."""
+    base = SAMPLINGS[sampling]
+    if p.stop_ids:
+        return replace(p, sampling=replace(base, min_tokens=MIN_TOKENS))
+    if p.req % 2:
+        return replace(p, sampling=replace(base, repetition_penalty=1.5, presence_penalty=50.0))
+    return replace(p, sampling=replace(base, frequency_penalty=50.0))
+
+
+@pytest.mark.parametrize("sampling", sorted(SAMPLINGS))
+@pytest.mark.parametrize("model", ["probe", *TINY])
+def test_async_serving_parity_with_penalties_and_min_tokens(model: str, sampling: str) -> None:
+    # Penalties read the request's output from the device-resident context, the newest token
+    # included (it reached the context through the combine): no host read of the sampled ids.
+    base = standard_plan(_model(model).vocab)
+    plan = [_constrained(p, sampling) for p in base]
+    depth2 = _serve(Run(model, sampling), plan)
+    depth1 = _serve(Run(model, sampling, "off"), plan)
+    _require_async(depth2.stats["async_enabled"], depth2.stats["depth"])
+    _check_scenario(depth2, plan, depth=2)
+    _check_scenario(depth1, plan, depth=1)
+    assert depth2.tokens == depth1.tokens and depth2.statuses == depth1.statuses
+    free = _outcome(Run(model, sampling, "off")).tokens
+    # min_tokens held: no stop id among a request's first MIN_TOKENS tokens, and without it some
+    # request did stop that early (the mask really changed something).
+    stopping = [p for p in plan if p.stop_ids]
+    assert all(not set(depth2.tokens[p.req][:MIN_TOKENS]) & p.stop_ids for p in stopping)
+    assert any(set(free[p.req][:MIN_TOKENS]) & p.stop_ids for p in stopping)
+    # The penalties changed some penalised request's tokens, and (strong enough to outweigh any
+    # logit) no penalised request repeated an id it had generated.
+    assert any(depth2.tokens[p.req] != free[p.req] for p in plan if not p.stop_ids)
+    assert all(len(set(depth2.tokens[p.req])) == len(depth2.tokens[p.req])
+               for p in plan if not p.stop_ids)
+
+
 def test_a_sampled_request_on_a_greedy_engine_is_refused() -> None:
     from ttmirror.serving.batching import InvalidRequest
 
