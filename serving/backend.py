@@ -17,7 +17,14 @@ from ..impl.backend import Backend, Mirror, MirrorSpec, padded_rows
 from ..impl.cpu_backend import CpuBackend, CpuMirror
 from ..impl.device.sampling import sample_rows
 from ..impl.probe import ProbeSpec
-from .context import ContextRows, SamplingParams, constraint_tables, decode_rows, row_sampling
+from .context import (
+    ContextRows,
+    SamplingParams,
+    allowed_table,
+    constraint_tables,
+    decode_rows,
+    row_sampling,
+)
 from .models import DecoderModel
 
 
@@ -63,6 +70,7 @@ class CpuDecoder:
             self._column(r.prefill),
             table,
             *constraint_tables(r, self.width),
+            allowed_table(r, self.width, self.model.vocab),
         )
         self.forwards += 1
         if self.sampling.greedy:

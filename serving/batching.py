@@ -25,6 +25,7 @@ from ..impl.runner import CLOSED, Status
 from .backend import ServingBackend
 from .context import BANNED, ContextRows, SamplingParams
 from .engine import Engine, EngineConfig, Order
+from .grammar import GRAMMARS
 from .models import DecoderModel
 
 
@@ -58,6 +59,8 @@ class _Request:
     host_sync: bool = False
     sampling: SamplingParams | None = None
     """Its own sampling parameters (None: the engine's)."""
+    constraint: str | None = None
+    """The grammar its tokens follow (`grammar.GRAMMARS`), built on the host: host-sync."""
 
 
 @dataclass
@@ -68,6 +71,8 @@ class KvStats:
     prefills: int = 0
     partial_chunks: int = 0
     """Partial prefill chunks staged (their sampled ids discarded)."""
+    constrained_rows: int = 0
+    """Rows whose allowed ids the host built from the request's grammar."""
     mixed_sampling_steps: int = 0
     """Steps whose rows sample with different parameters (greedy beside sampled, ...)."""
     chunks_beside_mirror: int = 0
@@ -126,13 +131,18 @@ class ServingEngine(Engine):
         stop_ids: Iterable[int] = (),
         host_sync: bool = False,
         sampling: SamplingParams | None = None,
+        constraint: str | None = None,
     ) -> None:
         """Queue a request; InvalidRequest (nothing queued) if the engine can never serve it.
         `host_sync`: its next step needs its newest token on the host (a host-side mask, as
         structured output needs), so it is not scheduled while a step of it is in flight.
         `sampling`: its own top-k, top-p and temperature (greedy: top-k 1), on an engine loaded
-        with a seeded sampler."""
+        with a seeded sampler. `constraint`: a grammar of `grammar.GRAMMARS` whose mask the host
+        builds from the request's tokens, so the request is host-sync."""
         ids = self.validate(req, prompt, max_tokens)
+        if constraint is not None and constraint not in GRAMMARS:
+            raise InvalidRequest(f"request {req}: unknown constraint {constraint!r}; choose one "
+                                 f"of: {', '.join(GRAMMARS)}")
         stops = frozenset(stop_ids)
         if sampling is not None and self.sampling.greedy and not sampling.greedy:
             raise InvalidRequest(
@@ -146,7 +156,7 @@ class ServingEngine(Engine):
         if sampling is not None and sampling.min_tokens and len(stops) > BANNED:
             raise InvalidRequest(f"request {req}: min_tokens masks at most {BANNED} stop ids")
         self.requests[req] = _Request(ids, max_tokens, stops, self._arrivals,
-                                      host_sync, sampling)
+                                      host_sync or constraint is not None, sampling, constraint)
         self._arrivals += 1
         self.queued.append(req)
 
@@ -227,6 +237,7 @@ class ServingEngine(Engine):
         temperature: list[float] = []
         constraints: list[tuple[float, float, float, float]] = []
         banned: list[tuple[int, ...]] = []
+        allowed: list[frozenset[int] | None] = []
         prefill_ids: list[tuple[int, ...]] = []
         live = [row for row in step.rows if row.live]
         if any(row.partial for row in live) and any(row.prev_row is not None for row in live):
@@ -253,6 +264,7 @@ class ServingEngine(Engine):
             constraints.append((own.presence_penalty, own.frequency_penalty,
                                 own.repetition_penalty, float(own.min_tokens)))
             banned.append(tuple(sorted(w.stop_ids)) if own.min_tokens else ())
+            allowed.append(self._allowed(q, row.req) if row.live and w.constraint else None)
             if fresh:
                 # Re-entering: the block is rebuilt from the host's authoritative tokens.
                 known = w.prompt + tuple(self.runner.requests[row.req].delivered)
@@ -279,6 +291,7 @@ class ServingEngine(Engine):
                 tuple(temperature),
                 tuple(constraints),
                 tuple(banned),
+                tuple(allowed),
             )
         )
 
@@ -311,6 +324,19 @@ class ServingEngine(Engine):
                 f"request {req}: it needs {need} KV tokens, the budget is {budget} in all"
             )
         return ids
+
+    def _allowed(self, q: int, req: int) -> frozenset[int]:
+        """The ids a constrained request's next token may take, from the host's tokens."""
+        r = self.runner
+        if any(row.live and row.req == req for j, s in enumerate(r.queue) if j != q
+               for row in s.rows):
+            # Host-sync keeps this from happening; if it did, the mask would miss the newest token.
+            raise RuntimeError(f"request {req} is constrained but has a step in flight: its "
+                               "mask would be built without its newest token")
+        w = self.requests[req]
+        grammar = GRAMMARS[w.constraint or ""]
+        self.kv.constrained_rows += 1
+        return grammar.allowed(w.prompt + tuple(r.requests[req].delivered), self.model.vocab)
 
     def _chunks(self, prompt_len: int) -> int:
         """Steps a prompt's first prefill takes."""

@@ -83,6 +83,8 @@ class ContextRows:
     """Per row: (presence, frequency, repetition, min_tokens); empty = none on any row."""
     banned: tuple[tuple[int, ...], ...] = ()
     """Per row: the ids masked while it has generated fewer than min_tokens (its stop ids)."""
+    allowed: tuple[frozenset[int] | None, ...] = ()
+    """Per row: the ids its grammar allows next (built on the host), or None: every id."""
 
     def any_prefill(self) -> bool:
         return any(self.prefill)
@@ -141,6 +143,16 @@ def constrain(logits: torch.Tensor, context: torch.Tensor, generated: int,
     return out
 
 
+def allowed_table(rows: ContextRows, width: int, vocab: int) -> torch.Tensor:
+    """[width, vocab] int32: 1 where a row's next token may be the id (all 1 on free rows)."""
+    table = torch.ones(width, vocab, dtype=torch.int32)
+    for i, ids in enumerate(rows.allowed):
+        if ids is not None:
+            table[i] = 0
+            table[i, sorted(ids)] = 1
+    return table
+
+
 def decode_rows(
     model: DecoderModel,
     history: torch.Tensor,
@@ -153,6 +165,7 @@ def decode_rows(
     prefill_ids: torch.Tensor,
     params: torch.Tensor | None = None,
     banned: torch.Tensor | None = None,
+    allowed: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Apply one step to `history` in place and return [rows, V] float32 logits, penalised and
     masked per row by `params` and `banned` (`constraint_tables`) when given.
@@ -176,4 +189,6 @@ def decode_rows(
         logits[i] = model.logits(context, pos)
         if params is not None and banned is not None:
             logits[i] = constrain(logits[i], context, pos, params[i], banned[i])
+        if allowed is not None:
+            logits[i][allowed[i] == 0] = float("-inf")
     return logits

@@ -36,6 +36,7 @@ from .context import (
     BANNED,
     ContextRows,
     SamplingParams,
+    allowed_table,
     constraint_tables,
     decode_rows,
     row_sampling,
@@ -72,7 +73,7 @@ def dram_bytes(model: DecoderModel, width: int, blocks: int) -> int:
     for large vocabularies."""
     padded = padded_vocab(model.vocab)
     logits = width * (model.vocab * 4 + padded * (4 + 2 + 4))
-    constraints = width * (4 + BANNED) * 4
+    constraints = width * (4 + BANNED + model.vocab) * 4
     return logits + (blocks + width) * model.max_context * 4 + constraints
 
 
@@ -124,6 +125,12 @@ class DeviceDecoder:
         self._staged_constraints = (params, banned)
         ttnn.copy_host_to_device_tensor(_host(params, ttnn.float32), self.params, cq_id=cq)
         ttnn.copy_host_to_device_tensor(_host(banned, ttnn.int32), self.banned, cq_id=cq)
+        # Per-row allowed ids of constrained requests (all allowed elsewhere).
+        self.allowed = _allocate(self.device, [width, self.model.vocab], ttnn.int32)
+        self._staged_allowed: tuple[frozenset[int] | None, ...] = ()
+        ttnn.copy_host_to_device_tensor(
+            _host(allowed_table(ContextRows((), (), (), (), (), ()), width, self.model.vocab),
+                  ttnn.int32), self.allowed, cq_id=cq)
         if self.sampling.greedy:  # one column per row: argmax over dimension 2 gives the slot
             self.logits = _allocate(self.device, [1, 1, self.model.vocab, width], ttnn.float32)
         else:  # one row per row, padded: what typecast and sampling take
@@ -204,6 +211,14 @@ class DeviceDecoder:
             self._staged_constraints = (params, banned)
             ttnn.copy_host_to_device_tensor(_host(params, ttnn.float32), self.params, cq_id=0)
             ttnn.copy_host_to_device_tensor(_host(banned, ttnn.int32), self.banned, cq_id=0)
+        # Constrained rows' masks move with their grammar state: rewritten when they change
+        # (free rows only ever need the all-allowed table written at load).
+        allowed = tuple(rows.allowed)
+        constrained = any(a is not None for a in (*allowed, *self._staged_allowed))
+        if constrained and allowed != self._staged_allowed:
+            self._staged_allowed = allowed
+            table = allowed_table(rows, w, self.model.vocab)
+            ttnn.copy_host_to_device_tensor(_host(table, ttnn.int32), self.allowed, cq_id=0)
 
     def _stage_sampling(self, rows: ContextRows) -> None:
         """Each row's top-k, top-p and 1/T, written only when a row's request or its
@@ -251,6 +266,7 @@ class DeviceDecoder:
             self.prefill_ids,
             self.params,
             self.banned,
+            self.allowed,
         ]
         # Views at fixed addresses, as every emulated op: a trace replays the same bytes.
         views = [t.data for t in inputs]

@@ -32,6 +32,8 @@ class RequestPlan:
     """Its next step needs its newest token on the host (not scheduled while one is in flight)."""
     sampling: SamplingParams | None = None
     """Its own sampling parameters (None: the engine's)."""
+    constraint: str | None = None
+    """A grammar of `grammar.GRAMMARS` its tokens follow (the request is then host-sync)."""
 
 
 @dataclass
@@ -104,7 +106,7 @@ def run_workload(
         while pending and pending[0].arrival <= it:
             p = pending.pop(0)
             engine.submit(p.req, p.prompt, max_tokens=p.max_tokens, stop_ids=p.stop_ids,
-                          host_sync=p.host_sync, sampling=p.sampling)
+                          host_sync=p.host_sync, sampling=p.sampling, constraint=p.constraint)
         engine.step()
         if on_step is not None:
             on_step(engine)
@@ -154,6 +156,7 @@ def _outcome(engine: ServingEngine, iterations: int, seconds: float, aborted: se
             "kv_partial_chunks": kv.partial_chunks,
             "kv_chunks_beside_mirror": kv.chunks_beside_mirror,
             "kv_mixed_sampling_steps": kv.mixed_sampling_steps,
+            "kv_constrained_rows": kv.constrained_rows,
             "preempted_requests": sorted(kv.preempted),
             "resumed_and_progressed": sorted(
                 r for r, at in kv.resumed_at.items() if len(runner.requests[r].delivered) > at

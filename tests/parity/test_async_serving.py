@@ -12,6 +12,7 @@ checked to have really happened, and the outputs must be equal per request.
 
 from __future__ import annotations
 
+import itertools
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
@@ -20,6 +21,7 @@ from functools import cache
 import pytest
 import ttnn
 
+from ttmirror.impl import faults
 from ttmirror.impl.backend import padded_rows
 from ttmirror.impl.device import Emulator, SeededScheduler, open_device
 from ttmirror.impl.probe import ProbeReference
@@ -281,6 +283,37 @@ def test_async_serving_parity_with_penalties_and_min_tokens(model: str, sampling
     assert any(depth2.tokens[p.req] != free[p.req] for p in plan if not p.stop_ids)
     assert all(len(set(depth2.tokens[p.req])) == len(depth2.tokens[p.req])
                for p in plan if not p.stop_ids)
+
+
+@pytest.mark.parametrize("sampling", sorted(SAMPLINGS))
+@pytest.mark.parametrize("model", ["probe", *TINY])
+def test_async_serving_parity_with_a_constrained_request(model: str, sampling: str) -> None:
+    # Requests 1 and 3 follow a grammar whose mask the host builds from their tokens: they are
+    # held back while a step of theirs is in flight, and every token obeys the grammar.
+    plan = [replace(p, constraint="alternating-parity" if p.req in (1, 3) else None)
+            for p in standard_plan(_model(model).vocab)]
+    depth2 = _serve(Run(model, sampling), plan)
+    depth1 = _serve(Run(model, sampling, "off"), plan)
+    _require_async(depth2.stats["async_enabled"], depth2.stats["depth"])
+    _check_scenario(depth2, plan, depth=2)
+    _check_scenario(depth1, plan, depth=1)
+    assert depth2.stats["kv_constrained_rows"] > 0 and depth2.stats["host_sync_held"] > 0
+    assert depth2.tokens == depth1.tokens and depth2.statuses == depth1.statuses
+    for p in plan:
+        if p.constraint:
+            seq = [p.prompt[-1], *depth2.tokens[p.req]]
+            assert all(a % 2 != b % 2 for a, b in itertools.pairwise(seq)), p.req
+    free = _outcome(Run(model, sampling, "off")).tokens
+    assert any(depth2.tokens[r] != free[r] for r in (1, 3))  # the mask really acted
+
+
+def test_a_constrained_request_without_host_sync_is_caught() -> None:
+    # Twin: with host sync unguarded, a constrained request is scheduled with a step in flight
+    # and its mask would miss its newest token; the engine refuses to build it.
+    plan = [replace(p, constraint="alternating-parity" if p.req == 1 else None)
+            for p in standard_plan(_model("probe").vocab)]
+    with faults.planted("host-sync-unguarded"), pytest.raises(RuntimeError, match="in flight"):
+        _serve(Run("probe", "greedy"), plan)
 
 
 def test_a_sampled_request_on_a_greedy_engine_is_refused() -> None:
