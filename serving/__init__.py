@@ -11,5 +11,6 @@ so the safety-critical path can be read without it.
     device_decoder.py  the decoder step and the sampler on a TT device
     models.py          decoder models: the probe decoder, tiny transformers, cached checkpoints
     catalog.py         model names (no torch import: the CLI lists them cheaply)
+    grammar.py         allowed-token constraints the host builds from a request's tokens
     workload.py        request plans and the loop that serves them
 """
