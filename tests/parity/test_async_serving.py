@@ -68,6 +68,8 @@ class Run:
     trace: bool = False
     preempt_policy: str = "keep"
     prefill_chunk: int | None = None
+    kv_tokens: int | None = KV_TOKENS
+    """None: no KV budget, so nothing is preempted."""
 
 
 def _require_async(enabled: bool, batches: int) -> None:
@@ -99,7 +101,7 @@ def _serve(run: Run, plan: list[RequestPlan]) -> Outcome:
             ServingConfig(
                 async_scheduling=run.async_scheduling,
                 rows=ROWS,
-                kv_tokens=KV_TOKENS,
+                kv_tokens=run.kv_tokens,
                 guard=run.guard,
                 trace=run.trace,
                 preempt_policy=run.preempt_policy,
@@ -132,7 +134,7 @@ def _outcome(run: Run, gate: bool = False) -> Outcome:
 
 
 def _check_scenario(out: Outcome, plan: list[RequestPlan], depth: int,
-                    policy: str = "keep") -> None:
+                    policy: str = "keep", preempting: bool = True) -> None:
     """Each scenario of the workload really happened (a run that skipped one proves nothing)."""
     s = out.stats
     assert s["depth"] == depth
@@ -141,10 +143,14 @@ def _check_scenario(out: Outcome, plan: list[RequestPlan], depth: int,
     assert s["aborted_requests"] and all(
         out.statuses[r] == Status.ABORTED for r in s["aborted_requests"]
     ), "no abort happened"
-    assert s["kv_preemptions"] >= 1 and s["kv_resumes"] >= 1, "the KV budget forced no preemption"
-    assert s["kv_peak_tokens"] <= KV_TOKENS
-    # Resumed from the host's token list (its device row was gone), and went on generating.
-    assert s["resumed_and_progressed"], "no preempted request generated after its resume"
+    if not preempting:
+        assert s["kv_preemptions"] == 0, "a run without a KV budget preempted"
+    else:
+        assert s["kv_preemptions"] >= 1 and s["kv_resumes"] >= 1, (
+            "the KV budget forced no preemption")
+        assert s["kv_peak_tokens"] <= KV_TOKENS
+        # Resumed from the host's token list (its device row was gone), and went on generating.
+        assert s["resumed_and_progressed"], "no preempted request generated after its resume"
     assert len({p.arrival for p in plan}) > 1 and len({p.max_tokens for p in plan}) > 1
     assert all(out.statuses[p.req] in (Status.FINISHED, Status.ABORTED) for p in plan)
     if depth == 2:
@@ -152,8 +158,10 @@ def _check_scenario(out: Outcome, plan: list[RequestPlan], depth: int,
         # hit steps in flight.
         assert s["overlapped_launches"] >= s["launches"] // 2
         assert s["mirror_rows"] > 0
-        assert s.get("preempt_in_flight", 0) >= 1
         assert s.get("abort_in_flight", 0) + s.get("finish_in_flight", 0) >= 1
+        if not preempting:
+            return
+        assert s.get("preempt_in_flight", 0) >= 1
         if policy == "keep":  # a preempted request's in-flight token really was delivered
             assert s.get("preempted_delivered", 0) >= 1
         else:  # ... or really was dropped
@@ -396,3 +404,54 @@ def test_tiny_architectures_are_distinct_models() -> None:
     """Three cases, three functions: no two tiny architectures serve the same tokens."""
     served = [_outcome(Run(name, "greedy", "off")).tokens for name in TINY]
     assert all(a != b for i, a in enumerate(served) for b in served[i + 1 :])
+
+
+# --- vLLM's matrix on the probe: preemption x chunked prefill x sampling variant --------------
+
+VARIANTS = ("greedy", "seeded", "per-request", "penalties", "min-tokens", "constrained")
+
+
+def _variant_plan(variant: str, vocab: int) -> tuple[str, list[RequestPlan]]:
+    """The engine's sampler and the plan for one sampling variant of the standard workload."""
+    plan = standard_plan(vocab)
+    if variant in ("greedy", "seeded"):
+        return variant, plan
+    if variant == "per-request":
+        return "seeded", [replace(p, sampling=MIXED[p.req % len(MIXED)]) for p in plan]
+    if variant == "penalties":
+        return "seeded", [p if p.stop_ids else _constrained(p, "seeded") for p in plan]
+    if variant == "min-tokens":
+        return "greedy", [_constrained(p, "greedy") if p.stop_ids else p for p in plan]
+    return "greedy", [replace(p, constraint="alternating-parity" if p.req in (1, 3) else None)
+                      for p in plan]
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("chunk", [None, CHUNK], ids=["one-step-prefill", "chunked"])
+@pytest.mark.parametrize("budget", [KV_TOKENS, None], ids=["preempting", "no-preemption"])
+def test_parity_matrix(budget: int | None, chunk: int | None, variant: str) -> None:
+    sampling, plan = _variant_plan(variant, _model("probe").vocab)
+    runs = [Run("probe", sampling, mode, prefill_chunk=chunk, kv_tokens=budget)
+            for mode in ("auto", "off")]
+    depth2, depth1 = (_serve(run, plan) for run in runs)
+    _require_async(depth2.stats["async_enabled"], depth2.stats["depth"])
+    for out, depth in ((depth2, 2), (depth1, 1)):
+        _check_scenario(out, plan, depth=depth, preempting=budget is not None)
+    assert depth2.tokens == depth1.tokens and depth2.statuses == depth1.statuses
+    s = depth2.stats
+    if chunk is not None:
+        assert s["kv_partial_chunks"] > 0 and s["kv_chunks_beside_mirror"] > 0
+    if variant == "per-request":
+        assert s["kv_mixed_sampling_steps"] > 0
+    if variant == "penalties":
+        assert all(len(set(depth2.tokens[p.req])) == len(depth2.tokens[p.req])
+                   for p in plan if p.sampling is not None)
+    if variant == "min-tokens":
+        assert all(not set(depth2.tokens[p.req][:MIN_TOKENS]) & p.stop_ids
+                   for p in plan if p.stop_ids)
+    if variant == "constrained":
+        assert s["kv_constrained_rows"] > 0 and s["host_sync_held"] > 0
+        for p in plan:
+            if p.constraint:
+                seq = [p.prompt[-1], *depth2.tokens[p.req]]
+                assert all(a % 2 != b % 2 for a, b in itertools.pairwise(seq))
