@@ -410,7 +410,7 @@ class Runner:
                 prev_row = i
             if prev_row is not None and prev_row != i:
                 self.stats["row_moves"] += 1
-            if self.requests[r].status == Status.WAITING and self.requests[r].delivered:
+            if req.status == Status.WAITING and req.delivered:
                 self.stats["resumed_prefills"] += 1
             rows.append(_Row(req=r, pos=self.next_pos(r), prev_row=prev_row,
                              partial=req.prefill_left > 0))
@@ -421,14 +421,14 @@ class Runner:
             src_slot=prev.slot if (prev is not None and uses_mirror) else None,
             rows=rows,
         )
+        # Counted before the step joins the queue: those held back from it (never eligible).
+        self.stats["host_sync_held"] += sum(
+            req.status in (Status.WAITING, Status.RUNNING) and self.held_for_host(r)
+            for r, req in self.requests.items()
+        )
         self.queue.append(step)
         self.steps += 1
         self.next_slot = (self.next_slot + 1) % self.config.slots
-        for r, req in self.requests.items():
-            if r not in rows_order and req.host_sync and self.has_step_in_flight(r) and (
-                req.status in (Status.WAITING, Status.RUNNING)
-            ):
-                self.stats["host_sync_held"] += 1
         for r in rows_order:
             req = self.requests[r]
             req.status, req.unchecked = Status.RUNNING, False

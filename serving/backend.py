@@ -18,6 +18,7 @@ from ..impl.cpu_backend import CpuBackend, CpuMirror
 from ..impl.device.sampling import sample_rows
 from ..impl.probe import ProbeSpec
 from .context import (
+    NO_ROWS,
     ContextRows,
     SamplingParams,
     allowed_table,
@@ -42,7 +43,7 @@ class CpuDecoder:
         self.width = width
         self.sampling = sampling
         self.history = torch.zeros(blocks, model.max_context, dtype=torch.int64)
-        self.rows = ContextRows((), (), (), (), (), ())
+        self.rows = NO_ROWS
         self.forwards = 0
 
     def stage(self, rows: ContextRows) -> None:

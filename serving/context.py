@@ -90,6 +90,10 @@ class ContextRows:
         return any(self.prefill)
 
 
+NO_ROWS = ContextRows((), (), (), (), (), ())
+"""A step with no rows staged: every per-row table at its neutral (the engine's) value."""
+
+
 def row_sampling(
     rows: ContextRows, default: SamplingParams, width: int
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

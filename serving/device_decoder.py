@@ -25,6 +25,7 @@ there the TT model stacks' own decode would take its place (not shipped: never r
 from __future__ import annotations
 
 import time
+from collections.abc import Callable, Hashable
 from typing import Any
 
 import torch
@@ -34,6 +35,7 @@ from ..impl.device import EmulatedMeshDevice, bind_sampling_identity
 from ..impl.device.commands import Program
 from .context import (
     BANNED,
+    NO_ROWS,
     ContextRows,
     SamplingParams,
     allowed_table,
@@ -57,6 +59,10 @@ def _ids(values: tuple[int, ...] | list[int], width: int) -> torch.Tensor:
     if values:
         row[0, : len(values)] = torch.tensor(values, dtype=torch.int32)
     return row
+
+
+def _sampling_key(k: torch.Tensor, p: torch.Tensor, inv_t: torch.Tensor) -> Hashable:
+    return (tuple(k.tolist()), tuple(p.tolist()), tuple(inv_t.tolist()))
 
 
 def padded_vocab(vocab: int) -> int:
@@ -102,10 +108,8 @@ class DeviceDecoder:
         self._allocate_context(blocks)
         if not sampling.greedy:
             self._allocate_sampler()
-        self._staged_sampling: tuple[tuple[float, ...], ...] | None = None
         if not sampling.greedy:  # what _allocate_sampler wrote: the engine's, on every row
-            k, p, inv_t = row_sampling(ContextRows((), (), (), (), (), ()), sampling, width)
-            self._staged_sampling = (tuple(k.tolist()), tuple(p.tolist()), tuple(inv_t.tolist()))
+            self._written["sampling"] = _sampling_key(*row_sampling(NO_ROWS, sampling, width))
         self.forwards = 0
         self.compute_s = 0.0
         """Time the decoder op spent computing (its delay excluded), for calibration."""
@@ -118,19 +122,13 @@ class DeviceDecoder:
             _allocate(self.device, [1, width], ttnn.uint32) for _ in range(5)
         )
         self.prefill_ids = _allocate(self.device, [width, length], ttnn.uint32)
-        # Per-row penalties and min_tokens (float32), and the ids min_tokens masks.
+        # Per-row penalties and min_tokens (float32), the ids min_tokens masks, and the allowed
+        # ids of constrained requests: written neutral here, then only when they change.
         self.params = _allocate(self.device, [width, 4], ttnn.float32)
         self.banned = _allocate(self.device, [width, BANNED], ttnn.int32)
-        params, banned = constraint_tables(ContextRows((), (), (), (), (), ()), width)
-        self._staged_constraints = (params, banned)
-        ttnn.copy_host_to_device_tensor(_host(params, ttnn.float32), self.params, cq_id=cq)
-        ttnn.copy_host_to_device_tensor(_host(banned, ttnn.int32), self.banned, cq_id=cq)
-        # Per-row allowed ids of constrained requests (all allowed elsewhere).
         self.allowed = _allocate(self.device, [width, self.model.vocab], ttnn.int32)
-        self._staged_allowed: tuple[frozenset[int] | None, ...] = ()
-        ttnn.copy_host_to_device_tensor(
-            _host(allowed_table(ContextRows((), (), (), (), (), ()), width, self.model.vocab),
-                  ttnn.int32), self.allowed, cq_id=cq)
+        self._written: dict[str, Hashable] = {}
+        self._stage_constraints(NO_ROWS)
         if self.sampling.greedy:  # one column per row: argmax over dimension 2 gives the slot
             self.logits = _allocate(self.device, [1, 1, self.model.vocab, width], ttnn.float32)
         else:  # one row per row, padded: what typecast and sampling take
@@ -203,37 +201,36 @@ class DeviceDecoder:
                     table[i, : len(ids)] = torch.tensor(ids, dtype=torch.int32)
             ttnn.copy_host_to_device_tensor(_host(table, ttnn.uint32), self.prefill_ids, cq_id=0)
         if not self.sampling.greedy:
-            self._stage_sampling(rows)
-        params, banned = constraint_tables(rows, w)
-        staged = self._staged_constraints
-        if not (torch.equal(params, staged[0]) and torch.equal(banned, staged[1])):
-            # Written only when a row's request or its constraints changed.
-            self._staged_constraints = (params, banned)
-            ttnn.copy_host_to_device_tensor(_host(params, ttnn.float32), self.params, cq_id=0)
-            ttnn.copy_host_to_device_tensor(_host(banned, ttnn.int32), self.banned, cq_id=0)
-        # Constrained rows' masks move with their grammar state: rewritten when they change
-        # (free rows only ever need the all-allowed table written at load).
-        allowed = tuple(rows.allowed)
-        constrained = any(a is not None for a in (*allowed, *self._staged_allowed))
-        if constrained and allowed != self._staged_allowed:
-            self._staged_allowed = allowed
-            table = allowed_table(rows, w, self.model.vocab)
-            ttnn.copy_host_to_device_tensor(_host(table, ttnn.int32), self.allowed, cq_id=0)
+            k, p, inv_t = row_sampling(rows, self.sampling, w)
+            self._write_when_changed("sampling", _sampling_key(k, p, inv_t), lambda: [
+                (k.to(torch.int32), ttnn.uint32, self.k),
+                (p.to(torch.bfloat16), ttnn.bfloat16, self.p),
+                (inv_t.to(torch.bfloat16), ttnn.bfloat16, self.temp),
+            ])
+        self._stage_constraints(rows)
 
-    def _stage_sampling(self, rows: ContextRows) -> None:
-        """Each row's top-k, top-p and 1/T, written only when a row's request or its
-        parameters changed (steady decode with one layout writes nothing)."""
-        k, p, inv_t = row_sampling(rows, self.sampling, self.width)
-        key = (tuple(k.tolist()), tuple(p.tolist()), tuple(inv_t.tolist()))
-        if key == self._staged_sampling:
+    def _stage_constraints(self, rows: ContextRows) -> None:
+        """Penalties, min_tokens' banned ids and grammar masks of the step's rows."""
+        params, banned = constraint_tables(rows, self.width)
+        self._write_when_changed(
+            "constraints", (tuple(params.flatten().tolist()), tuple(banned.flatten().tolist())),
+            lambda: [(params, ttnn.float32, self.params), (banned, ttnn.int32, self.banned)])
+        # Keyed by the constrained rows alone: a step of free rows builds no [width, V] table.
+        masks = tuple((i, ids) for i, ids in enumerate(rows.allowed) if ids is not None)
+        self._write_when_changed("allowed", masks, lambda: [
+            (allowed_table(rows, self.width, self.model.vocab), ttnn.int32, self.allowed)])
+
+    def _write_when_changed(
+        self, name: str, key: Hashable,
+        build: Callable[[], list[tuple[torch.Tensor, ttnn.DataType, ttnn.Tensor]]],
+    ) -> None:
+        """Write `build()`'s host tables into their device tensors, unless `key` is what was last
+        written under `name` (steady decode with one layout writes nothing)."""
+        if name in self._written and self._written[name] == key:
             return
-        self._staged_sampling = key
-        for values, dtype, target in ((k, ttnn.uint32, self.k), (p, ttnn.bfloat16, self.p),
-                                      (inv_t, ttnn.bfloat16, self.temp)):
-            host = ttnn.from_torch(values.to(torch.int32 if dtype == ttnn.uint32
-                                             else torch.bfloat16),
-                                   dtype=dtype, layout=ttnn.ROW_MAJOR_LAYOUT)
-            ttnn.copy_host_to_device_tensor(host, target, cq_id=self.cq)
+        self._written[name] = key
+        for values, dtype, target in build():
+            ttnn.copy_host_to_device_tensor(_host(values, dtype), target, cq_id=self.cq)
 
     def forward(self, input_ids: ttnn.Tensor, positions: ttnn.Tensor, slot: ttnn.Tensor) -> None:
         """Enqueue the decoder op and the sampler; the sampler writes straight into `slot`."""
