@@ -14,7 +14,7 @@ from __future__ import annotations
 import importlib
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 from .probe import ProbeSpec
 
@@ -38,8 +38,14 @@ class MirrorSpec:
     probe: ProbeSpec = field(default_factory=ProbeSpec)
     trace: bool = False
     """Capture the decode step (combine, forward, sample) as a trace at load and replay it."""
+    logprobs: int = 0
+    """Top logprobs per row that the logprob ring holds beside each slot (0: no logprob ring).
+    Slot k's ids and logprobs are one unit: written by the same step, copied by the same
+    readback under the same event, released together."""
 
     def __post_init__(self) -> None:
+        if self.logprobs < 0:
+            raise ValueError(f"logprobs must be 0 or more, got {self.logprobs}")
         if self.rows < 1:
             raise ValueError(f"rows must be at least 1, got {self.rows}")
         if self.slots < 1:
@@ -59,6 +65,24 @@ class StepInputs:
     positions: tuple[int, ...]
     requests: tuple[int, ...] = ()
     """Each row's request id: what a seeded sampler keys its draw on, with the position."""
+
+
+class TokenLogprobs(NamedTuple):
+    """What the logprob ring holds for one row: the sampled id's logprob and the top ones."""
+
+    sampled: float
+    """Log-probability of the sampled id."""
+    top: tuple[tuple[int, float], ...]
+    """The most likely (id, logprob) pairs, most likely first (ties: the lower id first)."""
+
+
+def logprob_rows(values: list[list[float]], ids: list[list[int]]) -> list[TokenLogprobs]:
+    """Rows of a logprob slot's host copy: values [rows, 1 + n] (sampled, then the top n) and
+    ids [rows, n]."""
+    return [
+        TokenLogprobs(float(v[0]), tuple((int(t), float(x)) for t, x in zip(i, v[1:], strict=True)))
+        for v, i in zip(values, ids, strict=True)
+    ]
 
 
 class Mirror(Protocol):
@@ -83,6 +107,10 @@ class Mirror(Protocol):
 
     def readback_complete(self, pending: Any) -> list[int]:
         """Wait for the copy's event, then return the host copy's ids (all padded rows)."""
+
+    def readback_logprobs(self, pending: Any) -> list[TokenLogprobs]:
+        """After `readback_complete(pending)`: the logprob ring's host copy (all padded rows),
+        copied under the same event as the ids; only for a mirror opened with logprobs."""
 
     def describe(self) -> dict[str, Any]:
         """Counters and settings worth reporting (trace captures and replays, queues...)."""

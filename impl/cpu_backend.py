@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from .backend import Backend, Mirror, MirrorSpec, StepInputs, padded_rows
+from .backend import Backend, Mirror, MirrorSpec, StepInputs, TokenLogprobs, padded_rows
 from .probe import UINT32_MASK, forward_torch, logits_table, sample_torch
 
 
@@ -60,6 +60,9 @@ class CpuMirror:
     def readback_complete(self, pending: Any) -> list[int]:
         return [int(v) for v in pending.tolist()]
 
+    def readback_logprobs(self, pending: Any) -> list[TokenLogprobs]:
+        raise RuntimeError("the probe forward computes no logprobs (MirrorSpec.logprobs)")
+
     def describe(self) -> dict[str, Any]:
         return {"launches": self.launches, "trace": False}
 
@@ -79,6 +82,9 @@ class CpuBackend(Backend):
     def open_mirror(self, spec: MirrorSpec) -> Mirror:
         if spec.trace:
             raise ValueError("the cpu backend has no traces: open the mirror with trace=False")
+        if spec.logprobs:
+            raise ValueError("the probe forward computes no logprobs: open the mirror with "
+                             "logprobs=0, or serve a decoder model (ServingBackend)")
         return CpuMirror(spec)
 
     def info(self) -> dict[str, Any]:

@@ -9,7 +9,7 @@ allocator checks, so a moved slot would be written over blindly.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 import ttnn
@@ -46,14 +46,52 @@ def allocate_ids(
     return tensor
 
 
-class Ring:
-    """K slots, allocated together; `seal()` once a trace captured them."""
+class LogprobSlot(NamedTuple):
+    """The logprob ring's part of one slot, written by the same step as the slot's ids."""
 
-    def __init__(self, device: Any, rows: int, slots: int) -> None:
+    values: ttnn.Tensor
+    """[1, 1, W, 1 + n] float32 ROW_MAJOR: each row's sampled logprob, then its top n."""
+    ids: ttnn.Tensor
+    """[1, 1, W, n] uint32 ROW_MAJOR: the ids of the top n, most likely first."""
+
+
+def allocate_logprobs(device: Any, width: int, n: int) -> LogprobSlot:
+    """One slot of the logprob ring, zero-filled by host copies (ROW_MAJOR, as the ids)."""
+    values = ttnn.allocate_tensor_on_device(
+        ttnn.Shape([1, 1, width, 1 + n]), ttnn.float32, ttnn.ROW_MAJOR_LAYOUT, device
+    )
+    ids = ttnn.allocate_tensor_on_device(
+        ttnn.Shape([1, 1, width, n]), ttnn.uint32, ttnn.ROW_MAJOR_LAYOUT, device
+    )
+    for tensor, dtype, torch_dtype, last in ((values, ttnn.float32, torch.float32, 1 + n),
+                                             (ids, ttnn.uint32, torch.int32, n)):
+        zeros = torch.zeros(1, 1, width, last, dtype=torch_dtype)
+        host = ttnn.from_torch(zeros, dtype=dtype, layout=ttnn.ROW_MAJOR_LAYOUT)
+        ttnn.copy_host_to_device_tensor(host, tensor, cq_id=0)
+    return LogprobSlot(values, ids)
+
+
+class Ring:
+    """K slots, allocated together; `seal()` once a trace captured them. With `logprobs` n > 0,
+    each slot has a second part, the logprob ring's: the same lifetime, written by the same
+    step, read back under the same event (one ownership rule for both)."""
+
+    def __init__(self, device: Any, rows: int, slots: int, logprobs: int = 0) -> None:
         self.width = padded_rows(rows)
         self.slots: list[ttnn.Tensor] = [allocate_ids(device, self.width) for _ in range(slots)]
+        self.logprobs: list[LogprobSlot] = (
+            [allocate_logprobs(device, self.width, logprobs) for _ in range(slots)]
+            if logprobs else []
+        )
         self.addresses = [slot.buffer_address() for slot in self.slots]
+        self._at_load = [self._addresses(k) for k in range(slots)]
         self.sealed = False
+
+    def _addresses(self, slot: int) -> tuple[int, ...]:
+        return tuple(t.buffer_address() for t in self._tensors(slot))
+
+    def _tensors(self, slot: int) -> tuple[ttnn.Tensor, ...]:
+        return (self.slots[slot], *(self.logprobs[slot] if self.logprobs else ()))
 
     def __len__(self) -> int:
         return len(self.slots)
@@ -75,8 +113,9 @@ class Ring:
 
     def check(self) -> None:
         """Every slot still allocated at the address it had at load."""
-        for k, slot in enumerate(self.slots):
-            if not slot.is_allocated() or slot.buffer_address() != self.addresses[k]:
+        for k in range(len(self.slots)):
+            freed = not all(t.is_allocated() for t in self._tensors(k))
+            if freed or self._addresses(k) != self._at_load[k]:
                 raise RuntimeError(
                     f"ring slot {k} was freed or moved after load; a trace replay would write "
                     "over whatever lives there now"
@@ -86,6 +125,7 @@ class Ring:
         """Free the ring (only at close, after the traces that use it were released)."""
         if self.sealed:
             raise RuntimeError("release the decode traces before freeing the ring they replay into")
-        for slot in self.slots:
-            ttnn.deallocate(slot)
-        self.slots = []
+        for k in range(len(self.slots)):
+            for tensor in self._tensors(k):
+                ttnn.deallocate(tensor)
+        self.slots, self.logprobs = [], []

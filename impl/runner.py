@@ -15,6 +15,7 @@ mirror's (`backend.Mirror`); the runner decides what it does and when.
     apply()                        retire the oldest step, delivering its live rows' tokens
     release(slot)                  hand a slot back once its writer retired and no combine reads it
     finish(r) / abort(r) / preempt(r) / resume(r)
+    chunk_prefill(r, partial)      the serving loop's chunking: is r's next row a partial prefill
 
 `abstract()` returns an immutable snapshot of everything an abstraction function needs.
 """
@@ -29,7 +30,7 @@ from types import MappingProxyType
 from typing import Any, NamedTuple
 
 from . import faults
-from .backend import Backend, Mirror, MirrorSpec, StepInputs
+from .backend import Backend, Mirror, MirrorSpec, StepInputs, TokenLogprobs
 from .probe import ProbeSpec
 
 PLACEHOLDER_ID = -1
@@ -89,8 +90,13 @@ class RunnerConfig:
     prefill_chunks: int = 1
     """Chunks of each request's first prefill: all but the last are partial-prefill rows, whose
     sampled id is discarded and never mirrored (1 = no chunking)."""
+    logprobs: int = 0
+    """Top logprobs per row the mirror's logprob ring holds (0: no logprob ring); each delivered
+    token then carries its `TokenLogprobs`, read back under the ids' event."""
 
     def __post_init__(self) -> None:
+        if self.logprobs < 0:
+            raise ValueError(f"logprobs must be 0 or more, got {self.logprobs}")
         if self.depth not in (1, 2):
             raise ValueError(f"depth (max_concurrent_batches) must be 1 or 2, got {self.depth}")
         if self.preempt_policy not in ("keep", "drop"):
@@ -183,6 +189,7 @@ class _Step:
     phase: Phase = Phase.SCHEDULED
     pending: Any = None  # the mirror's readback handle, held until its event is synchronised
     host_copy: tuple[int, ...] | None = None
+    logprobs: tuple[TokenLogprobs, ...] | None = None  # with the host copy, when the ring has them
 
 
 @dataclass
@@ -203,6 +210,8 @@ class _Request:
     preemptions: int = 0
     prefill_left: int = 0
     host_sync: bool = False
+    logprobs: list[TokenLogprobs] = field(default_factory=list)
+    """One per delivered token, when the mirror has a logprob ring."""
 
 
 class Runner:
@@ -286,7 +295,8 @@ class Runner:
             raise PhaseError("allocate: the ring is already allocated (allocate happens once)")
         c = self.config
         self.mirror = self.backend.open_mirror(
-            MirrorSpec(rows=c.rows, slots=c.slots, probe=c.probe, trace=c.trace)
+            MirrorSpec(rows=c.rows, slots=c.slots, probe=c.probe, trace=c.trace,
+                       logprobs=c.logprobs)
         )
 
     def arrive(self, req: int, prompt: int, *, max_tokens: int | None = None,
@@ -359,6 +369,21 @@ class Runner:
                 "delivered first (apply), or its prefill would read a placeholder"
             )
         r.status = Status.WAITING
+
+    def chunk_prefill(self, req: int, partial: bool) -> None:
+        """Whether `req`'s next row is a partial-prefill row (its id discarded) or ends its
+        prefill: a serving loop that sizes chunks per step (a token budget) says so before each
+        schedule. Only while its newest token is on the host (no placeholder), as a partial row
+        reads host ids; a row of the next step is then partial exactly as after `arrive` with
+        chunks."""
+        r = self._request("chunk_prefill", req)
+        if r.status not in (Status.WAITING, Status.RUNNING):
+            raise PhaseError(f"chunk_prefill(r{req}): it is {r.status.name}")
+        owed = self.live_rows(req)
+        if owed:
+            raise PhaseError(f"chunk_prefill(r{req}): it owns {owed} placeholder(s); a prefill "
+                             "chunk reads host ids, which lack its newest token")
+        r.prefill_left = int(partial)
 
     # --- step phases -----------------------------------------------------------------------------
     def schedule(self, order: Sequence[int] | None = None) -> int:
@@ -504,6 +529,8 @@ class Runner:
         step = self._step("readback_complete", q, Phase.READBACK_ISSUED)
         assert self.mirror is not None
         ids = self.mirror.readback_complete(step.pending)
+        if self.config.logprobs:  # the same event covered the logprob ring's copy
+            step.logprobs = tuple(self.mirror.readback_logprobs(step.pending)[: len(step.rows)])
         step.pending = None  # synchronised: the host tensor may go now
         step.host_copy = tuple(ids[: len(step.rows)])
         step.phase = Phase.READBACK_DONE
@@ -518,7 +545,7 @@ class Runner:
         assert step.host_copy is not None
         self._applied_rows = {row.req: i for i, row in enumerate(step.rows) if row.live}
         delivered = {}
-        for row, token in zip(step.rows, step.host_copy, strict=True):
+        for i, (row, token) in enumerate(zip(step.rows, step.host_copy, strict=True)):
             if row.partial:
                 continue  # a partial prefill's id is no token of the sequence
             if not row.live and not faults.active("deliver-dropped"):
@@ -527,6 +554,8 @@ class Runner:
             if row.live and r.status == Status.PREEMPTED:
                 self.stats["preempted_delivered"] += 1  # keep: computed before the preemption
             r.delivered.append(token)
+            if step.logprobs is not None:
+                r.logprobs.append(step.logprobs[i])
             delivered[row.req] = token
             if len(r.delivered) >= r.max_tokens:
                 r.status, r.closed_at, r.unchecked = Status.FINISHED, len(r.delivered), False

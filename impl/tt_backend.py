@@ -10,7 +10,9 @@ next combine always runs after its writer and before any later rewrite. The read
 
 so a slot is rewritten only after both its readers (the next combine, by queue order; its own
 readback, by the event) are done. The host copy stays referenced until `event_synchronize(read)`
-(upstream once freed it under the copy).
+(upstream once freed it under the copy). With logprobs, each slot's logprob part (`Ring`) is
+written by the same forward and copied by the same readback before `read` is recorded, so one
+event covers both payloads and one release hands both back.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from typing import Any
 import ttnn
 
 from . import faults
-from .backend import Backend, Mirror, MirrorSpec, StepInputs
+from .backend import Backend, Mirror, MirrorSpec, StepInputs, TokenLogprobs, logprob_rows
 from .combine import DeviceCombine
 from .device import EmulatedMeshDevice, Emulator, device_info, open_device
 from .ring import Ring
@@ -39,6 +41,8 @@ class PendingReadback:
     slot: int
     host: ttnn.Tensor
     event: Any
+    logprobs: tuple[ttnn.Tensor, ttnn.Tensor] | None = None
+    """Host copies of the slot's logprob part (values, ids), under the same event."""
 
 
 class TtMirror:
@@ -50,7 +54,10 @@ class TtMirror:
         self.device = device
         self.spec = spec
         self.readback_cq = readback_cq
-        self.ring = Ring(device, spec.rows, spec.slots)
+        if spec.logprobs and model is None:
+            raise ValueError("the probe forward computes no logprobs: open the mirror with "
+                             "logprobs=0, or serve a decoder model (ServingBackend)")
+        self.ring = Ring(device, spec.rows, spec.slots, spec.logprobs)
         other = readback_cq if readback_cq != COMPUTE_CQ else None
         seeded = model is None and spec.probe.sampling is not None
         self.combiner = DeviceCombine(device, self.ring.width, COMPUTE_CQ, other, identity=seeded)
@@ -76,11 +83,14 @@ class TtMirror:
     def _decode_step(self, slot: int) -> None:
         """The device work of one step: combine from the previous slot, forward, sample."""
         self.combiner.enqueue(self._source(slot))
-        self.model.forward(self.combiner.input_ids, self.combiner.positions, self._target(slot))
+        self._forward(slot)
 
-    def _target(self, slot: int) -> ttnn.Tensor:
-        """The slot step's sampler writes."""
-        return self.ring[0 if faults.active("ring-reuse-k1") else slot]  # planted: K=1 reuse
+    def _forward(self, slot: int) -> None:
+        """Forward + sample into the slot (and its logprob part, when the ring has one)."""
+        target = 0 if faults.active("ring-reuse-k1") else slot  # planted: K=1 reuse
+        part = self.ring.logprobs[target] if self.ring.logprobs else None
+        self.model.forward(self.combiner.input_ids, self.combiner.positions, self.ring[target],
+                           logprobs=part)
 
     def _source(self, slot: int) -> ttnn.Tensor:
         """The slot the combine for `slot` reads: the previous step's."""
@@ -104,7 +114,7 @@ class TtMirror:
         if self.traces is not None:
             self.traces.replay(slot)
         else:
-            self.model.forward(self.combiner.input_ids, self.combiner.positions, self._target(slot))
+            self._forward(slot)
         if self.readback_cq != COMPUTE_CQ:
             self._launched[slot] = ttnn.record_event(self.device, cq_id=COMPUTE_CQ)
         self.launches += 1
@@ -114,9 +124,28 @@ class TtMirror:
         if cq != COMPUTE_CQ and not faults.active("readback-cq1-no-wait"):
             ttnn.wait_for_event(cq, self._launched[slot])  # the copy starts after the sampler
         host = self.ring[slot].cpu(blocking=False, cq_id=cq)
+        late = faults.active("logprobs-after-event")  # planted: the event misses the logprobs
+        logprobs = self._copy_logprobs(slot, cq) if not late else None
         event = ttnn.record_event(self.device, cq_id=cq)
+        if late:
+            logprobs = self._copy_logprobs(slot, cq)
         self._read[slot] = event
-        return PendingReadback(slot, host, event)
+        return PendingReadback(slot, host, event, logprobs)
+
+    def _copy_logprobs(self, slot: int, cq: int) -> tuple[ttnn.Tensor, ttnn.Tensor] | None:
+        """Non-blocking copies of the slot's logprob part, on the ids' queue."""
+        if not self.ring.logprobs:
+            return None
+        part = self.ring.logprobs[slot]
+        return (part.values.cpu(blocking=False, cq_id=cq), part.ids.cpu(blocking=False, cq_id=cq))
+
+    def readback_logprobs(self, pending: Any) -> list[TokenLogprobs]:
+        """The logprob part's host copy; its event was synchronised by `readback_complete`."""
+        if pending.logprobs is None:
+            raise RuntimeError("this mirror was opened without logprobs (MirrorSpec.logprobs)")
+        values, ids = (ttnn.to_torch(t) for t in pending.logprobs)
+        width = values.shape[-2]
+        return logprob_rows(values.reshape(width, -1).tolist(), ids.reshape(width, -1).tolist())
 
     def readback_complete(self, pending: Any) -> list[int]:
         if faults.active("host-read-before-event"):

@@ -34,7 +34,7 @@ import ttnn
 from . import faults
 from .device import bind_sampling_identity
 from .probe import SAMPLING_K, ProbeSpec, logits_table
-from .ring import allocate_ids, ids_shape
+from .ring import LogprobSlot, allocate_ids, ids_shape
 
 
 def _tile(device: Any, values: torch.Tensor, dtype: ttnn.DataType, cq: int) -> ttnn.Tensor:
@@ -101,8 +101,11 @@ class TtProbeModel:
         self.steps = _row_major(device, torch.zeros(ids_shape(width), dtype=torch.int32),
                                 ttnn.uint32, cq)
 
-    def forward(self, input_ids: ttnn.Tensor, positions: ttnn.Tensor, slot: ttnn.Tensor) -> None:
+    def forward(self, input_ids: ttnn.Tensor, positions: ttnn.Tensor, slot: ttnn.Tensor,
+                logprobs: LogprobSlot | None = None) -> None:
         """Enqueue forward + sample; the sampler writes straight into `slot`."""
+        if logprobs is not None:
+            raise ValueError("the probe forward computes no logprobs")
         with ttnn.command_queue(self.cq):
             ttnn.add(input_ids, positions, output_tensor=self.index)
             if self.spec.sampling is None:

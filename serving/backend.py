@@ -9,11 +9,11 @@ The ring, combine, readback and their queue/event ordering stay the inner backen
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 import torch
 
-from ..impl.backend import Backend, Mirror, MirrorSpec, padded_rows
+from ..impl.backend import Backend, Mirror, MirrorSpec, TokenLogprobs, logprob_rows, padded_rows
 from ..impl.cpu_backend import CpuBackend, CpuMirror
 from ..impl.device.sampling import sample_rows
 from ..impl.probe import ProbeSpec
@@ -25,6 +25,7 @@ from .context import (
     constraint_tables,
     decode_rows,
     row_sampling,
+    token_logprobs,
 )
 from .models import DecoderModel
 
@@ -45,6 +46,8 @@ class CpuDecoder:
         self.history = torch.zeros(blocks, model.max_context, dtype=torch.int64)
         self.rows = NO_ROWS
         self.forwards = 0
+        self.logits = torch.zeros(width, model.vocab)
+        """The last forward's logits: what the logprobs of its draw come from."""
 
     def stage(self, rows: ContextRows) -> None:
         self.rows = rows
@@ -74,6 +77,7 @@ class CpuDecoder:
             allowed_table(r, self.width, self.model.vocab),
         )
         self.forwards += 1
+        self.logits = logits
         if self.sampling.greedy:
             return torch.argmax(logits, dim=-1)
         s, v = self.sampling, self.model.vocab
@@ -92,18 +96,43 @@ class CpuDecoder:
         ).reshape(-1)
 
 
+class _CpuReadback(NamedTuple):
+    ids: torch.Tensor
+    logprobs: tuple[torch.Tensor, torch.Tensor] | None
+
+
 class CpuServingMirror(CpuMirror):
-    """CpuMirror's ring and combine; the launch runs the decoder instead of the probe."""
+    """CpuMirror's ring and combine; the launch runs the decoder instead of the probe (and fills
+    the logprob ring beside the slot, when the spec asks for one)."""
 
     def __init__(self, spec: MirrorSpec, decoder: CpuDecoder) -> None:
         # The probe table is not used here: build the smallest one rather than a [V+P, V] one.
         super().__init__(dataclasses.replace(spec, probe=ProbeSpec(vocab=2, max_positions=1)))
         self.spec = spec
         self.decoder = decoder
+        self.logprob_ring: list[tuple[torch.Tensor, torch.Tensor] | None] = [None] * spec.slots
 
     def launch(self, slot: int) -> None:
         self.ring[slot] = self.decoder.forward(self.input_ids, self._positions)
+        if self.spec.logprobs:
+            self.logprob_ring[slot] = token_logprobs(
+                self.decoder.logits, self.ring[slot], self.spec.logprobs
+            )
         self.launches += 1
+
+    def readback_issue(self, slot: int) -> _CpuReadback:
+        part = self.logprob_ring[slot]
+        return _CpuReadback(self.ring[slot].clone(),
+                            None if part is None else (part[0].clone(), part[1].clone()))
+
+    def readback_complete(self, pending: Any) -> list[int]:
+        return [int(v) for v in pending.ids.tolist()]
+
+    def readback_logprobs(self, pending: Any) -> list[TokenLogprobs]:
+        if pending.logprobs is None:
+            raise RuntimeError("this mirror was opened without logprobs (MirrorSpec.logprobs)")
+        values, ids = pending.logprobs
+        return logprob_rows(values.tolist(), ids.tolist())
 
 
 class ServingBackend(Backend):

@@ -20,10 +20,11 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
+from ..impl.backend import TokenLogprobs
 from ..impl.probe import ProbeSpec
 from ..impl.runner import CLOSED, Status
 from .backend import ServingBackend
-from .context import BANNED, ContextRows, SamplingParams
+from .context import BANNED, REQUEST_IDS, ContextRows, SamplingParams, draw_key
 from .engine import Engine, EngineConfig, Order
 from .grammar import GRAMMARS
 from .models import DecoderModel
@@ -46,8 +47,15 @@ class ServingConfig:
     preempt_policy: str = "keep"
     """A preempted request's in-flight tokens: "keep" (vLLM's) or "drop" (recomputed)."""
     prefill_chunk: int | None = None
-    """Prompt tokens a step prefills per request (chunked prefill); None: a whole prompt. A
-    partial chunk's sampled id is discarded; a resumed request re-prefills in one step."""
+    """Most context tokens a step prefills per request (chunked prefill); None: no such limit.
+    A partial chunk's sampled id is discarded; a resumed request's re-prefill is chunked too."""
+    max_step_tokens: int | None = None
+    """Tokens one step computes (vLLM's max_num_batched_tokens): a decoding row takes one, and
+    the prefills share what the decodes leave, in arrival order, chunked to fit; None: no limit.
+    At least `rows`, so every row of a step gets a token."""
+    max_logprobs: int = 0
+    """Top logprobs a request may ask for (vLLM's max_logprobs); above 0 the runner allocates the
+    logprob ring beside the ids' ring at load, and every step fills it."""
 
 
 @dataclass
@@ -77,6 +85,10 @@ class KvStats:
     """Steps whose rows sample with different parameters (greedy beside sampled, ...)."""
     chunks_beside_mirror: int = 0
     """Steps that prefilled a partial chunk beside a row decoding from the mirror."""
+    budget_cut_chunks: int = 0
+    """Prefill chunks the step's token budget cut shorter than they would have been."""
+    peak_step_tokens: int = 0
+    """Most tokens one step computed (decodes plus prefill chunks)."""
     preempted: set[int] = field(default_factory=set)
     resumed_at: dict[int, int] = field(default_factory=dict)
     """Tokens each resumed request had at its last resume."""
@@ -95,6 +107,12 @@ class ServingEngine(Engine):
         c = self.serving
         if c.prefill_chunk is not None and c.prefill_chunk < 1:
             raise ValueError(f"prefill_chunk must be 1 or more, got {c.prefill_chunk}")
+        if c.max_step_tokens is not None and c.max_step_tokens < c.rows:
+            raise ValueError(f"max_step_tokens ({c.max_step_tokens}) must be at least rows "
+                             f"({c.rows}): every row of a step takes a token")
+        if not 0 <= c.max_logprobs <= self.model.vocab:
+            raise ValueError(f"max_logprobs must be in [0, {self.model.vocab}] (the vocabulary of "
+                             f"{self.model.name}), got {c.max_logprobs}")
         super().__init__(
             backend,
             EngineConfig(
@@ -107,6 +125,7 @@ class ServingEngine(Engine):
                 guard=c.guard,
                 drain_on_layout_change=c.drain_on_layout_change,
                 preempt_policy=c.preempt_policy,
+                logprobs=c.max_logprobs,
             ),
             order,
         )
@@ -115,7 +134,8 @@ class ServingEngine(Engine):
         self.requests: dict[int, _Request] = {}
         self.queued: list[int] = []  # submitted, never admitted, in arrival order
         self.block_of: dict[int, int] = {}
-        self.chunks_done: dict[int, int] = {}  # partial prefill chunks scheduled so far
+        self.prefilled: dict[int, int] = {}  # context tokens prefilled by partial chunks so far
+        self.chunk: dict[int, int] = {}  # this step's prefill chunk per prefilling request
         self.free_blocks = list(range(c.rows))
         self.needs_prefill: set[int] = set()
         self.kv = KvStats()
@@ -153,6 +173,10 @@ class ServingEngine(Engine):
                                      or sampling.temperature <= 0 or sampling.min_tokens < 0
                                      or sampling.repetition_penalty <= 0):
             raise InvalidRequest(f"request {req}: impossible sampling {sampling.describe()}")
+        wanted = None if sampling is None else sampling.logprobs
+        if wanted is not None and not 0 <= wanted <= self.serving.max_logprobs:
+            raise InvalidRequest(f"request {req}: logprobs={wanted}; this engine serves 0 to "
+                                 f"{self.serving.max_logprobs} (ServingConfig.max_logprobs)")
         if sampling is not None and sampling.min_tokens and len(stops) > BANNED:
             raise InvalidRequest(f"request {req}: min_tokens masks at most {BANNED} stop ids")
         self.requests[req] = _Request(ids, max_tokens, stops, self._arrivals,
@@ -179,6 +203,15 @@ class ServingEngine(Engine):
 
     def tokens(self, req: int) -> list[int]:
         return self.delivered(req)
+
+    def logprobs(self, req: int) -> list[TokenLogprobs] | None:
+        """Per delivered token of `req`: its logprob and the top ones it asked for; None if it
+        asked for none."""
+        w = self.requests.get(req)
+        n = None if w is None or w.sampling is None else w.sampling.logprobs
+        if n is None:
+            return None
+        return [TokenLogprobs(lp.sampled, lp.top[:n]) for lp in self.runner.requests[req].logprobs]
 
     def idle(self) -> bool:
         r = self.runner
@@ -221,9 +254,7 @@ class ServingEngine(Engine):
         while self.queued and self._fits(self.queued[0]):
             req = self.queued.pop(0)
             w = self.requests[req]
-            r.arrive(req, w.prompt[-1], max_tokens=w.max_tokens,
-                     prefill_chunks=self._chunks(len(w.prompt)), host_sync=w.host_sync)
-            self.chunks_done[req] = 0
+            r.arrive(req, w.prompt[-1], max_tokens=w.max_tokens, host_sync=w.host_sync)
             self.stop_ids[req] = w.stop_ids
             self._take_block(req)
         self.kv.peak_tokens = max(self.kv.peak_tokens, self._usage())
@@ -245,17 +276,17 @@ class ServingEngine(Engine):
         for row in step.rows:
             w = self.requests[row.req]
             at = len(w.prompt) - 1 + row.pos
-            if row.live and row.partial:
-                # A partial chunk ends inside the prompt: its sampled id is discarded.
-                self.chunks_done[row.req] += 1
-                at = self.chunks_done[row.req] * (self.serving.prefill_chunk or 0) - 1
+            fresh = row.live and row.req in self.needs_prefill
+            if fresh and row.partial:
+                # A partial chunk ends inside the context: its sampled id is discarded.
+                at = self.prefilled.get(row.req, 0) + self.chunk[row.req] - 1
+                self.prefilled[row.req] = at + 1
                 self.kv.partial_chunks += 1
-            fresh = row.live and (row.partial or row.req in self.needs_prefill)
             active.append(int(row.live))
             block.append(self.block_of.get(row.req, 0))
             write_at.append(at)
             prefill.append(int(fresh))
-            request.append(row.req)
+            request.append(draw_key(row.req, w.sampling))
             own = w.sampling or self.sampling
             # A greedy request on the sampler path draws its single most likely id.
             top_k.append(1 if own.greedy else own.top_k)
@@ -271,6 +302,7 @@ class ServingEngine(Engine):
                 prefill_ids.append(known[:at])
                 if not row.partial:
                     self.needs_prefill.discard(row.req)
+                    self.prefilled.pop(row.req, None)
                     self.kv.prefills += 1
             else:
                 prefill_ids.append(())
@@ -298,6 +330,8 @@ class ServingEngine(Engine):
     # --- KV blocks and budget --------------------------------------------------------------------
     def validate(self, req: int, prompt: Sequence[int], max_tokens: int) -> tuple[int, ...]:
         """The request's prompt ids, or InvalidRequest saying why it can never be served."""
+        if isinstance(req, bool) or not isinstance(req, int) or not 0 <= req < REQUEST_IDS:
+            raise InvalidRequest(f"request id {req!r} must be an integer in [0, 2**30)")
         if req in self.requests or req in self.runner.requests:
             raise InvalidRequest(f"request {req} was already submitted")
         ids = tuple(prompt)
@@ -338,10 +372,33 @@ class ServingEngine(Engine):
         self.kv.constrained_rows += 1
         return grammar.allowed(w.prompt + tuple(r.requests[req].delivered), self.model.vocab)
 
-    def _chunks(self, prompt_len: int) -> int:
-        """Steps a prompt's first prefill takes."""
-        chunk = self.serving.prefill_chunk
-        return 1 if chunk is None else -(-prompt_len // chunk)
+    def _before_schedule(self, rows: list[int]) -> None:
+        """Size this step's prefill chunks: a decoding row takes one token; the prefilling
+        requests, in arrival order, share what the step's budget leaves (each at least one, and
+        at most `prefill_chunk`). A chunk that does not finish its prefill is a partial row."""
+        c, r = self.serving, self.runner
+        prefilling = sorted((q for q in rows if q in self.needs_prefill),
+                            key=lambda q: self.requests[q].arrival)
+        decodes = len(rows) - len(prefilling)
+        left = None if c.max_step_tokens is None else c.max_step_tokens - decodes
+        self.chunk = {}
+        for i, req in enumerate(prefilling):
+            remaining = self._prefill_tokens(req) - self.prefilled.get(req, 0)
+            give = remaining if c.prefill_chunk is None else min(remaining, c.prefill_chunk)
+            if left is not None:
+                fits = left - (len(prefilling) - 1 - i)  # a token for each later prefill
+                if fits < give:
+                    give = fits
+                    self.kv.budget_cut_chunks += 1
+                left -= give
+            r.chunk_prefill(req, partial=give < remaining)
+            self.chunk[req] = give
+        self.kv.peak_step_tokens = max(self.kv.peak_step_tokens,
+                                       decodes + sum(self.chunk.values()))
+
+    def _prefill_tokens(self, req: int) -> int:
+        """Context tokens `req`'s prefill writes: its prompt and what it was delivered."""
+        return len(self.requests[req].prompt) + len(self.runner.requests[req].delivered)
 
     def _context_after_step(self, req: int) -> int:
         """Context tokens `req` holds once the next step ran (in-flight tokens included)."""
@@ -371,6 +428,7 @@ class ServingEngine(Engine):
     def _take_block(self, req: int) -> None:
         self.block_of[req] = self.free_blocks.pop(0)
         self.needs_prefill.add(req)
+        self.prefilled.pop(req, None)  # a resumed request prefills its whole context again
 
     def _reclaim(self) -> None:
         """Free the blocks of requests that closed or were preempted (device order keeps any

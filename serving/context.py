@@ -27,7 +27,9 @@ UINT32_MASK = 0xFFFFFFFF
 class SamplingParams:
     """Greedy (`seed is None`) or seeded top-k/top-p sampling. The engine's setting picks the
     decoder's path at load (argmax, or the device sampler); on the sampler path each request may
-    carry its own top-k, top-p and temperature, and a greedy request draws with top-k 1."""
+    carry its own top-k, top-p, temperature and seed, and a greedy request draws with top-k 1.
+    A request's own seed keys its draws by (seed, position) alone (`draw_key`), so the same
+    prompt and seed give the same tokens whatever the request's id, row or batch."""
 
     seed: int | None = None
     top_k: int = 8
@@ -42,6 +44,9 @@ class SamplingParams:
     multiplied."""
     min_tokens: int = 0
     """Its stop ids are masked out until it has generated this many tokens."""
+    logprobs: int | None = None
+    """Return, with each token, its logprob and the top `logprobs` (id, logprob) pairs (vLLM's
+    `logprobs`); None: none. From the logprob ring, read back under the ids' event."""
 
     def constrained(self) -> bool:
         """Any penalty or min_tokens: the decoder op applies them on the device."""
@@ -55,6 +60,8 @@ class SamplingParams:
     def describe(self) -> str:
         base = ("greedy" if self.greedy else
                 f"seeded(seed={self.seed}, k={self.top_k}, p={self.top_p}, T={self.temperature})")
+        if self.logprobs is not None:
+            base += f" + logprobs({self.logprobs})"
         if not self.constrained():
             return base
         return (f"{base} + penalties(presence={self.presence_penalty}, "
@@ -74,7 +81,7 @@ class ContextRows:
     prefill_ids: tuple[tuple[int, ...], ...]
     """For prefill rows: the context before `write_at`, from the host's token list."""
     request: tuple[int, ...]
-    """The request each row holds: seeded sampling draws by (seed, request, position)."""
+    """Each row's draw key (`draw_key`): seeded sampling draws by (engine seed, key, position)."""
     top_k: tuple[int, ...] = ()
     """Per row, on the sampler path: the request's top-k (1 for a greedy request)."""
     top_p: tuple[float, ...] = ()
@@ -88,6 +95,20 @@ class ContextRows:
 
     def any_prefill(self) -> bool:
         return any(self.prefill)
+
+
+REQUEST_IDS = 1 << 30
+"""Request ids are below this; draw keys at or above it stand for a request's own seed (both
+fit the device's int32-staged uint32 column without wrapping)."""
+
+
+def draw_key(req: int, own: SamplingParams | None) -> int:
+    """What a row's seeded draw is keyed by, with its position: the request's id, or, for a
+    request with its own seed, a 30-bit mix of that seed (its ids never collide with a seed's)."""
+    if own is None or own.seed is None:
+        return req
+    x = (own.seed * 0x9E3779B97F4A7C15) & ((1 << 64) - 1)
+    return REQUEST_IDS | ((x ^ (x >> 29)) & (REQUEST_IDS - 1))
 
 
 NO_ROWS = ContextRows((), (), (), (), (), ())
@@ -155,6 +176,23 @@ def allowed_table(rows: ContextRows, width: int, vocab: int) -> torch.Tensor:
             table[i] = 0
             table[i, sorted(ids)] = 1
     return table
+
+
+def token_logprobs(
+    logits: torch.Tensor, sampled: torch.Tensor, n: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The logprob ring's content for one step: from [rows, V] float32 logits (the decoder op's,
+    penalties and masks applied, before temperature, top-k and top-p) and each row's sampled id,
+    [rows, 1 + n] float32 (the sampled id's logprob, then the top n) and [rows, n] int32 ids.
+    The top n are most likely first, ties to the lower id. An id outside the vocabulary (an
+    unused row's garbage) is clamped, as the decoder op clamps its inputs."""
+    logprobs = torch.log_softmax(logits.to(torch.float32), dim=-1)
+    vocab = logprobs.shape[-1]
+    ids = (sampled.reshape(-1).to(torch.int64) & UINT32_MASK).clamp(max=vocab - 1)
+    chosen = logprobs.gather(1, ids.reshape(-1, 1))
+    order = torch.sort(logprobs, dim=-1, descending=True, stable=True).indices[:, :n]
+    values = torch.cat([chosen, logprobs.gather(1, order)], dim=1)
+    return values, order.to(torch.int32)
 
 
 def decode_rows(

@@ -9,6 +9,9 @@
       decoder_forward                logits [1, 1, W, Vp] float32 TILE, one row per row
       typecast(logits -> values)     bfloat16 TILE (typecast keeps shape and layout)
       sampling(values, indices, k, p, temp, seed, output_tensor=slot)
+    then, when the ring has a logprob part (`MirrorSpec.logprobs` n > 0):
+      sampled_logprobs               log-softmax of the logits, the sampled id's logprob and the
+                                     top n, into the slot's logprob part (read back with the ids)
 
 Every ttnn call is one the installed ttnn documents (`impl/device/support.py`): argmax over
 dimension rank-2 writes UINT32 ROW_MAJOR; `sampling` takes bfloat16 TILE values whose last
@@ -18,7 +21,8 @@ dimension Vp is a power-of-2 multiple of 32, so the vocabulary is padded to Vp w
 The decoder op's numerics are `serving_context.decode_rows` (a torch function over the model):
 on the emulated device it is a program on the command queue like any ttnn op, reading and writing
 DRAM when the queue reaches it, so it is ordered by the queue, visible to the hazard checks, and
-traceable. No ttnn kernel computes a `transformers` model, so on a chip this op does not exist:
+traceable; `sampled_logprobs` is a program of the same kind. No ttnn kernel computes a
+`transformers` model, so on a chip this op does not exist:
 there the TT model stacks' own decode would take its place (not shipped: never run here).
 """
 
@@ -33,6 +37,7 @@ import ttnn
 
 from ..impl.device import EmulatedMeshDevice, bind_sampling_identity
 from ..impl.device.commands import Program
+from ..impl.ring import LogprobSlot
 from .context import (
     BANNED,
     NO_ROWS,
@@ -42,6 +47,7 @@ from .context import (
     constraint_tables,
     decode_rows,
     row_sampling,
+    token_logprobs,
 )
 from .models import DecoderModel
 
@@ -232,8 +238,10 @@ class DeviceDecoder:
         for values, dtype, target in build():
             ttnn.copy_host_to_device_tensor(_host(values, dtype), target, cq_id=self.cq)
 
-    def forward(self, input_ids: ttnn.Tensor, positions: ttnn.Tensor, slot: ttnn.Tensor) -> None:
-        """Enqueue the decoder op and the sampler; the sampler writes straight into `slot`."""
+    def forward(self, input_ids: ttnn.Tensor, positions: ttnn.Tensor, slot: ttnn.Tensor,
+                logprobs: LogprobSlot | None = None) -> None:
+        """Enqueue the decoder op and the sampler; the sampler writes straight into `slot`, and
+        the logprobs of what it drew go to the slot's logprob part when there is one."""
         self._enqueue_decoder(input_ids, positions)
         with ttnn.command_queue(self.cq):
             if self.sampling.greedy:
@@ -250,7 +258,35 @@ class DeviceDecoder:
                     seed=int(self.sampling.seed or 0),
                     output_tensor=slot,
                 )
+        if logprobs is not None:
+            self._enqueue_logprobs(slot, logprobs)
         self.forwards += 1
+
+    def _enqueue_logprobs(self, slot: ttnn.Tensor, part: LogprobSlot) -> None:
+        """The sampled id's logprob and the top n, from this step's logits, into `part`."""
+        logits, ids = self.logits.data, slot.data
+        values_out, ids_out = part.values.data, part.ids.data
+        vocab, width, greedy = self.model.vocab, self.width, self.sampling.greedy
+        n = values_out.shape[-1] - 1
+
+        def body() -> None:
+            # Greedy logits hold one column per row, seeded ones a padded row per row.
+            if greedy:
+                rows = logits.reshape(vocab, width).T
+            else:
+                rows = logits.reshape(width, -1)[:, :vocab]
+            values, top = token_logprobs(rows, ids.reshape(-1), n)
+            values_out.copy_(values.reshape(values_out.shape))
+            ids_out.copy_(top.reshape(ids_out.shape).to(ids_out.dtype))
+
+        program = Program(
+            "sampled_logprobs",
+            reads=(self.logits.buffer, slot.buffer),
+            writes=(part.values.buffer, part.ids.buffer),
+            body=body,
+            cache_key=("sampled_logprobs", id(self)),
+        )
+        self.device.launch(program, self.cq)
 
     def _enqueue_decoder(self, input_ids: ttnn.Tensor, positions: ttnn.Tensor) -> None:
         inputs = [

@@ -5,8 +5,9 @@ completes step N's readback and applies it, so at depth 2 the host builds step N
 knows step N's tokens (the mirror supplies them on device). Stop tokens are checked right after
 the apply that delivered them; slots are released as soon as the runner allows.
 
-Subclasses hook in through `_admit` (before each step: which requests enter the runner) and
-`_scheduled(q)` (between schedule and combine: stage what else the step needs); the serving
+Subclasses hook in through `_admit` (before each step: which requests enter the runner),
+`_before_schedule(rows)` (size the step's prefill chunks) and `_scheduled(q)` (between schedule
+and combine: stage what else the step needs); the serving
 loop (`serving.py`) uses both. `drain_on_layout_change` reproduces the TT plugin's policy for
 comparison (benchmarks): it retires every step in flight whenever the rows change.
 """
@@ -45,6 +46,8 @@ class EngineConfig:
     preempt_policy: str = "keep"
     """A preempted request's in-flight tokens: "keep" (vLLM's: delivered; it resumes once it owns
     no placeholder) or "drop" (recomputed after the resume)."""
+    logprobs: int = 0
+    """Top logprobs per row of the logprob ring (0: none; a serving decoder computes them)."""
     drain_on_layout_change: bool = False
     """The TT plugin's policy, for comparison only: before a step whose rows differ from the
     previous step's (arrival, finish, preemption, reorder), retire every step in flight. The
@@ -69,6 +72,7 @@ class Engine:
                 probe=c.probe,
                 trace=c.trace,
                 preempt_policy=c.preempt_policy,
+                logprobs=c.logprobs,
             ),
         )
         self.order: Order = order or (lambda eligible: eligible)
@@ -130,6 +134,7 @@ class Engine:
                 self.stats["drains"] += 1
                 rows = list(self.order(r.eligible())) if r.can_schedule() else []
             if rows:
+                self._before_schedule(rows)
                 q = r.schedule(rows)
                 self._layout = tuple(rows)
                 self._scheduled(q)
@@ -154,6 +159,9 @@ class Engine:
         for slot in range(len(r.slots)):
             if r.releasable(slot):
                 r.release(slot)
+
+    def _before_schedule(self, rows: list[int]) -> None:
+        """Hook right before the step over `rows` is scheduled (none here)."""
 
     def _scheduled(self, q: int) -> None:
         """Hook between schedule and combine: stage what else the step needs (none here)."""

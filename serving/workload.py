@@ -13,6 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..impl.backend import TokenLogprobs
 from ..impl.runner import Status
 from .batching import ServingEngine
 from .context import SamplingParams
@@ -43,6 +44,8 @@ class Outcome:
     iterations: int
     seconds: float
     stats: dict[str, Any] = field(default_factory=dict)
+    logprobs: dict[int, list[TokenLogprobs]] = field(default_factory=dict)
+    """Per request that asked for logprobs: one entry per delivered token."""
 
     @property
     def generated(self) -> int:
@@ -146,6 +149,8 @@ def _outcome(engine: ServingEngine, iterations: int, seconds: float, aborted: se
         statuses={req: r.status for req, r in sorted(runner.requests.items())},
         iterations=iterations,
         seconds=seconds,
+        logprobs={req: lp for req in sorted(runner.requests)
+                  if (lp := engine.logprobs(req)) is not None},
         stats={
             **runner.describe(),
             **{f"engine_{k}": v for k, v in engine.stats.items()},
@@ -155,6 +160,8 @@ def _outcome(engine: ServingEngine, iterations: int, seconds: float, aborted: se
             "kv_peak_tokens": kv.peak_tokens,
             "kv_partial_chunks": kv.partial_chunks,
             "kv_chunks_beside_mirror": kv.chunks_beside_mirror,
+            "kv_budget_cut_chunks": kv.budget_cut_chunks,
+            "kv_peak_step_tokens": kv.peak_step_tokens,
             "kv_mixed_sampling_steps": kv.mixed_sampling_steps,
             "kv_constrained_rows": kv.constrained_rows,
             "preempted_requests": sorted(kv.preempted),

@@ -19,6 +19,7 @@ from dataclasses import dataclass, replace
 from functools import cache
 
 import pytest
+import torch
 import ttnn
 
 from ttmirror.impl import faults
@@ -70,6 +71,10 @@ class Run:
     prefill_chunk: int | None = None
     kv_tokens: int | None = KV_TOKENS
     """None: no KV budget, so nothing is preempted."""
+    max_step_tokens: int | None = None
+    """The per-step token budget that chunks prefills (None: none)."""
+    max_logprobs: int = 0
+    """Above 0: the engine allocates the logprob ring (requests may ask up to this many)."""
 
 
 def _require_async(enabled: bool, batches: int) -> None:
@@ -106,6 +111,8 @@ def _serve(run: Run, plan: list[RequestPlan]) -> Outcome:
                 trace=run.trace,
                 preempt_policy=run.preempt_policy,
                 prefill_chunk=run.prefill_chunk,
+                max_step_tokens=run.max_step_tokens,
+                max_logprobs=run.max_logprobs,
             ),
         )
         try:
@@ -231,9 +238,12 @@ def test_async_serving_parity_with_a_host_sync_request(model: str, sampling: str
     assert depth2.tokens == depth1.tokens and depth2.statuses == depth1.statuses
 
 
-MIXED = (SamplingParams(), SamplingParams(seed=SEED, top_k=4, temperature=0.7),
-         SamplingParams(seed=SEED, top_k=16, top_p=0.5), SamplingParams(seed=SEED, top_k=2))
-"""Per-request sampling, by request id modulo 4: greedy, and three seeded settings."""
+MIXED = (SamplingParams(), SamplingParams(seed=SEED + 11, top_k=4, temperature=0.7),
+         SamplingParams(seed=SEED + 12, top_k=16, top_p=0.5),
+         SamplingParams(seed=SEED + 13, top_k=2))
+"""Per-request sampling, by request id modulo 4: greedy, and three seeded settings, each with its
+own seed (its draws keyed by that seed and the position alone). The seeds are ones under which
+every scenario of the workload occurs on every model (`_check_scenario` requires it)."""
 
 
 @pytest.mark.parametrize("model", ["probe", *TINY])
@@ -406,9 +416,23 @@ def test_tiny_architectures_are_distinct_models() -> None:
     assert all(a != b for i, a in enumerate(served) for b in served[i + 1 :])
 
 
-# --- vLLM's matrix on the probe: preemption x chunked prefill x sampling variant --------------
+# --- vLLM's matrix: preemption x chunked prefill x sampling variant, on every model -----------
 
-VARIANTS = ("greedy", "seeded", "per-request", "penalties", "min-tokens", "constrained")
+VARIANTS = ("greedy", "seeded", "per-request", "penalties", "logprobs", "min-tokens",
+            "constrained")
+STEP_TOKENS = ROWS
+"""The matrix's chunked prefill: a per-step token budget of one token per row, so a prompt
+arriving beside decoding rows is cut into chunks of what they leave."""
+LOGPROBS = 3
+
+
+def _with_logprobs(p: RequestPlan) -> RequestPlan:
+    """Odd requests sample with their own seed, every fourth one greedy, both with logprobs."""
+    if p.req % 2:
+        return replace(p, sampling=replace(MIXED[p.req % len(MIXED)], logprobs=LOGPROBS))
+    if p.req % 4 == 0:
+        return replace(p, sampling=SamplingParams(logprobs=LOGPROBS))
+    return p
 
 
 def _variant_plan(variant: str, vocab: int) -> tuple[str, list[RequestPlan]]:
@@ -420,32 +444,71 @@ def _variant_plan(variant: str, vocab: int) -> tuple[str, list[RequestPlan]]:
         return "seeded", [replace(p, sampling=MIXED[p.req % len(MIXED)]) for p in plan]
     if variant == "penalties":
         return "seeded", [p if p.stop_ids else _constrained(p, "seeded") for p in plan]
+    if variant == "logprobs":
+        return "seeded", [_with_logprobs(p) for p in plan]
     if variant == "min-tokens":
         return "greedy", [_constrained(p, "greedy") if p.stop_ids else p for p in plan]
     return "greedy", [replace(p, constraint="alternating-parity" if p.req in (1, 3) else None)
                       for p in plan]
 
 
+def _check_logprobs(out: Outcome, plan: list[RequestPlan], model: DecoderModel,
+                    greedy_engine: bool) -> None:
+    """The logprobs describe the tokens delivered: one entry per token with the top n asked
+    for, most likely first, and each equal to the model's own log-softmax over the request's
+    context (prompt and tokens before it) at that token: recomputed here on the host, so a
+    logprob of another row, step or request shows."""
+    asked = {p.req: p for p in plan if p.sampling is not None and p.sampling.logprobs is not None}
+    assert asked and set(out.logprobs) == set(asked)
+    checked = 0
+    for req, p in asked.items():
+        tokens, lps = out.tokens[req], out.logprobs[req]
+        assert len(lps) == len(tokens), f"request {req}: a token without its logprobs"
+        context = list(p.prompt)
+        for t, (token, lp) in enumerate(zip(tokens, lps, strict=True)):
+            assert len(lp.top) == p.sampling.logprobs  # type: ignore[union-attr]
+            values = [v for _, v in lp.top]
+            assert values == sorted(values, reverse=True) and lp.sampled <= 0
+            want = torch.log_softmax(model.logits(torch.tensor(context), t).float(), dim=-1)
+            assert abs(float(want[token]) - lp.sampled) < 1e-4, (req, t)
+            assert all(abs(float(want[i]) - v) < 1e-4 for i, v in lp.top), (req, t)
+            if greedy_engine:
+                assert lp.top[0][0] == token  # argmax: the most likely id
+            context.append(token)
+            checked += 1
+    assert checked > 0
+
+
 @pytest.mark.parametrize("variant", VARIANTS)
-@pytest.mark.parametrize("chunk", [None, CHUNK], ids=["one-step-prefill", "chunked"])
+@pytest.mark.parametrize("chunk", [None, STEP_TOKENS], ids=["one-step-prefill", "chunked"])
 @pytest.mark.parametrize("budget", [KV_TOKENS, None], ids=["preempting", "no-preemption"])
-def test_parity_matrix(budget: int | None, chunk: int | None, variant: str) -> None:
-    sampling, plan = _variant_plan(variant, _model("probe").vocab)
-    runs = [Run("probe", sampling, mode, prefill_chunk=chunk, kv_tokens=budget)
+@pytest.mark.parametrize("model", ["probe", *TINY])
+def test_parity_matrix(model: str, budget: int | None, chunk: int | None, variant: str) -> None:
+    sampling, plan = _variant_plan(variant, _model(model).vocab)
+    lp = LOGPROBS if variant == "logprobs" else 0
+    runs = [Run(model, sampling, mode, max_step_tokens=chunk, kv_tokens=budget, max_logprobs=lp)
             for mode in ("auto", "off")]
     depth2, depth1 = (_serve(run, plan) for run in runs)
     _require_async(depth2.stats["async_enabled"], depth2.stats["depth"])
     for out, depth in ((depth2, 2), (depth1, 1)):
         _check_scenario(out, plan, depth=depth, preempting=budget is not None)
     assert depth2.tokens == depth1.tokens and depth2.statuses == depth1.statuses
+    assert depth2.logprobs == depth1.logprobs  # logprob for logprob (both empty without them)
     s = depth2.stats
     if chunk is not None:
-        assert s["kv_partial_chunks"] > 0 and s["kv_chunks_beside_mirror"] > 0
+        # The budget really cut prefills into chunks, one beside a row decoding from the mirror,
+        # and no step computed more tokens than it allows.
+        assert s["kv_budget_cut_chunks"] > 0 and s["kv_chunks_beside_mirror"] > 0
+        assert s["kv_peak_step_tokens"] <= chunk
     if variant == "per-request":
         assert s["kv_mixed_sampling_steps"] > 0
     if variant == "penalties":
         assert all(len(set(depth2.tokens[p.req])) == len(depth2.tokens[p.req])
                    for p in plan if p.sampling is not None)
+    if variant == "logprobs":
+        _check_logprobs(depth2, plan, _model(model), greedy_engine=False)
+        # Logprobs were read back for a step while the next one was on the device.
+        assert s["overlapped_launches"] > 0
     if variant == "min-tokens":
         assert all(not set(depth2.tokens[p.req][:MIN_TOKENS]) & p.stop_ids
                    for p in plan if p.stop_ids)
@@ -455,3 +518,70 @@ def test_parity_matrix(budget: int | None, chunk: int | None, variant: str) -> N
             if p.constraint:
                 seq = [p.prompt[-1], *depth2.tokens[p.req]]
                 assert all(a % 2 != b % 2 for a, b in itertools.pairwise(seq))
+
+
+# --- logprobs, per-request seeds and the step's token budget, on their own ---------------------
+
+
+@pytest.mark.parametrize("trace", [False, True], ids=["eager", "traced"])
+def test_greedy_logprobs_name_the_argmax_and_match_the_model(trace: bool) -> None:
+    # On the argmax path every logprob request's token is its own top entry; traced, the
+    # logprob program replays into the ring's logprob part like the rest of the step.
+    plan = [replace(p, sampling=SamplingParams(logprobs=LOGPROBS)) if p.req % 2 else p
+            for p in standard_plan(_model("probe").vocab)]
+    depth2 = _serve(Run("probe", "greedy", trace=trace, max_logprobs=LOGPROBS), plan)
+    depth1 = _serve(Run("probe", "greedy", "off", max_logprobs=LOGPROBS), plan)
+    _require_async(depth2.stats["async_enabled"], depth2.stats["depth"])
+    _check_scenario(depth2, plan, depth=2)
+    _check_logprobs(depth2, plan, _model("probe"), greedy_engine=True)
+    assert depth2.tokens == depth1.tokens and depth2.logprobs == depth1.logprobs
+    if trace:
+        assert depth2.stats["trace_replays"] == depth2.stats["launches"]
+
+
+def test_twin_logprobs_copied_after_the_event_are_a_hazard() -> None:
+    # Planted: the logprob ring's copy is enqueued after the ids' event, so synchronising that
+    # event does not cover it; reading it is the unsynchronised-readback hazard, raised.
+    from ttmirror.impl.device import HazardError
+
+    plan = [_with_logprobs(p) for p in standard_plan(_model("probe").vocab)]
+    with faults.planted("logprobs-after-event"), pytest.raises(
+        HazardError, match="unsynchronised-readback"
+    ):
+        _serve(Run("probe", "seeded", max_logprobs=LOGPROBS), plan)
+
+
+def test_a_request_asking_more_logprobs_than_the_engine_serves_is_refused() -> None:
+    from ttmirror.serving.batching import InvalidRequest
+
+    p = replace(standard_plan(_model("probe").vocab)[0], sampling=SamplingParams(logprobs=4))
+    with pytest.raises(InvalidRequest, match=r"logprobs=4; this engine serves 0 to 3"):
+        _serve(Run("probe", "greedy", max_logprobs=3), [p])
+    with pytest.raises(InvalidRequest, match=r"logprobs=4; this engine serves 0 to 0"):
+        _serve(Run("probe", "greedy"), [p])
+
+
+@pytest.mark.parametrize("model", ["probe", *TINY])
+def test_a_request_seed_makes_its_tokens_reproducible(model: str) -> None:
+    # Requests 8 and 9 share a prompt and a seed but arrive apart, so they sit in other rows and
+    # other steps (and one may be preempted): the same tokens. Request 10 differs only in its
+    # seed: other tokens. The draw is keyed by (seed, position), not by the request's id.
+    vocab = _model(model).vocab
+    own = SamplingParams(seed=SEED + 100, top_k=32, temperature=1.5)
+    prompt = tuple((5 * j + 3) % vocab for j in range(4))
+    extra = [RequestPlan(8, 3, prompt, 10, sampling=own),
+             RequestPlan(9, 8, prompt, 10, sampling=own),
+             RequestPlan(10, 8, prompt, 10, sampling=replace(own, seed=SEED + 101))]
+    plan = standard_plan(vocab) + extra
+    depth2 = _serve(Run(model, "seeded"), plan)
+    depth1 = _serve(Run(model, "seeded", "off"), plan)
+    _require_async(depth2.stats["async_enabled"], depth2.stats["depth"])
+    assert depth2.tokens == depth1.tokens and depth2.statuses == depth1.statuses
+    assert depth2.stats["kv_preemptions"] >= 1
+    assert len(depth2.tokens[8]) == 10 and depth2.tokens[8] == depth2.tokens[9]
+    assert depth2.tokens[10] != depth2.tokens[8]
+
+
+def test_the_step_token_budget_is_checked_at_load() -> None:
+    with pytest.raises(ValueError, match=r"max_step_tokens \(5\) must be at least rows \(6\)"):
+        _serve(Run("probe", "greedy", max_step_tokens=5), standard_plan(_model("probe").vocab))
