@@ -153,6 +153,22 @@ def applies(bug: str, backend: str, config: str) -> bool:
     return not (config == "eager-1cq" and bug in faults.TWO_QUEUES)
 
 
+def serving_matrix(bugs: list[str] | None = None,
+                   configs: list[str] | None = None) -> list[Kill]:
+    """One kill per serving-only bug (`faults.SERVING_BUGS`) and configuration, found by the
+    serving half (`serving.py`: a logprob workload whose ring data is checked)."""
+    from . import serving
+
+    out: list[Kill] = []
+    for config in configs or list(serving.CONFIGS):
+        for bug in bugs or list(faults.SERVING_BUGS):
+            killed, v = serving.kill(bug, config)
+            out.append(Kill(bug, killed, "serving" if killed else None, config, v.layer, None,
+                            1 if killed else None, v.seconds if killed else None, None,
+                            v.message))
+    return out
+
+
 def bounds_for(bug: str, bounds: Bounds) -> Bounds:
     """`bounds`, raised where `bug` needs more to occur at all (`faults.NEEDS_BOUNDS`)."""
     return bounds._replace(**faults.NEEDS_BOUNDS.get(bug, {}))

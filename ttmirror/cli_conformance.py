@@ -216,13 +216,23 @@ def cmd_mutants(ns: argparse.Namespace) -> int:
     from .conformance.configs import CONFIGS
     from .impl import faults
 
+    known = {**faults.BUGS, **faults.SERVING_BUGS} if ns.backend == "tt" else faults.BUGS
     for bug in ns.bug or []:
-        if bug not in faults.BUGS:
-            raise UsageError(f"unknown bug {bug!r}; choose from: {', '.join(faults.BUGS)}")
+        if bug not in known:
+            raise UsageError(f"unknown bug {bug!r}; choose from: {', '.join(known)}")
     configs = [_config(ns.backend, c) for c in ns.config or CONFIGS[ns.backend]]
-    kills = mutants.matrix(Bounds(), ns.backend, profiles.profile(ns.profile), bugs=ns.bug,
-                           configs=configs, walk_seconds=ns.walk_seconds,
-                           trace_dir=Path(ns.traces) if ns.traces else None)
+    lockstep_bugs = [b for b in ns.bug or [] if b in faults.BUGS]
+    serving_bugs = [b for b in ns.bug or [] if b in faults.SERVING_BUGS]
+    kills = []
+    if not ns.bug or lockstep_bugs:
+        kills = mutants.matrix(Bounds(), ns.backend, profiles.profile(ns.profile),
+                               bugs=lockstep_bugs or None, configs=configs,
+                               walk_seconds=ns.walk_seconds,
+                               trace_dir=Path(ns.traces) if ns.traces else None)
+    if ns.backend == "tt" and (not ns.bug or serving_bugs):
+        # The logprob ring's bugs: found by the serving half, not the lockstep (the probe has
+        # no logprobs); no trace file, the serving workload is the reproduction.
+        kills += mutants.serving_matrix(serving_bugs or None, configs)
     if ns.json:
         print(json.dumps([k.as_json() for k in kills], indent=1))
     else:

@@ -46,8 +46,14 @@ def register(add_parser: AddParser) -> None:
                    help="a preempted request's in-flight tokens: keep (vLLM's: delivered) or "
                         "drop (recomputed) (default %(default)s)")
     s.add_argument("--prefill-chunk", type=int, default=None,
-                   help="prompt tokens prefilled per step (chunked prefill; default: a whole "
-                        "prompt in one step)")
+                   help="context tokens prefilled per step per request (chunked prefill; "
+                        "default: no such limit)")
+    s.add_argument("--max-step-tokens", type=int, default=None,
+                   help="tokens one step computes: a token per decoding row, prefills chunked "
+                        "into the rest (at least the 8 rows; default: no budget)")
+    s.add_argument("--logprobs", type=int, default=None,
+                   help="every request also gets, per token, its logprob and the top N "
+                        "(printed: the tokens' mean logprob and the first token's top N)")
     s.set_defaults(func=cmd_serve_demo)
 
 
@@ -71,6 +77,8 @@ def cmd_serve_demo(ns: argparse.Namespace) -> int:
     _positive("max-tokens", ns.max_tokens)
     _positive("kv-tokens", ns.kv_tokens)
     _positive("prefill-chunk", ns.prefill_chunk)
+    _positive("max-step-tokens", ns.max_step_tokens)
+    _positive("logprobs", ns.logprobs)
     prompt = _parse_prompt(ns.prompt) if ns.prompt is not None else None
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     # Checked before the imports below: they load torch, ttnn and transformers.
@@ -117,6 +125,13 @@ def _plan(ns: argparse.Namespace, vocab: int, prompt: tuple[int, ...] | None) ->
         plan = [replace(p, max_tokens=min(p.max_tokens, ns.max_tokens)) for p in plan]
     if prompt is not None:
         plan[0] = replace(plan[0], prompt=prompt)
+    if ns.logprobs is not None:
+        from .serving.context import SamplingParams
+
+        # The engine's own sampling, plus logprobs (the request's seed is then the engine's).
+        own = SamplingParams(seed=ns.seed, logprobs=ns.logprobs) if ns.sampling == "seeded" \
+            else SamplingParams(logprobs=ns.logprobs)
+        plan = [replace(p, sampling=own) for p in plan]
     return plan
 
 
@@ -142,7 +157,9 @@ def _open_engine(ns: argparse.Namespace, model: DecoderModel) -> tuple[ServingBa
     backend = ServingBackend(get_backend(ns.backend, **options), model, sampling)
     try:
         config = ServingConfig(async_scheduling=ns.async_scheduling, kv_tokens=ns.kv_tokens,
-                               preempt_policy=ns.preempt_policy, prefill_chunk=ns.prefill_chunk)
+                               preempt_policy=ns.preempt_policy, prefill_chunk=ns.prefill_chunk,
+                               max_step_tokens=ns.max_step_tokens,
+                               max_logprobs=ns.logprobs or 0)
         return backend, ServingEngine(backend, config)
     except (ValueError, NotImplementedError) as e:
         # ValueError: async "on" where the backend cannot; NotImplementedError: the decoder op
@@ -195,6 +212,12 @@ def _print_requests(plan: list[RequestPlan], out: Outcome, timeline: _Timeline) 
             f"  r{p.req}: prompt {list(p.prompt)} -> {toks} [{status}, {len(toks)} tokens, "
             f"first {ttft} ms, done {end} ms]"
         )
+        lps = out.logprobs.get(p.req)
+        if lps:
+            mean = sum(lp.sampled for lp in lps) / len(lps)
+            top = ", ".join(f"{i}: {v:.3f}" for i, v in lps[0].top)
+            print(f"      logprobs: mean {mean:.3f} over {len(lps)} tokens; first token's top "
+                  f"{len(lps[0].top)}: {top}")
 
 
 def _print_totals(out: Outcome) -> None:

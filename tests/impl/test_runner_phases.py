@@ -177,6 +177,27 @@ def test_partial_prefill_rows_are_never_mirrored_nor_delivered() -> None:
     assert list(retire(runner)) == [0] and len(runner.requests[0].delivered) == 1
 
 
+def test_chunk_prefill_sizes_chunks_per_step_and_refuses_a_placeholder() -> None:
+    # A serving loop with a token budget says before each schedule whether the row is partial.
+    runner = loaded()
+    runner.arrive(0, 10)
+    for _ in range(2):
+        runner.chunk_prefill(0, partial=True)
+        launch_step(runner)
+        if len(runner.queue) == 2:
+            assert retire(runner) == {}  # the first partial row: nothing delivered
+    runner.chunk_prefill(0, partial=False)
+    launch_step(runner)
+    rows = [s.rows[0] for s in runner.abstract().queue]
+    assert [r.partial for r in rows] == [True, False] and rows[1].prev_row is None
+    assert retire(runner) == {} and list(retire(runner)) == [0]
+    launch_step(runner)  # a decode: its token is in flight, the host table holds a placeholder
+    refused(runner, lambda: runner.chunk_prefill(0, partial=True), "placeholder")
+    runner.arrive(1, 11)
+    runner.abort(1)
+    refused(runner, lambda: runner.chunk_prefill(1, partial=True), "ABORTED")
+
+
 def test_host_sync_request_waits_for_its_step_in_flight() -> None:
     runner = loaded()
     runner.arrive(0, 10, host_sync=True)

@@ -32,6 +32,14 @@ def test_serve_demo_cpu_seeded(capsys: pytest.CaptureFixture[str]) -> None:
     assert "seeded(seed=0" in capsys.readouterr().out
 
 
+def test_serve_demo_logprobs_under_a_step_budget(capsys: pytest.CaptureFixture[str]) -> None:
+    code = main(["serve-demo", "--model", "probe", "--backend", "cpu", "--sampling", "seeded",
+                 "--requests", "4", "--logprobs", "2", "--max-step-tokens", "8"])
+    out = capsys.readouterr().out
+    assert code == 0
+    assert out.count("logprobs: mean") == 4 and "top 2:" in out
+
+
 @pytest.mark.parametrize(
     ("args", "message"),
     [
@@ -41,6 +49,9 @@ def test_serve_demo_cpu_seeded(capsys: pytest.CaptureFixture[str]) -> None:
         (["--requests", "0"], "--requests must be at least 1"),
         (["--model", "qwen3-4b"], "checkpoint qwen3-4b"),
         (["--async-scheduling", "maybe"], "invalid choice"),
+        (["--max-step-tokens", "5"], "max_step_tokens (5) must be at least rows (8)"),
+        (["--logprobs", "0"], "--logprobs must be at least 1"),
+        (["--logprobs", "65"], "max_logprobs must be in [0, 64]"),
     ],
 )
 def test_serve_demo_bad_input(
