@@ -7,7 +7,10 @@ regime where pipelining matters: a chip's forward and the host's scheduling cost
 
 1. Tokens/s of the same workload at depth 2 (async) and depth 1 (sync), interleaved rounds,
    medians: the pipeline hides one of the two.
-2. A churn workload (a request arrives every 2 steps and short ones finish, so the batch layout
+2. The same at depth 2 with every request asking for its top-3 logprobs (the logprob ring beside
+   the ids, its program after the sampler, its copy under the ids' event) beside without: what
+   the second payload costs, and that depth 2 still overlaps with it.
+3. A churn workload (a request arrives every 2 steps and short ones finish, so the batch layout
    changes at least every 3 steps; checked): the fraction of launches that overlapped a step
    still in flight, with our design (the mirror combines across layout changes) and with the TT
    plugin's policy (drain every in-flight step when the layout changes).
@@ -21,7 +24,7 @@ import argparse
 import itertools
 import statistics
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import ttnn
 
@@ -30,11 +33,13 @@ from ttmirror.impl.probe import ProbeSpec
 from ttmirror.impl.tt_backend import TtBackend
 from ttmirror.serving.backend import ServingBackend
 from ttmirror.serving.batching import ServingConfig, ServingEngine
+from ttmirror.serving.context import SamplingParams
 from ttmirror.serving.models import ProbeDecoder
 from ttmirror.serving.workload import Outcome, RequestPlan, run_workload
 
 MODEL = ProbeDecoder(ProbeSpec(seed=5))
 ROWS = 8
+LOGPROBS = 3
 
 
 def steady_plan(requests: int = 16) -> list[RequestPlan]:
@@ -80,7 +85,8 @@ class Measured:
 
 
 def serve(
-    plan: list[RequestPlan], mode: str, delay_s: float, drain: bool = False
+    plan: list[RequestPlan], mode: str, delay_s: float, drain: bool = False,
+    logprobs: int = 0,
 ) -> Measured:
     device = open_device(
         num_command_queues=2,
@@ -91,8 +97,11 @@ def serve(
     )
     backend = ServingBackend(TtBackend(device), MODEL)
     engine = ServingEngine(
-        backend, ServingConfig(async_scheduling=mode, rows=ROWS, drain_on_layout_change=drain)
+        backend, ServingConfig(async_scheduling=mode, rows=ROWS, drain_on_layout_change=drain,
+                               max_logprobs=logprobs)
     )
+    if logprobs:
+        plan = [replace(p, sampling=SamplingParams(logprobs=logprobs)) for p in plan]
     layouts: list[tuple[int, ...]] = []
 
     def record(e: ServingEngine) -> None:
@@ -140,6 +149,23 @@ def steady(rounds: int, delay: float) -> tuple[float, float]:
     )
 
 
+def with_logprobs(rounds: int, delay: float) -> tuple[float, float, float]:
+    """Median depth-2 tokens/s with every request asking for logprobs and without, and the
+    fraction of launches that overlapped with them, interleaved."""
+    on, off = [], []
+    for _ in range(rounds):
+        on.append(serve(steady_plan(), "auto", delay, logprobs=LOGPROBS))
+        off.append(serve(steady_plan(), "auto", delay))
+    for a, b in zip(on, off, strict=True):
+        assert a.outcome.tokens == b.outcome.tokens, "logprobs changed the tokens"
+        assert all(len(v) == len(a.outcome.tokens[r]) for r, v in a.outcome.logprobs.items())
+    return (
+        statistics.median(m.tokens_per_s for m in on),
+        statistics.median(m.tokens_per_s for m in off),
+        min(m.overlapped for m in on),
+    )
+
+
 def churn(delay: float) -> tuple[Measured, Measured, int]:
     """Our engine and the drain-on-layout-change policy on a workload whose rows keep moving;
     returns both and the longest run of steps with one layout."""
@@ -164,6 +190,7 @@ def main() -> None:
     host_step, compute = calibrate()
     delay = host_step
     rate2, rate1 = steady(args.rounds, delay)
+    lp_rate, plain_rate, lp_overlap = with_logprobs(args.rounds, delay)
     ours, drain, gap = churn(delay)
     launches = ours.outcome.stats["launches"]
 
@@ -177,6 +204,11 @@ def main() -> None:
         f"(median of {args.rounds}; tokens identical)"
     )
     print(
+        f"logprobs (top {LOGPROBS}, every request): depth 2 {lp_rate:,.0f} tok/s, without "
+        f"{plain_rate:,.0f} tok/s (median of {args.rounds}; tokens identical), at least "
+        f"{lp_overlap:.1%} of steps overlapped"
+    )
+    print(
         f"churn ({launches} steps, layout never the same for more than {gap} steps): "
         f"overlapped steps ours {ours.overlapped:.1%} ({ours.tokens_per_s:,.0f} tok/s), "
         f"drain-on-layout-change {drain.overlapped:.1%} ({drain.tokens_per_s:,.0f} tok/s, "
@@ -186,7 +218,8 @@ def main() -> None:
     print(f"targets (depth 2 >= 1.3x depth 1, >= 95% overlapped under churn): "
           f"{'met' if met else 'NOT met'}")
     print(
-        f"ratios: depth2/depth1 tokens/s = {rate2 / rate1:.2f}x; overlapped steps under churn "
+        f"ratios: depth2/depth1 tokens/s = {rate2 / rate1:.2f}x; with/without logprobs "
+        f"{lp_rate / plain_rate:.2f}x; overlapped steps under churn "
         f"ours {ours.overlapped:.1%} vs drain {drain.overlapped:.1%} "
         f"({ours.overlapped / max(drain.overlapped, 1e-9):.2f}x)"
     )
