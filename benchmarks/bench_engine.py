@@ -10,7 +10,8 @@ regime where pipelining matters: a chip's forward and the host's scheduling cost
 2. The same at depth 2 with every request asking for its top-3 logprobs (the logprob ring beside
    the ids, its program after the sampler, its copy under the ids' event) beside without: what
    the second payload costs, and that depth 2 still overlaps with it.
-3. A churn workload (a request arrives every 2 steps and short ones finish, so the batch layout
+3. The same with the runner's event log (what trace validation reads) on, its default, and off.
+4. A churn workload (a request arrives every 2 steps and short ones finish, so the batch layout
    changes at least every 3 steps; checked): the fraction of launches that overlapped a step
    still in flight, with our design (the mirror combines across layout changes) and with the TT
    plugin's policy (drain every in-flight step when the layout changes).
@@ -86,7 +87,7 @@ class Measured:
 
 def serve(
     plan: list[RequestPlan], mode: str, delay_s: float, drain: bool = False,
-    logprobs: int = 0,
+    logprobs: int = 0, record: bool = True,
 ) -> Measured:
     device = open_device(
         num_command_queues=2,
@@ -98,7 +99,7 @@ def serve(
     backend = ServingBackend(TtBackend(device), MODEL)
     engine = ServingEngine(
         backend, ServingConfig(async_scheduling=mode, rows=ROWS, drain_on_layout_change=drain,
-                               max_logprobs=logprobs)
+                               max_logprobs=logprobs, record_events=record)
     )
     if logprobs:
         plan = [replace(p, sampling=SamplingParams(logprobs=logprobs)) for p in plan]
@@ -166,6 +167,17 @@ def with_logprobs(rounds: int, delay: float) -> tuple[float, float, float]:
     )
 
 
+def recording(rounds: int, delay: float) -> tuple[float, float]:
+    """Median depth-2 tokens/s with the runner's event log on (the default) and off."""
+    on, off = [], []
+    for _ in range(rounds):
+        on.append(serve(steady_plan(), "auto", delay))
+        off.append(serve(steady_plan(), "auto", delay, record=False))
+    assert all(a.outcome.tokens == b.outcome.tokens for a, b in zip(on, off, strict=True))
+    return (statistics.median(m.tokens_per_s for m in on),
+            statistics.median(m.tokens_per_s for m in off))
+
+
 def churn(delay: float) -> tuple[Measured, Measured, int]:
     """Our engine and the drain-on-layout-change policy on a workload whose rows keep moving;
     returns both and the longest run of steps with one layout."""
@@ -191,6 +203,7 @@ def main() -> None:
     delay = host_step
     rate2, rate1 = steady(args.rounds, delay)
     lp_rate, plain_rate, lp_overlap = with_logprobs(args.rounds, delay)
+    rec_rate, bare_rate = recording(args.rounds, delay)
     ours, drain, gap = churn(delay)
     launches = ours.outcome.stats["launches"]
 
@@ -209,6 +222,10 @@ def main() -> None:
         f"{lp_overlap:.1%} of steps overlapped"
     )
     print(
+        f"event log (trace validation): depth 2 {rec_rate:,.0f} tok/s recording, "
+        f"{bare_rate:,.0f} tok/s without (median of {args.rounds})"
+    )
+    print(
         f"churn ({launches} steps, layout never the same for more than {gap} steps): "
         f"overlapped steps ours {ours.overlapped:.1%} ({ours.tokens_per_s:,.0f} tok/s), "
         f"drain-on-layout-change {drain.overlapped:.1%} ({drain.tokens_per_s:,.0f} tok/s, "
@@ -219,7 +236,8 @@ def main() -> None:
           f"{'met' if met else 'NOT met'}")
     print(
         f"ratios: depth2/depth1 tokens/s = {rate2 / rate1:.2f}x; with/without logprobs "
-        f"{lp_rate / plain_rate:.2f}x; overlapped steps under churn "
+        f"{lp_rate / plain_rate:.2f}x; recording/not {rec_rate / bare_rate:.2f}x; "
+        f"overlapped steps under churn "
         f"ours {ours.overlapped:.1%} vs drain {drain.overlapped:.1%} "
         f"({ours.overlapped / max(drain.overlapped, 1e-9):.2f}x)"
     )

@@ -17,7 +17,8 @@ mirror's (`backend.Mirror`); the runner decides what it does and when.
     finish(r) / abort(r) / preempt(r) / resume(r)
     chunk_prefill(r, partial)      the serving loop's chunking: is r's next row a partial prefill
 
-`abstract()` returns an immutable snapshot of everything an abstraction function needs.
+`abstract()` returns an immutable snapshot of everything an abstraction function needs, and
+`events` records every accepted call as the model's action (`events.py`).
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from typing import Any, NamedTuple
 
 from . import faults
 from .backend import Backend, Mirror, MirrorSpec, StepInputs, TokenLogprobs
+from .events import EventLog
 from .probe import ProbeSpec
 
 PLACEHOLDER_ID = -1
@@ -93,6 +95,9 @@ class RunnerConfig:
     logprobs: int = 0
     """Top logprobs per row the mirror's logprob ring holds (0: no logprob ring); each delivered
     token then carries its `TokenLogprobs`, read back under the ids' event."""
+
+    record_events: bool = True
+    """Record every accepted call in `Runner.events` (one tuple append each)."""
 
     def __post_init__(self) -> None:
         if self.logprobs < 0:
@@ -227,6 +232,8 @@ class Runner:
         self.requests: dict[int, _Request] = {}
         self.steps = 0  # steps scheduled since load
         self._applied_rows: dict[int, int] = {}  # for the planted prev-row-two-back bug
+        self.events = EventLog(self.config.record_events)
+        """Every call accepted, as the model's action with its parameters."""
         self.stats: Counter[str] = Counter()
         """What happened: launches, overlapped_launches, mirror_rows, host_decode_rows, row_moves,
         slot_reuses,
@@ -298,6 +305,7 @@ class Runner:
             MirrorSpec(rows=c.rows, slots=c.slots, probe=c.probe, trace=c.trace,
                        logprobs=c.logprobs)
         )
+        self.events.record("allocate")
 
     def arrive(self, req: int, prompt: int, *, max_tokens: int | None = None,
                host_sync: bool = False, prefill_chunks: int | None = None) -> None:
@@ -320,6 +328,8 @@ class Runner:
             raise ValueError(f"arrive(r{req}): prefill_chunks must be 1 or more, got {chunks}")
         self.requests[req] = _Request(prompt=prompt, max_tokens=budget,
                                       prefill_left=chunks - 1, host_sync=host_sync)
+        self.events.record("arrive", (req,), prompt=prompt, max_tokens=budget,
+                           host_sync=host_sync, prefill_chunks=chunks)
 
     def finish(self, req: int) -> None:
         """The newest delivered token was a stop token: finish, dropping in-flight rows."""
@@ -332,6 +342,7 @@ class Runner:
             )
         self._drop(req, "finish_in_flight")
         r.status, r.closed_at, r.unchecked = Status.FINISHED, len(r.delivered), False
+        self.events.record("finish", (req,))
 
     def abort(self, req: int) -> None:
         """The user aborts: nothing more is delivered, in-flight rows are dropped."""
@@ -340,6 +351,7 @@ class Runner:
             raise PhaseError(f"abort(r{req}): it is already {r.status.name}")
         self._drop(req, "abort_in_flight")
         r.status, r.closed_at, r.unchecked = Status.ABORTED, len(r.delivered), False
+        self.events.record("abort", (req,))
 
     def preempt(self, req: int) -> None:
         """Preempted: its in-flight tokens are delivered when applied (keep) or never read from
@@ -355,6 +367,7 @@ class Runner:
             self.stats["preempt_in_flight"] += 1
         r.status, r.unchecked, r.prefill_left = Status.PREEMPTED, False, 0
         r.preemptions += 1
+        self.events.record("preempt", (req,))
 
     def resume(self, req: int) -> None:
         """A preempted request waits again, once it owns no placeholder (keep); it restarts
@@ -369,6 +382,7 @@ class Runner:
                 "delivered first (apply), or its prefill would read a placeholder"
             )
         r.status = Status.WAITING
+        self.events.record("resume", (req,))
 
     def chunk_prefill(self, req: int, partial: bool) -> None:
         """Whether `req`'s next row is a partial-prefill row (its id discarded) or ends its
@@ -384,6 +398,7 @@ class Runner:
             raise PhaseError(f"chunk_prefill(r{req}): it owns {owed} placeholder(s); a prefill "
                              "chunk reads host ids, which lack its newest token")
         r.prefill_left = int(partial)
+        self.events.record("chunk_prefill", (req,), partial=partial)
 
     # --- step phases -----------------------------------------------------------------------------
     def schedule(self, order: Sequence[int] | None = None) -> int:
@@ -458,6 +473,9 @@ class Runner:
             req = self.requests[r]
             req.status, req.unchecked = Status.RUNNING, False
             req.prefill_left = max(req.prefill_left - 1, 0)
+        self.events.record("schedule", tuple(rows_order), slot=step.slot,
+                           prev_rows=tuple(row.prev_row for row in rows),
+                           partial=tuple(row.partial for row in rows))
         return len(self.queue) - 1
 
     def combine(self, q: int) -> None:
@@ -499,6 +517,7 @@ class Runner:
         ))
         self.mirror.combine(step.slot)
         step.phase = Phase.COMBINED
+        self.events.record("combine", (q,))
 
     def launch(self, q: int) -> None:
         """Forward + sample for step q; the sampler writes the step's slot."""
@@ -516,6 +535,7 @@ class Runner:
         slot.written, slot.released, slot.writer = True, False, step.index
         step.phase = Phase.LAUNCHED
         self.stats["launches"] += 1
+        self.events.record("launch", (q,))
 
     def readback_issue(self, q: int) -> None:
         """Enqueue the non-blocking copy of step q's slot to a host tensor, and its event."""
@@ -523,6 +543,7 @@ class Runner:
         assert self.mirror is not None
         step.pending = self.mirror.readback_issue(step.slot)
         step.phase = Phase.READBACK_ISSUED
+        self.events.record("readback_issue", (q,))
 
     def readback_complete(self, q: int) -> None:
         """Synchronise step q's readback event; only then is the host copy read."""
@@ -534,6 +555,7 @@ class Runner:
         step.pending = None  # synchronised: the host tensor may go now
         step.host_copy = tuple(ids[: len(step.rows)])
         step.phase = Phase.READBACK_DONE
+        self.events.record("readback_complete", (q,))
 
     def apply(self) -> dict[int, int]:
         """Retire the oldest step: deliver each live row's token; returns {req: token}."""
@@ -561,6 +583,7 @@ class Runner:
                 r.status, r.closed_at, r.unchecked = Status.FINISHED, len(r.delivered), False
             else:
                 r.unchecked = True
+        self.events.record("apply", (), step=step.index, delivered=tuple(sorted(delivered.items())))
         return delivered
 
     def release(self, slot: int) -> None:
@@ -572,6 +595,7 @@ class Runner:
         if blocker is not None:
             raise PhaseError(f"release(slot{slot}): {blocker}")
         self.slots[slot].released = True
+        self.events.record("release", (slot,))
 
     def close(self) -> None:
         if self.mirror is not None:

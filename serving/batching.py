@@ -53,6 +53,8 @@ class ServingConfig:
     """Tokens one step computes (vLLM's max_num_batched_tokens): a decoding row takes one, and
     the prefills share what the decodes leave, in arrival order, chunked to fit; None: no limit.
     At least `rows`, so every row of a step gets a token."""
+    record_events: bool = True
+    """The runner records its protocol events (`impl/events.py`), for trace validation."""
     max_logprobs: int = 0
     """Top logprobs a request may ask for (vLLM's max_logprobs); above 0 the runner allocates the
     logprob ring beside the ids' ring at load, and every step fills it."""
@@ -126,6 +128,7 @@ class ServingEngine(Engine):
                 drain_on_layout_change=c.drain_on_layout_change,
                 preempt_policy=c.preempt_policy,
                 logprobs=c.max_logprobs,
+                record_events=c.record_events,
             ),
             order,
         )

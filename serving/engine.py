@@ -48,6 +48,8 @@ class EngineConfig:
     no placeholder) or "drop" (recomputed after the resume)."""
     logprobs: int = 0
     """Top logprobs per row of the logprob ring (0: none; a serving decoder computes them)."""
+    record_events: bool = True
+    """The runner records every accepted call as the model's action (`impl/events.py`)."""
     drain_on_layout_change: bool = False
     """The TT plugin's policy, for comparison only: before a step whose rows differ from the
     previous step's (arrival, finish, preemption, reorder), retire every step in flight. The
@@ -73,6 +75,7 @@ class Engine:
                 trace=c.trace,
                 preempt_policy=c.preempt_policy,
                 logprobs=c.logprobs,
+                record_events=c.record_events,
             ),
         )
         self.order: Order = order or (lambda eligible: eligible)

@@ -1,0 +1,95 @@
+"""Trace validation of recorded runner events: a real run validates, an edited one diverges."""
+
+from __future__ import annotations
+
+from ttmirror.conformance.validate import validate
+from ttmirror.impl.cpu_backend import CpuBackend
+from ttmirror.impl.events import Event
+from ttmirror.impl.runner import CLOSED, Status
+from ttmirror.model.state import Bounds
+from ttmirror.serving.engine import Engine, EngineConfig
+
+
+def _run(requests: int, max_tokens: int) -> list[Event]:
+    """An engine run at depth 2: staggered arrivals, stop tokens, request 0 preempted with a step
+    in flight and resumed, request 2 aborted after its first token."""
+    engine = Engine(CpuBackend(), EngineConfig(max_tokens=max_tokens))
+    r = engine.runner
+    submitted, preempted, aborted = 0, False, False
+    for it in range(10_000):
+        if submitted < requests and it % 2 == 0:
+            engine.submit(submitted, (3 * submitted + 1) % 64,
+                          stop_ids={(7 * submitted) % 64} if submitted % 3 == 0 else ())
+            submitted += 1
+        if not preempted and r.status(0) == Status.RUNNING and r.has_step_in_flight(0):
+            engine.preempt(0)
+            preempted = True
+        if r.status(0) == Status.PREEMPTED and not r.live_rows(0):
+            engine.resume(0)
+        if not aborted and 2 in r.requests and r.requests[2].delivered:
+            if r.status(2) not in CLOSED:
+                engine.abort(2)
+            aborted = True
+        engine.step()
+        if submitted == requests and engine.idle() and r.status(0) != Status.PREEMPTED:
+            break
+    engine.close()
+    assert preempted
+    return list(r.events.events)
+
+
+def _most_in_flight(events: list[Event]) -> int:
+    """The most steps in flight at once: schedules not yet applied."""
+    most = now = 0
+    for e in events:
+        now += {"schedule": 1, "apply": -1}.get(e.action, 0)
+        most = max(most, now)
+    return most
+
+
+def test_a_run_validates_against_the_model_and_really_overlapped() -> None:
+    events = _run(2, 2)
+    assert validate(events, Bounds()) is None
+    actions = [e.action for e in events]
+    # Non-vacuous: two steps really were in flight at once, and slots were released.
+    assert _most_in_flight(events) == 2
+    assert "release" in actions and "preempt" in actions and "resume" in actions
+
+
+def test_a_long_run_validates_far_beyond_the_default_bounds() -> None:
+    events = _run(8, 8)
+    assert sum(e.action == "schedule" for e in events) > 20 and _most_in_flight(events) == 2
+    assert validate(events, Bounds(requests=8, max_tokens=8)) is None
+
+
+def test_two_applies_swapped_diverge_at_the_first_of_them() -> None:
+    events = _run(2, 2)
+    first = next(i for i, e in enumerate(events) if e.action == "apply")
+    # The apply moved before the readback it needs: the model does not enable it there.
+    done = max(i for i in range(first) if events[i].action == "readback_complete")
+    edited = [*events[:done], events[first], *events[done:first], *events[first + 1:]]
+    d = validate(edited, Bounds())
+    assert d is not None and d.index == done and d.event.action == "apply"
+    assert d.reason == "not enabled in this state" and any("readback_complete" in a
+                                                           for a in d.allowed)
+
+
+def test_a_release_before_its_readback_completes_diverges() -> None:
+    events = _run(2, 2)
+    i = next(i for i, e in enumerate(events) if e.action == "release")
+    slot = events[i].args[0]
+    issue = next(j for j, e in enumerate(events) if e.action == "readback_issue")
+    edited = [*events[: issue + 1], events[i], *events[issue + 1 : i], *events[i + 1 :]]
+    d = validate(edited, Bounds())
+    assert d is not None and d.index == issue + 1 and d.event.args == (slot,)
+
+
+def test_a_decision_the_model_would_not_make_diverges() -> None:
+    events = _run(2, 2)
+    i = next(i for i, e in enumerate(events)
+             if e.action == "schedule" and any(p is not None for p in e.get("prev_rows")))
+    e = events[i]
+    wrong = Event(e.action, e.args, tuple(
+        (k, tuple(None for _ in v) if k == "prev_rows" else v) for k, v in e.detail))
+    d = validate([*events[:i], wrong, *events[i + 1:]], Bounds())
+    assert d is not None and d.index == i and "prev_rows" in d.reason
