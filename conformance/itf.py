@@ -31,6 +31,10 @@ VARS = ["allocated", "next_slot", "queue", "slots", "requests", "broken",
         "mbt::actionTaken", "mbt::nondetPicks"]
 
 
+_VALIDATION = ("max_tokens_of", "host_sync_of", "chunk_per_step")
+"""Bounds only a validated serving run sets; left out of a trace where they are unset."""
+
+
 class TraceError(ValueError):
     """The file is not a ttmirror ITF trace for this model."""
 
@@ -98,7 +102,8 @@ def to_itf(
     meta = {
         "model": MODEL,
         "version": VERSION,
-        "bounds": bounds._asdict(),
+        # Per-request budgets only exist for validated serving runs: older traces stay as they were.
+        "bounds": {k: v for k, v in bounds._asdict().items() if k not in _VALIDATION or v},
         "backend": backend,
         "config": config or CONFIGS[backend][0],
         "sampling": sampling,
@@ -160,7 +165,9 @@ def load(path: Path) -> Loaded:
                              f"not {MODEL!r} v{VERSION}")
         if data.get("vars") != VARS:
             raise TraceError(f"{path}: vars {data.get('vars')} are not this model's {VARS}")
-        bounds = Bounds(**meta["bounds"])
+        fields = dict(meta["bounds"])
+        bounds = Bounds(**{**fields, "max_tokens_of": tuple(fields.get("max_tokens_of", ())),
+                           "host_sync_of": tuple(fields.get("host_sync_of", ()))})
         prompts = tuple(int(p) for p in meta["prompts"])
         states = data["states"]
         if not states or states[0]["mbt::actionTaken"] != "init":

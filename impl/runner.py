@@ -305,7 +305,8 @@ class Runner:
             MirrorSpec(rows=c.rows, slots=c.slots, probe=c.probe, trace=c.trace,
                        logprobs=c.logprobs)
         )
-        self.events.record("allocate")
+        self.events.record("allocate", depth=c.depth, slots=c.slots, guard=c.guard,
+                           preempt_policy=c.preempt_policy, prefill_chunks=c.prefill_chunks)
 
     def arrive(self, req: int, prompt: int, *, max_tokens: int | None = None,
                host_sync: bool = False, prefill_chunks: int | None = None) -> None:
@@ -398,7 +399,7 @@ class Runner:
             raise PhaseError(f"chunk_prefill(r{req}): it owns {owed} placeholder(s); a prefill "
                              "chunk reads host ids, which lack its newest token")
         r.prefill_left = int(partial)
-        self.events.record("chunk_prefill", (req,), partial=partial)
+        self.events.record("chunk_prefill", (req, int(partial)))
 
     # --- step phases -----------------------------------------------------------------------------
     def schedule(self, order: Sequence[int] | None = None) -> int:

@@ -49,6 +49,8 @@ class Action(NamedTuple):
             return "schedule(" + ",".join(f"r{r}" for r in self.args) + ")"
         if self.name in REQUEST_ACTIONS:
             return f"{self.name}(r{self.args[0]})"
+        if self.name == "chunk_prefill":
+            return f"chunk_prefill(r{self.args[0]}, {'partial' if self.args[1] else 'whole'})"
         if self.name == "release":
             return f"release(slot{self.args[0]})"
         return f"{self.name}(q={self.args[0]})"
@@ -91,12 +93,19 @@ def has_step_in_flight(s: State, req: int) -> bool:
 
 def is_host_sync(b: Bounds, req: int) -> bool:
     """``req`` needs its newest token on the host before its next step."""
+    if b.host_sync_of:
+        return req in b.host_sync_of
     return b.host_sync and req == HOST_SYNC_REQUEST
 
 
 def next_pos(s: State, req: int) -> int:
     """Position of ``req``'s newest token: delivered ones plus those still in flight."""
     return len(s.requests[req].delivered) + in_flight(s, req)
+
+
+def budget(b: Bounds, req: int) -> int:
+    """The tokens ``req`` generates before it finishes on its own."""
+    return b.max_tokens_of[req] if b.max_tokens_of else b.max_tokens
 
 
 def host_token(s: State, req: int, pos: int) -> Token:
@@ -113,7 +122,7 @@ def eligible(s: State, b: Bounds) -> list[int]:
         r
         for r, req in enumerate(s.requests)
         if req.status in (Status.WAITING, Status.RUNNING)
-        and next_pos(s, r) < b.max_tokens
+        and next_pos(s, r) < budget(b, r)
         # A host-sync request waits for its step to be applied (unless the bad variant).
         and not (is_host_sync(b, r) and has_step_in_flight(s, r)
                  and b.variant != "host-sync-unguarded")
@@ -326,7 +335,7 @@ def apply(s: State, b: Bounds) -> State | None:
             continue  # dropped since scheduling, or a partial prefill's discarded id
         req = requests[row.req]
         delivered = (*req.delivered, token)
-        if len(delivered) >= b.max_tokens:
+        if len(delivered) >= budget(b, row.req):
             req = req._replace(
                 status=Status.FINISHED, delivered=delivered, closed_at=len(delivered),
                 unchecked=False,
@@ -402,6 +411,17 @@ def resume(s: State, b: Bounds, req: int) -> State | None:
     return _set_request(s, req, r._replace(status=Status.WAITING))
 
 
+def chunk_prefill(s: State, b: Bounds, req: int, partial: int) -> State | None:
+    """Chunks sized per step (rule 11): whether ``req``'s next row is a partial prefill, said
+    only while it owns no placeholder (a chunk reads host ids); with ``chunk_per_step`` only."""
+    r = s.requests[req]
+    if not b.chunk_per_step or r.status not in (Status.WAITING, Status.RUNNING):
+        return None
+    if in_flight(s, req) > 0:
+        return None
+    return _set_request(s, req, r._replace(prefill_left=int(bool(partial))))
+
+
 # ---------------------------------------------------------------------------------------------
 # The next-state relation.
 
@@ -436,6 +456,10 @@ def successors(s: State, b: Bounds) -> Iterator[tuple[Action, State]]:
         for name, rfn in _REQUEST_FNS:
             if (t := rfn(s, b, r)) is not None:
                 yield Action(name, (r,)), t
+    for r in range(nreq if b.chunk_per_step else 0):
+        for partial in (0, 1):
+            if (t := chunk_prefill(s, b, r, partial)) is not None and t != s:
+                yield Action("chunk_prefill", (r, partial)), t
 
 
 _STEP_FNS = (

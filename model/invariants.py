@@ -11,6 +11,7 @@ from .actions import (
     READ_RELEASED,
     REWRITE_WITH_READER,
     Action,
+    budget,
     has_step_in_flight,
     in_flight,
 )
@@ -51,7 +52,7 @@ def output_integrity(s: State, b: Bounds) -> bool:
     for r, req in enumerate(s.requests):
         if req.delivered != tuple((r, pos) for pos in range(1, len(req.delivered) + 1)):
             return False
-        if len(req.delivered) > b.max_tokens:
+        if len(req.delivered) > budget(b, r):
             return False
         if req.closed_at is not None and len(req.delivered) != req.closed_at:
             return False

@@ -54,6 +54,15 @@ class Bounds(NamedTuple):
     as structured output does): it is not scheduled while it has a step in flight."""
     variant: str = ""
     """A known-bad variant of the options above, or "" (see VARIANTS)."""
+    max_tokens_of: tuple[int, ...] = ()
+    """Per request, the tokens it generates before it finishes on its own, where they differ
+    (trace validation of a serving run); () = `max_tokens` for every request."""
+    host_sync_of: tuple[int, ...] = ()
+    """The host-sync requests, where another than request 0 is (trace validation); () = request
+    0 when `host_sync` is on."""
+    chunk_per_step: bool = False
+    """Prefill chunks sized per step (spec rule 11): the `chunk_prefill` action is enabled. Off
+    in every explored bound; on when a recorded serving run that used it is validated."""
 
 
 VARIANTS: dict[str, str] = {

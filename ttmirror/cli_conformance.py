@@ -1,9 +1,10 @@
-"""Subcommands for the conformance suite: fuzz, mutants and replay.
+"""Subcommands for the conformance suite: fuzz, mutants, replay and validate.
 
     ttmirror fuzz    [--backend tt|cpu] [--examples N] [--seed S] [--seconds T] [--min-edges F]
                      [--jobs N] [--profile ci|dev|nightly] [--traces DIR] [--json] [bounds]
     ttmirror mutants [--backend tt|cpu] [--bug ID ...] [--walk-seconds T] [--traces DIR] [--json]
     ttmirror replay  TRACE.json [--backend tt|cpu] [--bug ID]
+    ttmirror validate TRACE.json  (a run recorded by the runner, e.g. serve-demo --trace)
 
 Exit codes: 0 conforms (and coverage met), 1 a failure or a survivor or coverage below the
 minimum, 2 bad input (one line, no traceback).
@@ -73,6 +74,10 @@ def register(add_parser: AddParser) -> None:
                    "(default: $TTMIRROR_BUG, else none)")
     r.add_argument("--config", default=None, help="override the trace's configuration")
     r.set_defaults(func=cmd_replay)
+
+    v = add_parser("validate", help="check a recorded run's events one by one against the model")
+    v.add_argument("trace", help="an ITF trace of runner events (serve-demo --trace FILE)")
+    v.set_defaults(func=cmd_validate)
 
 
 def cmd_fuzz(ns: argparse.Namespace) -> int:
@@ -280,4 +285,39 @@ def cmd_replay(ns: argparse.Namespace) -> int:
         return 0
     d = outcome.divergence
     print(f"first divergence at step {d.step + 1 if d else '?'}: reproduces the failure")
+    return 1
+
+
+def cmd_validate(ns: argparse.Namespace) -> int:
+    from .conformance.validate import EventsError, bounds_of, from_itf, validate
+
+    try:
+        data = json.loads(Path(ns.trace).read_text())
+        events = from_itf(data)
+        bounds = bounds_of(events)
+    except OSError as e:
+        raise UsageError(f"{ns.trace}: {e.strerror}") from None
+    except json.JSONDecodeError as e:
+        raise UsageError(f"{ns.trace} is not JSON (truncated?): {e.msg} at line {e.lineno}") \
+            from None
+    except EventsError as e:
+        raise UsageError(f"{ns.trace}: {e}") from None
+    started = time.perf_counter()
+    d = validate(events, bounds)
+    seconds = time.perf_counter() - started
+    summary = (f"{len(events)} events, {bounds.requests} requests, depth {bounds.depth}, "
+               f"K={bounds.slots}, {sum(e.action == 'schedule' for e in events)} steps")
+    if d is None:
+        print(f"valid: {summary}, every event a model transition ({seconds:.2f} s)")
+        return 0
+    print(f"diverges at event {d.index + 1} of {summary}: {d.reason}")
+    print(f"{'event':>6}  action")
+    for i in range(max(0, d.index - 5), d.index + 1):
+        event = events[i]
+        mark = "  <- here" if i == d.index else ""
+        print(f"{i + 1:>6}  {event.action}{tuple(event.args) if event.args else ''}{mark}")
+    print(f"model before it: queue {[(q.slot, q.phase.name) for q in d.state.queue]}, requests "
+          f"{[r.status.name for r in d.state.requests]}")
+    if d.allowed:
+        print(f"the model allowed instead: {', '.join(d.allowed)}")
     return 1

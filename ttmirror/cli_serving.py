@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import time
 from dataclasses import replace
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from .arguments import AddParser, UsageError
@@ -54,6 +56,9 @@ def register(add_parser: AddParser) -> None:
     s.add_argument("--logprobs", type=int, default=None,
                    help="every request also gets, per token, its logprob and the top N "
                         "(printed: the tokens' mean logprob and the first token's top N)")
+    s.add_argument("--trace", default=None,
+                   help="write the runner's recorded events here (an ITF trace for "
+                        "`ttmirror validate`)")
     s.set_defaults(func=cmd_serve_demo)
 
 
@@ -101,10 +106,25 @@ def cmd_serve_demo(ns: argparse.Namespace) -> int:
         _print_header(ns, backend, engine, loaded)
         _print_requests(plan, out, timeline)
         _print_totals(out)
+        if ns.trace is not None:
+            _write_trace(Path(ns.trace), engine)
     finally:
         engine.close()
         backend.close()
     return 0
+
+
+def _write_trace(path: Path, engine: Any) -> None:
+    """The run's recorded events as an ITF trace (the tokens were printed first: kept)."""
+    from .conformance.validate import to_itf
+
+    events = engine.runner.events.events
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(to_itf(events)))
+    except OSError as e:
+        raise UsageError(f"cannot write the trace {path}: {e.strerror}") from None
+    print(f"trace: {len(events)} events written to {path} (check it: ttmirror validate {path})")
 
 
 def _load_model(ns: argparse.Namespace) -> DecoderModel:

@@ -22,9 +22,11 @@ import pytest
 import ttnn
 
 from ttmirror.conformance.serving import logprob_errors
+from ttmirror.conformance.validate import bounds_of, validate
 from ttmirror.impl import faults
 from ttmirror.impl.backend import padded_rows
 from ttmirror.impl.device import Emulator, SeededScheduler, open_device
+from ttmirror.impl.events import Event
 from ttmirror.impl.probe import ProbeReference
 from ttmirror.impl.runner import Status
 from ttmirror.impl.tt_backend import TtBackend
@@ -117,6 +119,7 @@ def _serve(run: Run, plan: list[RequestPlan]) -> Outcome:
         )
         try:
             outcome = run_workload(engine, plan)
+            _validated(engine.runner.events.events)
             # What the engine resolved at load: the gate reads these.
             outcome.stats["async_enabled"] = engine.async_scheduling_enabled()
             outcome.stats["depth"] = engine.max_concurrent_batches()
@@ -126,6 +129,19 @@ def _serve(run: Run, plan: list[RequestPlan]) -> Outcome:
     finally:
         ttnn.close_mesh_device(device)
     return outcome
+
+
+VALIDATE = True
+"""Every run's recorded events are checked as model transitions (a test-only switch: the twin
+test turns it off to show that validation is what kills a bug parity cannot see)."""
+
+
+def _validated(events: list[Event]) -> None:
+    """The run, event by event, is a behaviour of the model (`ttmirror validate`)."""
+    if VALIDATE:
+        d = validate(events, bounds_of(events))
+        assert d is None, (f"the run left the model at event {d.index + 1} "
+                           f"({d.event.action}{d.event.args}): {d.reason}")
 
 
 _runs: dict[Run, Outcome] = {}
@@ -572,3 +588,4 @@ def test_a_request_seed_makes_its_tokens_reproducible(model: str) -> None:
 def test_the_step_token_budget_is_checked_at_load() -> None:
     with pytest.raises(ValueError, match=r"max_step_tokens \(5\) must be at least rows \(6\)"):
         _serve(Run("probe", "greedy", max_step_tokens=5), standard_plan(_model("probe").vocab))
+

@@ -1,0 +1,88 @@
+"""`ttmirror validate` on a run recorded by `serve-demo --trace`: valid, edited, truncated."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from ttmirror.cli import main
+
+
+@pytest.fixture(scope="module")
+def recorded(tmp_path_factory: pytest.TempPathFactory) -> dict:
+    path = tmp_path_factory.mktemp("trace") / "run.json"
+    assert main(["serve-demo", "--model", "probe", "--backend", "cpu", "--trace", str(path)]) == 0
+    return json.loads(path.read_text())
+
+
+def _validate(tmp_path: Path, data: dict | str, capsys: pytest.CaptureFixture[str]) -> tuple:
+    path = tmp_path / "edited.json"
+    path.write_text(data if isinstance(data, str) else json.dumps(data))
+    code = main(["validate", str(path)])
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+def _actions(data: dict) -> list[str]:
+    return [s["mbt::actionTaken"] for s in data["states"]]
+
+
+def test_a_recorded_serving_run_validates(recorded: dict, tmp_path: Path,
+                                          capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = _validate(tmp_path, recorded, capsys)
+    assert code == 0 and out.startswith("valid: ")
+    actions = _actions(recorded)
+    # Non-vacuous: the run preempted, resumed, finished, aborted and released slots.
+    assert {"preempt", "resume", "finish", "abort", "release"} <= set(actions)
+
+
+def test_two_applies_swapped_diverge_there(recorded: dict, tmp_path: Path,
+                                           capsys: pytest.CaptureFixture[str]) -> None:
+    states = recorded["states"]
+    applies = [i for i, s in enumerate(states) if s["mbt::actionTaken"] == "apply"]
+    picks = [json.dumps(states[i]["mbt::nondetPicks"]["delivered"]) for i in applies]
+    a, b = next((applies[k], applies[k + 1]) for k in range(len(applies) - 1)
+                if picks[k] != picks[k + 1])
+    edited = dict(recorded, states=list(states))
+    edited["states"][a], edited["states"][b] = states[b], states[a]
+    code, out, _ = _validate(tmp_path, edited, capsys)
+    assert code == 1 and f"diverges at event {a + 1} " in out and "<- here" in out
+
+
+def test_a_release_before_its_readback_completes_diverges_there(
+    recorded: dict, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    states = recorded["states"]
+    in_flight: list[int] = []  # the slots of the steps in flight, oldest first
+    completed_at: dict[int, int] = {}  # slot -> index of its writer's last readback_complete
+    target = None
+    for i, s in enumerate(states):
+        action, picks = s["mbt::actionTaken"], s["mbt::nondetPicks"]
+        if action == "schedule":
+            in_flight.append(picks["slot"])
+        elif action == "apply":
+            in_flight.pop(0)
+        elif action == "readback_complete":
+            completed_at[in_flight[picks["args"]["#tup"][0]]] = i
+        elif action == "release":
+            target = (i, completed_at[picks["args"]["#tup"][0]])
+            break
+    assert target is not None
+    release, complete = target
+    moved = [*states[:complete], states[release], *states[complete:release],
+             *states[release + 1:]]
+    code, out, _ = _validate(tmp_path, dict(recorded, states=moved), capsys)
+    assert code == 1 and f"diverges at event {complete + 1} " in out
+    assert "not enabled" in out and "the model allowed instead" in out
+
+
+def test_a_truncated_trace_is_one_line_and_exit_2(recorded: dict, tmp_path: Path,
+                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    text = json.dumps(recorded)
+    code, _, err = _validate(tmp_path, text[: len(text) // 2], capsys)
+    assert code == 2 and "is not JSON (truncated?)" in err
+    assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
+    code, _, err = _validate(tmp_path, {"states": []}, capsys)
+    assert code == 2 and "not a recorded run" in err
