@@ -12,7 +12,7 @@ STAMP  := $(VENV)/.installed
 PYTHON312 ?= $(shell for c in python3.12 "$$HOME/.pyenv/versions/3.12.1/bin/python3.12" /usr/local/bin/python3.12 /usr/bin/python3.12; do \
 	if "$$c" -c 'import sys; assert sys.version_info[:2] == (3, 12)' >/dev/null 2>&1; then echo "$$c"; break; fi; done)
 
-.PHONY: help demo test lint bench-check bench-device spec setup system-deps clean bench-engine
+.PHONY: help demo test lint bench-check bench-device spec setup system-deps clean bench-engine bench-validate
 
 help:
 	@echo "make demo         check the model, write graphs to out/, serve a tiny Qwen3 at depth 2"
@@ -20,6 +20,7 @@ help:
 	@echo "make bench-check  python explorer beside TLC at two bounds"
 	@echo "make bench-device emulated device commands per second"
 	@echo "make bench-engine serving tokens/s at depth 2 vs 1; overlap under layout churn"
+	@echo "make bench-validate  a 10,000-step serving run validated against the model"
 	@echo "make spec         regenerate the generated parts of specs/"
 	@echo "make lint         ruff + mypy"
 
@@ -70,6 +71,9 @@ bench-device: setup
 
 bench-engine: setup
 	$(PY) benchmarks/bench_engine.py
+
+bench-validate: setup
+	$(PY) benchmarks/bench_validate.py
 
 .PHONY: fuzz-long
 # The conformance state machine under HypoFuzz: a long coverage-guided campaign over all cores,

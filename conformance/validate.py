@@ -4,7 +4,8 @@ No exploration: from the initial state, each event (`impl.events.Event`) must be
 model enables in the current state, and what the runner decided with it must be what the model
 decides (the previous-row map, partial rows and the slot of a schedule, the requests an apply
 delivered to); the model's next state is then the current one. A run of any length validates in
-time linear in its events, within the bounds the events fit (`Bounds`).
+time linear in its events: a closed request's model index is recycled once nothing names it, so
+the model state holds only the run's live requests.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from dataclasses import dataclass
 
 from ..impl.events import Event
 from ..model.actions import ALL_ACTIONS, Action, chunk_prefill, successors
-from ..model.state import Bounds, State, initial_state
+from ..model.state import CLOSED, Bounds, State, initial_state
 from .lockstep import model_step
 
 
@@ -30,8 +31,8 @@ class Divergence:
     """The labels of the actions the model enabled instead."""
 
 
-def _decided(event: Event, before: State, after: State) -> str | None:
-    """Why what the runner decided with `event` is not what the model decided (None: same)."""
+def _decided(event: Event, after: State) -> str | None:
+    """Why what the runner decided with a schedule is not what the model decided (None: same)."""
     if event.action == "schedule":
         step = after.queue[-1]
         want = {
@@ -42,38 +43,111 @@ def _decided(event: Event, before: State, after: State) -> str | None:
         for name, value in want.items():
             if event.get(name) != value:
                 return f"the runner's {name} is {event.get(name)}, the model's {value}"
-    if event.action == "apply":
-        got = tuple(req for req, _ in event.get("delivered", ()))
-        want_reqs = tuple(sorted(
-            r for r, (a, b) in enumerate(zip(before.requests, after.requests, strict=True))
-            if len(b.delivered) > len(a.delivered)
-        ))
-        if got != want_reqs:
-            return f"the runner delivered to {got}, the model to {want_reqs}"
     return None
+
+
+def _delivered(before: State, after: State) -> tuple[int, ...]:
+    """The model indices an apply delivered a token to."""
+    return tuple(r for r, (a, b) in enumerate(zip(before.requests, after.requests, strict=True))
+                 if len(b.delivered) > len(a.delivered))
+
+
+def _mentions(s: State, idx: int) -> bool:
+    """Does anything in flight or in a slot still name request `idx` (a row, a token)?"""
+    for step in s.queue:
+        if any(row.req == idx or (row.consumed or (None,))[0] == idx for row in step.rows):
+            return True
+        if step.host_copy and any(t[0] == idx for t in step.host_copy):
+            return True
+    return any(slot.content and any(t[0] == idx for t in slot.content) for slot in s.slots)
+
+
+class _Requests:
+    """Trace request ids onto model indices. A request that closed and that nothing in flight or
+    in a slot still names can take no part in any later transition, so its index is recycled
+    for the next arrival: the model state stays as small as the run's live requests, whatever
+    the run's length (each index's budget and host-sync flag follow its current request)."""
+
+    def __init__(self, bounds: Bounds) -> None:
+        self.index: dict[int, int] = {}
+        self.budgets = list(bounds.max_tokens_of)
+        self.host_sync = set(bounds.host_sync_of)
+
+    def arrive(self, s: State, b: Bounds, req: int, event: Event) -> tuple[State, Bounds, int]:
+        free = next((i for i, r in enumerate(s.requests)
+                     if r.status in CLOSED and i not in self.index.values()
+                     and not _mentions(s, i)), None)
+        fresh = initial_state(b._replace(requests=1)).requests[0]
+        if free is None:
+            free = len(s.requests)
+            s = s._replace(requests=(*s.requests, fresh))
+            self.budgets.append(0)
+        else:
+            s = s._replace(requests=tuple(fresh if i == free else r
+                                          for i, r in enumerate(s.requests)))
+        self.budgets[free] = int(event.get("max_tokens", b.max_tokens))
+        (self.host_sync.add if event.get("host_sync") else self.host_sync.discard)(free)
+        self.index[req] = free
+        b = b._replace(requests=len(s.requests), max_tokens_of=tuple(self.budgets),
+                       host_sync_of=tuple(sorted(self.host_sync)),
+                       host_sync=bool(self.host_sync))
+        return s, b, free
+
+    def close(self, s: State) -> None:
+        """Forget the trace ids of closed requests (their indices may be recycled)."""
+        for req, i in list(self.index.items()):
+            if s.requests[i].status in CLOSED:
+                del self.index[req]
+
+    def of(self, req: int) -> int:
+        if req not in self.index:
+            raise KeyError(req)
+        return self.index[req]
 
 
 def validate(events: Sequence[Event], bounds: Bounds) -> Divergence | None:
     """The first event where the run leaves the model, or None if every event is a model
-    transition and every decision the model's."""
-    s = initial_state(bounds)
+    transition and every decision the model's. `bounds` gives the depth, slots and options;
+    requests, their budgets and host-sync flags come from the run's arrivals."""
+    b = bounds._replace(requests=0, max_tokens_of=(), host_sync_of=(), host_sync=False)
+    s = initial_state(b)
+    ids = _Requests(b)
     for i, event in enumerate(events):
+        try:
+            if event.action == "arrive":
+                s, b, idx = ids.arrive(s, b, event.args[0], event)
+                args: tuple[int, ...] = (idx,)
+            elif event.action == "schedule":
+                args = tuple(ids.of(r) for r in event.args)
+            elif event.action in ("finish", "abort", "preempt", "resume", "chunk_prefill"):
+                args = (ids.of(event.args[0]), *event.args[1:])
+            else:
+                args = event.args
+        except KeyError as e:
+            return Divergence(i, event, s, f"request {e.args[0]} has not arrived (or closed)", ())
         known = event.action in ALL_ACTIONS or event.action == "chunk_prefill"
-        action = Action(event.action, event.args)
+        action = Action(event.action, args)
         if event.action == "chunk_prefill":  # rule 11: not explored, only validated
-            after = chunk_prefill(s, bounds, *event.args) if known else None
+            after = chunk_prefill(s, b, *args)
         else:
-            after = model_step(s, bounds, action) if known else None
+            after = model_step(s, b, action) if known else None
         if after is None:
-            allowed = tuple(a.label() for a, _ in successors(s, bounds))
+            allowed = tuple(a.label() for a, _ in successors(s, b))
             reason = "not enabled in this state" if known else "not a model action"
             return Divergence(i, event, s, reason, allowed)
-        why = _decided(event, s, after)
+        why = _decided(event, after)
+        if event.action == "apply":
+            got = tuple(sorted(ids.of(r) for r, _ in event.get("delivered", ())
+                               if r in ids.index))
+            want = _delivered(s, after)
+            if got != want or len(got) != len(event.get("delivered", ())):
+                why = f"the runner delivered to {event.get('delivered')}, the model to {want}"
         if why is not None:
             return Divergence(i, event, s, why, ())
         s = after
+        if event.action in ("apply", "finish", "abort"):
+            ids.close(s)
     return None
-
 
 
 # --- what a recorded run is an instance of, and its file ----------------------------------------
@@ -88,28 +162,20 @@ class EventsError(ValueError):
 
 def bounds_of(events: Sequence[Event]) -> Bounds:
     """The model instance a recorded run belongs to: the runner's depth, slots and options from
-    its allocate, one request per arrive (ids 0..n-1) with its own budget and host-sync flag,
-    as many preemptions as the run made, and chunks sized per step if it sized any."""
+    its allocate, as many preemptions per request as the run made, and chunks sized per step if
+    it sized any (requests, budgets and host-sync flags come with each arrival: `validate`)."""
     if not events or events[0].action != "allocate":
         raise EventsError("the run does not start with allocate (the ring is allocated at load)")
     load = events[0]
-    budgets: dict[int, int] = {}
     preempts: dict[int, int] = {}
     for e in events:
-        if e.action == "arrive":
-            budgets[e.args[0]] = int(e.get("max_tokens"))
         if e.action == "preempt":
             preempts[e.args[0]] = preempts.get(e.args[0], 0) + 1
-    if sorted(budgets) != list(range(len(budgets))):
-        raise EventsError(f"request ids {sorted(budgets)[:8]}... are not 0..n-1")
-    host_sync = tuple(sorted(e.args[0] for e in events
-                             if e.action == "arrive" and e.get("host_sync")))
     return Bounds(
-        depth=int(load.get("depth")), slots=int(load.get("slots")), requests=len(budgets),
-        max_tokens=max(budgets.values(), default=1), preemptions=max(preempts.values(), default=0),
-        guard=bool(load.get("guard")), preempt_policy=str(load.get("preempt_policy")),
-        prefill_chunks=int(load.get("prefill_chunks")), host_sync=bool(host_sync),
-        max_tokens_of=tuple(budgets[r] for r in range(len(budgets))), host_sync_of=host_sync,
+        depth=int(load.get("depth")), slots=int(load.get("slots")),
+        preemptions=max(preempts.values(), default=0), guard=bool(load.get("guard")),
+        preempt_policy=str(load.get("preempt_policy")),
+        prefill_chunks=int(load.get("prefill_chunks")),
         chunk_per_step=any(e.action == "chunk_prefill" for e in events),
     )
 

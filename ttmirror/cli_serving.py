@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -108,10 +109,26 @@ def cmd_serve_demo(ns: argparse.Namespace) -> int:
         _print_totals(out)
         if ns.trace is not None:
             _write_trace(Path(ns.trace), engine)
+        if not _validated(engine):
+            return 1
     finally:
         engine.close()
         backend.close()
     return 0
+
+
+def _validated(engine: Any) -> bool:
+    """Check the run's recorded events against the model; print the verdict."""
+    from .conformance.validate import bounds_of, validate
+
+    events = engine.runner.events.events
+    d = validate(events, bounds_of(events))
+    if d is None:
+        print(f"validated: {len(events)} events, each a transition of the model")
+        return True
+    print(f"the run left the model at event {d.index + 1} ({d.event.action}{d.event.args}): "
+          f"{d.reason}", file=sys.stderr)
+    return False
 
 
 def _write_trace(path: Path, engine: Any) -> None:
