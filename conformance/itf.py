@@ -102,7 +102,7 @@ def to_itf(
     meta = {
         "model": MODEL,
         "version": VERSION,
-        # Per-request budgets only exist for validated serving runs: older traces stay as they were.
+        # The validation-only bounds are unset here: traces stay as they were before them.
         "bounds": {k: v for k, v in bounds._asdict().items() if k not in _VALIDATION or v},
         "backend": backend,
         "config": config or CONFIGS[backend][0],

@@ -30,9 +30,21 @@ class Divergence:
     allowed: tuple[str, ...]
     """The labels of the actions the model enabled instead."""
 
+    def line(self) -> str:
+        """One line: which event left the model, and why."""
+        return (f"the run left the model at event {self.index + 1} "
+                f"({self.event.action}{self.event.args}): {self.reason}")
 
-def _decided(event: Event, after: State) -> str | None:
-    """Why what the runner decided with a schedule is not what the model decided (None: same)."""
+
+def _decided(event: Event, before: State, after: State, ids: _Requests) -> str | None:
+    """Why what the runner decided with `event` is not what the model decided (None: same):
+    a schedule's slot, previous-row map and partial rows; who an apply delivered to."""
+    if event.action == "apply":
+        delivered = event.get("delivered", ())
+        got = tuple(sorted(ids.index.get(r, -1) for r, _ in delivered))
+        to = _delivered(before, after)
+        if got != to:
+            return f"the runner delivered to {delivered}, the model to {to}"
     if event.action == "schedule":
         step = after.queue[-1]
         want = {
@@ -68,10 +80,10 @@ class _Requests:
     for the next arrival: the model state stays as small as the run's live requests, whatever
     the run's length (each index's budget and host-sync flag follow its current request)."""
 
-    def __init__(self, bounds: Bounds) -> None:
+    def __init__(self) -> None:
         self.index: dict[int, int] = {}
-        self.budgets = list(bounds.max_tokens_of)
-        self.host_sync = set(bounds.host_sync_of)
+        self.budgets: list[int] = []
+        self.host_sync: set[int] = set()
 
     def arrive(self, s: State, b: Bounds, req: int, event: Event) -> tuple[State, Bounds, int]:
         free = next((i for i, r in enumerate(s.requests)
@@ -111,7 +123,7 @@ def validate(events: Sequence[Event], bounds: Bounds) -> Divergence | None:
     requests, their budgets and host-sync flags come from the run's arrivals."""
     b = bounds._replace(requests=0, max_tokens_of=(), host_sync_of=(), host_sync=False)
     s = initial_state(b)
-    ids = _Requests(b)
+    ids = _Requests()
     for i, event in enumerate(events):
         try:
             if event.action == "arrive":
@@ -135,13 +147,7 @@ def validate(events: Sequence[Event], bounds: Bounds) -> Divergence | None:
             allowed = tuple(a.label() for a, _ in successors(s, b))
             reason = "not enabled in this state" if known else "not a model action"
             return Divergence(i, event, s, reason, allowed)
-        why = _decided(event, after)
-        if event.action == "apply":
-            got = tuple(sorted(ids.of(r) for r, _ in event.get("delivered", ())
-                               if r in ids.index))
-            want = _delivered(s, after)
-            if got != want or len(got) != len(event.get("delivered", ())):
-                why = f"the runner delivered to {event.get('delivered')}, the model to {want}"
+        why = _decided(event, s, after, ids)
         if why is not None:
             return Divergence(i, event, s, why, ())
         s = after

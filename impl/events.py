@@ -4,8 +4,8 @@ Every call the runner accepts appends one `Event`, named and parameterised as th
 action it implements (`schedule` with its row order, `combine(q)`, `release(slot)`, ...), plus
 what the runner decided that the model decides too (the previous-row map, which rows are
 partial, the slot a step writes), so a checker can replay a run against the model and compare
-those decisions. A refused call records nothing. `chunk_prefill` is recorded though the model has
-no such action: it sets what the model's `prefill_chunks` bound fixes at arrival.
+those decisions. A refused call records nothing. `chunk_prefill` (spec rule 11) is a model action
+that exploration never enables and validation does (`Bounds.chunk_per_step`).
 
 Recording is one tuple append per call (its cost is measured by `make bench-engine`).
 """

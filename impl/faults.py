@@ -59,8 +59,8 @@ SERVING_BUGS: dict[str, str] = {
     "event is recorded, so synchronising the event does not cover it",
 }
 """Bugs of what only a serving decoder has (the logprob ring): the conformance lockstep drives the
-probe, which computes no logprobs, so the serving battery kills these (`ttmirror mutants` does
-not list them)."""
+probe, which computes no logprobs, so the serving half (`conformance/serving.py`) kills these;
+`ttmirror mutants` lists them beside the lockstep's, `by: serving`."""
 
 TT_ONLY = frozenset(
     {

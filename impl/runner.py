@@ -95,7 +95,6 @@ class RunnerConfig:
     logprobs: int = 0
     """Top logprobs per row the mirror's logprob ring holds (0: no logprob ring); each delivered
     token then carries its `TokenLogprobs`, read back under the ids' event."""
-
     record_events: bool = True
     """Record every accepted call in `Runner.events` (one tuple append each)."""
 

@@ -8,7 +8,7 @@ the apply that delivered them; slots are released as soon as the runner allows.
 Subclasses hook in through `_admit` (before each step: which requests enter the runner),
 `_before_schedule(rows)` (size the step's prefill chunks) and `_scheduled(q)` (between schedule
 and combine: stage what else the step needs); the serving
-loop (`serving.py`) uses both. `drain_on_layout_change` reproduces the TT plugin's policy for
+loop (`batching.py`) uses all three. `drain_on_layout_change` reproduces the TT plugin's policy for
 comparison (benchmarks): it retires every step in flight whenever the rows change.
 """
 

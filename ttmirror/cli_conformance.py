@@ -305,7 +305,8 @@ def cmd_validate(ns: argparse.Namespace) -> int:
     started = time.perf_counter()
     d = validate(events, bounds)
     seconds = time.perf_counter() - started
-    summary = (f"{len(events)} events, {bounds.requests} requests, depth {bounds.depth}, "
+    requests = len({e.args[0] for e in events if e.action == "arrive"})
+    summary = (f"{len(events)} events, {requests} requests, depth {bounds.depth}, "
                f"K={bounds.slots}, {sum(e.action == 'schedule' for e in events)} steps")
     if d is None:
         print(f"valid: {summary}, every event a model transition ({seconds:.2f} s)")

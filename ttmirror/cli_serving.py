@@ -126,8 +126,7 @@ def _validated(engine: Any) -> bool:
     if d is None:
         print(f"validated: {len(events)} events, each a transition of the model")
         return True
-    print(f"the run left the model at event {d.index + 1} ({d.event.action}{d.event.args}): "
-          f"{d.reason}", file=sys.stderr)
+    print(d.line(), file=sys.stderr)
     return False
 
 

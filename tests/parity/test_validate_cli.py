@@ -32,7 +32,7 @@ def _actions(data: dict) -> list[str]:
 def test_a_recorded_serving_run_validates(recorded: dict, tmp_path: Path,
                                           capsys: pytest.CaptureFixture[str]) -> None:
     code, out, _ = _validate(tmp_path, recorded, capsys)
-    assert code == 0 and out.startswith("valid: ")
+    assert code == 0 and out.startswith("valid: ") and " 8 requests," in out
     actions = _actions(recorded)
     # Non-vacuous: the run preempted, resumed, finished, aborted and released slots.
     assert {"preempt", "resume", "finish", "abort", "release"} <= set(actions)
