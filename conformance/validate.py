@@ -14,7 +14,15 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from ..impl.events import Event
-from ..model.actions import ALL_ACTIONS, Action, chunk_prefill, successors
+from ..model.actions import (
+    ALL_ACTIONS,
+    READ_RELEASED,
+    REWRITE_WITH_READER,
+    Action,
+    chunk_prefill,
+    successors,
+)
+from ..model.invariants import INVARIANTS
 from ..model.state import CLOSED, Bounds, State, initial_state
 from .lockstep import model_step
 
@@ -45,6 +53,12 @@ def _decided(event: Event, before: State, after: State, ids: _Requests) -> str |
         to = _delivered(before, after)
         if got != to:
             return f"the runner delivered to {delivered}, the model to {to}"
+    if event.action == "combine" and event.get("host_pos") is not None:
+        step = after.queue[event.args[0]]
+        host = tuple(row.pos if row.live and row.prev_row is None else None for row in step.rows)
+        if event.get("host_pos") != host:
+            return (f"the runner staged the host ids of positions {event.get('host_pos')}, "
+                    f"the model's rows read positions {host}")
     if event.action == "schedule":
         step = after.queue[-1]
         want = {
@@ -56,6 +70,27 @@ def _decided(event: Event, before: State, after: State, ids: _Requests) -> str |
             if event.get(name) != value:
                 return f"the runner's {name} is {event.get(name)}, the model's {value}"
     return None
+
+
+_CHANGES: dict[str, tuple[str, ...]] = {
+    "schedule": ("DepthBound",),
+    "combine": ("StaleHostIdsGuard", READ_RELEASED),
+    "launch": (REWRITE_WITH_READER,),
+    "readback_complete": (READ_RELEASED,),
+    "apply": ("OutputIntegrity",),
+    "finish": ("OutputIntegrity",),
+    "abort": ("OutputIntegrity",),
+}
+"""The invariants each action can falsify (the others read nothing it writes): checking only
+those keeps validation linear and cheap."""
+
+
+def _broken(action: str, s: State, b: Bounds) -> str | None:
+    """Which of the model's invariants the state after `action` breaks (None: none): an enabled
+    transition can still be unsafe (a read of a handed-back slot, a stale id consumed)."""
+    names = _CHANGES.get(action, ())
+    broken = [inv.name for inv in INVARIANTS if inv.name in names and not inv.holds(s, b)]
+    return f"the model's invariant {', '.join(broken)} fails after it" if broken else None
 
 
 def _delivered(before: State, after: State) -> tuple[int, ...]:
@@ -147,7 +182,7 @@ def validate(events: Sequence[Event], bounds: Bounds) -> Divergence | None:
             allowed = tuple(a.label() for a, _ in successors(s, b))
             reason = "not enabled in this state" if known else "not a model action"
             return Divergence(i, event, s, reason, allowed)
-        why = _decided(event, s, after, ids)
+        why = _decided(event, s, after, ids) or _broken(event.action, after, b)
         if why is not None:
             return Divergence(i, event, s, why, ())
         s = after

@@ -22,6 +22,8 @@ BUGS: dict[str, str] = {
     "prev-row-skips-dropped": "schedule: the previous-row map counts only live rows, so a row "
     "after a dropped one reads its neighbour",
     "release-at-issue": "release: a slot is handed back once its readback is only issued",
+    "release-when-draining": "release: while nothing is eligible (the pipeline drains), a slot "
+    "is handed back once its readback is only issued",
     "release-under-combine": "release: a slot is handed back while the next combine still reads it",
     "combine-before-launch": "combine: runs before the previous step's sampler wrote its slot",
     "deliver-dropped": "apply: tokens of rows dropped by finish, abort or preemption are delivered",

@@ -494,6 +494,7 @@ class Runner:
             raise PhaseError(f"combine(q={q}): slot {step.src_slot} was released under it")
         width = len(step.rows)
         host_ids, prev_map, use_mirror, positions, requests = ([0] * width for _ in range(5))
+        staged: list[int | None] = [None] * width  # the position whose host id each row took
         for i, row in enumerate(step.rows):
             if not row.live:
                 continue  # dropped: what the device computes there is never delivered
@@ -501,11 +502,12 @@ class Runner:
             if row.partial:
                 self.stats["partial_rows"] += 1  # a prompt chunk: its sampled id is discarded
             if row.prev_row is None:
-                host_ids[i] = self.host_token(row.req, row.pos)
+                pos = row.pos
                 if row.pos > 0 and self.requests[row.req].preemptions and faults.active(
                     "stale-host-id-on-resume"
                 ):
-                    host_ids[i] = self.host_token(row.req, row.pos - 1)
+                    pos = row.pos - 1
+                staged[i], host_ids[i] = pos, self.host_token(row.req, pos)
                 if row.pos > 0:
                     self.stats["host_decode_rows"] += 1
             else:
@@ -517,7 +519,7 @@ class Runner:
         ))
         self.mirror.combine(step.slot)
         step.phase = Phase.COMBINED
-        self.events.record("combine", (q,))
+        self.events.record("combine", (q,), host_pos=tuple(staged))
 
     def launch(self, q: int) -> None:
         """Forward + sample for step q; the sampler writes the step's slot."""
@@ -691,7 +693,9 @@ class Runner:
             return "it was never written"
         if s.released:
             return "it is already released"
-        early = faults.active("release-at-issue")  # planted: readback issued counts as done
+        # planted: readback issued counts as done (always, or while the pipeline drains)
+        early = faults.active("release-at-issue") or (
+            faults.active("release-when-draining") and not self.eligible())
         for step in self.queue:
             writing = step.slot == slot and step.phase >= Phase.LAUNCHED
             if writing and not (early and step.phase >= Phase.READBACK_ISSUED):

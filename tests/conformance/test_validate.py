@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ttmirror.conformance.validate import validate
+from ttmirror.conformance.validate import bounds_of, validate
 from ttmirror.impl.cpu_backend import CpuBackend
 from ttmirror.impl.events import Event
 from ttmirror.impl.runner import CLOSED, Status
@@ -10,10 +10,10 @@ from ttmirror.model.state import Bounds
 from ttmirror.serving.engine import Engine, EngineConfig
 
 
-def _run(requests: int, max_tokens: int) -> list[Event]:
+def _run(requests: int, max_tokens: int, guard: bool = True) -> list[Event]:
     """An engine run at depth 2: staggered arrivals, stop tokens, request 0 preempted with a step
     in flight and resumed, request 2 aborted after its first token."""
-    engine = Engine(CpuBackend(), EngineConfig(max_tokens=max_tokens))
+    engine = Engine(CpuBackend(), EngineConfig(max_tokens=max_tokens, guard=guard))
     r = engine.runner
     submitted, preempted, aborted = 0, False, False
     for it in range(10_000):
@@ -93,3 +93,24 @@ def test_a_decision_the_model_would_not_make_diverges() -> None:
         (k, tuple(None for _ in v) if k == "prev_rows" else v) for k, v in e.detail))
     d = validate([*events[:i], wrong, *events[i + 1:]], Bounds())
     assert d is not None and d.index == i and "prev_rows" in d.reason
+
+
+def test_an_enabled_but_unsafe_transition_diverges_on_the_invariant() -> None:
+    """Guard off (recorded at allocate, so the model's guard is off too): every schedule is the
+    model's, but a combine consumes a host placeholder, which StaleHostIdsGuard forbids."""
+    events = _run(2, 2, guard=False)
+    d = validate(events, bounds_of(events))
+    assert d is not None and d.event.action == "combine"
+    assert "StaleHostIdsGuard" in d.reason
+
+
+def test_a_host_id_staged_from_the_wrong_position_diverges_at_its_combine() -> None:
+    events = _run(2, 2)
+    i = next(i for i, e in enumerate(events)
+             if e.action == "combine" and any(p for p in e.get("host_pos") if p is not None))
+    e = events[i]
+    stale = tuple(None if p is None else max(p - 1, 0) for p in e.get("host_pos"))
+    wrong = Event(e.action, e.args, tuple(
+        (k, stale if k == "host_pos" else v) for k, v in e.detail))
+    d = validate([*events[:i], wrong, *events[i + 1:]], Bounds())
+    assert d is not None and d.index == i and "host ids of positions" in d.reason

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import itertools
 import os
+import sys
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from functools import cache
@@ -90,7 +91,8 @@ def _require_async(enabled: bool, batches: int) -> None:
         raise AsyncGateError(f"max_concurrent_batches() is {batches}")
 
 
-def _serve(run: Run, plan: list[RequestPlan]) -> Outcome:
+def _serve(run: Run, plan: list[RequestPlan], events: list[Event] | None = None) -> Outcome:
+    """Serve `plan` once (`events`, if given, receives the runner's recorded events)."""
     model = _model(run.model)
     dram = DRAM + dram_bytes(model, padded_rows(ROWS), ROWS)  # checkpoints: large vocabularies
     device = open_device(
@@ -118,7 +120,15 @@ def _serve(run: Run, plan: list[RequestPlan]) -> Outcome:
             ),
         )
         try:
-            outcome = run_workload(engine, plan)
+            try:
+                outcome = run_workload(engine, plan)
+            except Exception as error:
+                # Where the run left the model says more than where it fell over: check first.
+                _validated(engine.runner.events.events, cause=error)
+                raise
+            finally:
+                if events is not None:
+                    events.extend(engine.runner.events.events)
             _validated(engine.runner.events.events)
             # What the engine resolved at load: the gate reads these.
             outcome.stats["async_enabled"] = engine.async_scheduling_enabled()
@@ -132,15 +142,20 @@ def _serve(run: Run, plan: list[RequestPlan]) -> Outcome:
 
 
 VALIDATE = True
-"""Every run's recorded events are checked as model transitions. A test-only switch, for the twin
-issue 15 asks for (validation off, a planted bug on): no test turns it off yet."""
+"""Every run's recorded events are checked as model transitions. A test-only switch: the twin
+`test_twin_validation_is_what_kills_a_slot_released_early` turns it off."""
 
 
-def _validated(events: list[Event]) -> None:
+class RunLeftTheModel(AssertionError):
+    """A run's recorded events are not a behaviour of the model (`ttmirror validate`)."""
+
+
+def _validated(events: list[Event], cause: BaseException | None = None) -> None:
     """The run, event by event, is a behaviour of the model (`ttmirror validate`)."""
     if VALIDATE:
         d = validate(events, bounds_of(events))
-        assert d is None, d.line()
+        if d is not None:
+            raise RunLeftTheModel(d.line()) from cause
 
 
 _runs: dict[Run, Outcome] = {}
@@ -346,8 +361,11 @@ def test_a_constrained_request_without_host_sync_is_caught() -> None:
     # and its mask would miss its newest token; the engine refuses to build it.
     plan = [replace(p, constraint="alternating-parity" if p.req == 1 else None)
             for p in standard_plan(_model("probe").vocab)]
-    with faults.planted("host-sync-unguarded"), pytest.raises(RuntimeError, match="in flight"):
+    with faults.planted("host-sync-unguarded"), pytest.raises(RunLeftTheModel) as caught:
         _serve(Run("probe", "greedy"), plan)
+    # Caught twice: the run had left the model at that schedule, and the engine refused the mask.
+    assert isinstance(caught.value.__cause__, RuntimeError)
+    assert "in flight" in str(caught.value.__cause__)
 
 
 def test_a_sampled_request_on_a_greedy_engine_is_refused() -> None:
@@ -588,3 +606,78 @@ def test_the_step_token_budget_is_checked_at_load() -> None:
     with pytest.raises(ValueError, match=r"max_step_tokens \(5\) must be at least rows \(6\)"):
         _serve(Run("probe", "greedy", max_step_tokens=5), standard_plan(_model("probe").vocab))
 
+
+
+# --- validation: what the recorded events alone kill ---------------------------------------------
+
+HOST_SYNC_PLAN = "host-sync"
+VALIDATION_KILLS: dict[str, tuple[Run, str | None]] = {
+    bug: (Run("probe", "greedy"), None)
+    for bug in ("guard-off", "prev-row-not-remapped", "prev-row-skips-dropped", "release-at-issue",
+                "release-when-draining", "deliver-dropped", "stale-host-id-on-resume",
+                "prev-row-two-back")
+} | {
+    "partial-prefill-feeds-mirror": (Run("probe", "greedy", prefill_chunk=CHUNK), None),
+    "host-sync-unguarded": (Run("probe", "greedy"), HOST_SYNC_PLAN),
+}
+"""Planted bugs that occur in the serving loop, with a run where they do: the run's recorded
+events leave the model, whatever its tokens."""
+UNREACHABLE_IN_THE_LOOP = ("release-under-combine", "combine-before-launch",
+                           "resume-with-placeholder")
+"""Planted bugs the serving loop's phase order never reaches (the engine combines right after
+scheduling, launches before the next schedule, and resumes only once nothing is owed): the
+lockstep, which chooses every order, kills them (`ttmirror mutants`)."""
+
+
+def _plan_for(kind: str | None) -> list[RequestPlan]:
+    plan = standard_plan(_model("probe").vocab)
+    return [replace(p, host_sync=p.req == 1) for p in plan] if kind == HOST_SYNC_PLAN else plan
+
+
+def test_every_runner_bug_is_either_killed_by_validation_or_unreachable_in_the_loop() -> None:
+    # The data bugs (tt) change what the device computes, not the protocol's events: the
+    # battery's token comparison and the hazard checks kill those.
+    runner_bugs = set(faults.BUGS) - faults.TT_ONLY
+    assert set(VALIDATION_KILLS).isdisjoint(UNREACHABLE_IN_THE_LOOP)
+    assert set(VALIDATION_KILLS) | set(UNREACHABLE_IN_THE_LOOP) == runner_bugs
+
+
+@pytest.mark.parametrize("bug", sorted(VALIDATION_KILLS))
+def test_validation_alone_kills_each_serving_loop_bug(bug: str) -> None:
+    run, kind = VALIDATION_KILLS[bug]
+    events: list[Event] = []
+    with faults.planted(bug), pytest.raises(RunLeftTheModel):
+        _serve(run, _plan_for(kind), events)
+    # Non-vacuous: the bug really changed the run (the same run without it validates).
+    clean: list[Event] = []
+    _serve(run, _plan_for(kind), clean)
+    assert events != clean
+
+
+@pytest.mark.parametrize("bug", UNREACHABLE_IN_THE_LOOP)
+def test_a_bug_the_loop_cannot_reach_leaves_its_runs_unchanged(bug: str) -> None:
+    for run in (Run("probe", "greedy"), Run("probe", "greedy", prefill_chunk=CHUNK)):
+        on: list[Event] = []
+        off: list[Event] = []
+        with faults.planted(bug):
+            _serve(run, _plan_for(None), on)
+        _serve(run, _plan_for(None), off)
+        assert on == off
+
+
+def test_twin_validation_is_what_kills_a_slot_released_early(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Twin: `release-when-draining` hands a slot back while its readback is still in flight.
+    Nothing here rewrites the slot before the copy lands (on a chip its memory could be), so the
+    tokens agree with depth 1 and every scenario happens: with validation switched off the
+    battery's case passes; with it on, the run leaves the model at that release."""
+    bug = "release-when-draining"
+    with faults.planted(bug):
+        monkeypatch.setattr(sys.modules[__name__], "VALIDATE", False)
+        _runs.clear()
+        _parity_case("probe", "greedy")  # passes: the tokens cannot show it
+        monkeypatch.setattr(sys.modules[__name__], "VALIDATE", True)
+        _runs.clear()
+        with pytest.raises(RunLeftTheModel, match=r"release\(\d+,\)\): not enabled"):
+            _parity_case("probe", "greedy")
+    _runs.clear()  # the cache holds runs made with the bug on
