@@ -49,3 +49,15 @@ def profile(name: str | None = None) -> settings:
     if name not in PROFILES:
         raise ValueError(f"unknown profile {name!r}; choose one of: {', '.join(PROFILES)}")
     return settings.get_profile(name)
+
+
+SERVING: dict[str, tuple[int, int]] = {"ci": (12, 40), "dev": (60, 60), "nightly": (2_000, 100)}
+"""The serving loop's machine (`serving_loop.py`) per profile, as (examples, steps): each example
+loads a model and serves it twice on the emulated device, so it runs far fewer than the lockstep."""
+
+
+def serving_settings(name: str | None = None) -> settings:
+    """The serving loop machine's settings under profile `name` (default as `profile`)."""
+    name = name or os.environ.get(ENV) or "ci"
+    examples, steps = SERVING[name]
+    return settings(profile(name), max_examples=examples, stateful_step_count=steps)

@@ -24,7 +24,7 @@ from .entry import Emulator, bind_sampling_identity, open_device
 from .hazards import Hazard, HazardError, HazardKind, HazardLog
 from .info import device_info
 from .sampling import sampling_uniform, seeded_sample
-from .schedulers import ManualScheduler, SeededScheduler, ThreadedScheduler
+from .schedulers import ManualScheduler, SeededScheduler, ThreadedScheduler, TimedScheduler
 from .tensors import DeviceTensor, HostReadback
 
 __all__ = [
@@ -42,6 +42,7 @@ __all__ = [
     "MeshTraceId",
     "SeededScheduler",
     "ThreadedScheduler",
+    "TimedScheduler",
     "bind_sampling_identity",
     "device_info",
     "open_device",

@@ -4,9 +4,12 @@
 - `SeededScheduler`: after every host call, a seeded RNG completes a random number of ready
   commands, picking the queue at random; the same seed and calls give the same completion order.
 - `ThreadedScheduler`: one real worker thread per CQ runs commands as soon as they are ready.
+- `TimedScheduler`: the threaded scheduler's per-command device times on a simulated clock, so
+  which queue finishes first follows the times (jittered by a seed), and a seed replays it.
 
-In the first two, a host-blocking call completes exactly what it must: the commands ahead of the
-awaited one on its queue and, through events, the other queue's commands they wait for.
+In all but the threaded one, a host-blocking call completes exactly what it must: the commands
+ahead of the awaited one on its queue and, through events, the other queue's commands they wait
+for.
 """
 
 from __future__ import annotations
@@ -63,6 +66,63 @@ class SeededScheduler(ManualScheduler):
             if not ready:
                 return
             device.step(self._rng.choice(ready).cq)
+
+
+class TimedScheduler(ManualScheduler):
+    """Per-command device times on a simulated clock: deterministic, unlike the threads.
+
+    Each host call advances the host clock by `host_s`. A queue's head command starts once it is
+    ready and its queue is free, and completes `costs[name]` (default `default_s`) later, times a
+    seeded jitter in [1 - jitter, 1 + jitter]; every command whose completion time the host clock
+    has passed completes, earliest first. A host-blocking call moves the clock on to the awaited
+    command's completion.
+    """
+
+    def __init__(self, costs: Mapping[str, float] | None = None, seed: int = 0, *,
+                 host_s: float = 1.0, default_s: float = 0.5, jitter: float = 0.5) -> None:
+        if host_s <= 0 or default_s < 0 or not 0 <= jitter < 1:
+            raise ValueError("TimedScheduler: host_s > 0, default_s >= 0 and 0 <= jitter < 1")
+        if any(c < 0 for c in (costs or {}).values()):
+            raise ValueError("TimedScheduler: command times must be 0 or more")
+        self.costs: Mapping[str, float] = costs or {}
+        self.host_s, self.default_s, self.jitter = host_s, default_s, jitter
+        self._rng = random.Random(seed)
+        self.clock = 0.0
+        self._free_at: dict[int, float] = {}  # queue -> when its last command completed
+        self._due: dict[int, float] = {}  # command id -> when it completes (once started)
+
+    def _next(self, device: EmulatedMeshDevice) -> tuple[float, Command] | None:
+        """The ready head command that completes first, with its completion time."""
+        best: tuple[float, Command] | None = None
+        for head in device.ready_commands():
+            if head.id not in self._due:
+                start = max(self.clock, self._free_at.get(head.cq, 0.0))
+                cost = self.costs.get(head.name, self.default_s)
+                self._due[head.id] = start + cost * self._rng.uniform(1 - self.jitter,
+                                                                      1 + self.jitter)
+            due = self._due[head.id]
+            if best is None or (due, head.cq) < (best[0], best[1].cq):
+                best = (due, head)
+        return best
+
+    def _complete(self, device: EmulatedMeshDevice, due: float, head: Command) -> None:
+        device.step(head.cq)
+        self._free_at[head.cq] = due
+        del self._due[head.id]
+
+    def enqueued(self, device: EmulatedMeshDevice) -> None:
+        self.clock += self.host_s
+        while (nxt := self._next(device)) is not None and nxt[0] <= self.clock:
+            self._complete(device, *nxt)
+
+    def block_until(self, device: EmulatedMeshDevice, command: Command) -> None:
+        while not command.done:
+            nxt = self._next(device)
+            if nxt is None:  # nothing can run: let the device say why
+                device.complete_through(command)
+                return
+            self.clock = max(self.clock, nxt[0])
+            self._complete(device, *nxt)
 
 
 class ThreadedScheduler:

@@ -1,0 +1,261 @@
+"""A Hypothesis state machine of the serving loop: the engine a deployment runs, fuzzed.
+
+The lockstep (`machine.py`) drives the runner with the probe under small bounds; this machine
+drives the `ServingEngine` itself, at depth 2 on the emulated TT device (hazards raised), the way
+traffic does: requests arrive with random prompts, budgets, stop sets and sampling parameters,
+the KV budget preempts, users abort, and the device completes commands in an order set by
+per-command device times (`TimedScheduler`, the threaded scheduler's times on a seeded clock).
+After each run, two oracles:
+
+- the run's recorded events validate against the model (`validate.py`), event by event;
+- the tokens equal a sync (depth 1) run of the same workload, request by request.
+
+Aborts are tied to a request's progress (after its n-th token), as in `workload.py`, so the
+depth-1 run aborts at the same token. A validation failure writes the run's events as an ITF
+trace (`ttmirror validate FILE` shows the divergence); Hypothesis prints the rules that replay it.
+`Tally` counts what the runs really did, so a green campaign is known not to be vacuous.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import ttnn
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, initialize, precondition, rule
+
+from ..impl.device import Emulator, SeededScheduler, TimedScheduler, open_device
+from ..impl.events import Event
+from ..impl.runner import CLOSED, Status
+from ..impl.tt_backend import TtBackend
+from ..serving.backend import ServingBackend
+from ..serving.batching import ServingConfig, ServingEngine
+from ..serving.context import SamplingParams
+from ..serving.device_decoder import dram_bytes
+from ..serving.models import DecoderModel, load_model
+from ..serving.workload import Outcome, RequestPlan, run_workload
+from .validate import bounds_of, to_itf, validate
+
+MODELS = ("probe", "tiny-qwen3")
+ROWS = 4
+MAX_REQUESTS = 8
+MAX_PROMPT = 6
+MAX_TOKENS = 10
+SEED = 23
+DRAM = 16 << 20
+COMMANDS = ("decoder_forward", "sampling", "cpu", "copy_host_to_device_tensor", "gather", "where")
+"""Commands whose device time the machine draws (others take the scheduler's default)."""
+SAMPLINGS: tuple[SamplingParams | None, ...] = (
+    None, SamplingParams(), SamplingParams(seed=SEED + 1, top_k=4, temperature=0.7),
+    SamplingParams(seed=SEED + 2, top_k=16, top_p=0.5),
+)
+"""A request's own sampling: the engine's (seeded), greedy, and two seeded settings."""
+ABORT_PERCENT = 25
+TRACE_DIR = "TTMIRROR_TRACE_DIR"
+"""Where a run that left the model is written (default: the system's temporary directory)."""
+
+_models: dict[str, DecoderModel] = {}
+
+
+def _model(name: str) -> DecoderModel:
+    if name not in _models:
+        _models[name] = load_model(name)
+    return _models[name]
+
+
+@dataclass
+class Tally:
+    """What the campaign's runs really did (shared by every example of one campaign)."""
+
+    runs: int = 0
+    seen: Counter[str] = field(default_factory=Counter)
+
+    def add(self, out: Outcome, events: list[Event], plan: list[RequestPlan]) -> None:
+        self.runs += 1
+        s = out.stats
+        self.seen["events"] += len(events)
+        for name in ("overlapped_launches", "mirror_rows", "kv_preemptions", "preempt_in_flight",
+                     "abort_in_flight", "finish_in_flight", "partial_rows",
+                     "kv_mixed_sampling_steps"):
+            self.seen[name] += s.get(name, 0)
+        self.seen["stopped"] += sum(
+            out.statuses.get(p.req) == Status.FINISHED and bool(out.tokens[p.req])
+            and out.tokens[p.req][-1] in p.stop_ids for p in plan)
+
+
+def _open(model: DecoderModel, seed: int, times: dict[str, float] | None) -> Any:
+    scheduler = (lambda: TimedScheduler(times, seed)) if times is not None else (
+        lambda: SeededScheduler(seed))
+    return open_device(
+        num_command_queues=2, trace_region_size=1 << 20, emulated=True,
+        emulator=Emulator(scheduler=scheduler, hazard_mode="raise",
+                          dram_size=DRAM + dram_bytes(model, ROWS, ROWS)),
+    )
+
+
+class ServingLoop(RuleBasedStateMachine):
+    """Arrivals, aborts and engine steps as rules; the whole run checked at teardown."""
+
+    tally = Tally()
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.engine: ServingEngine | None = None
+        self.device: Any = None
+        self.plan: dict[int, RequestPlan] = {}
+        self.iteration = 0
+        self.aborted: set[int] = set()
+
+    @initialize(
+        model=st.sampled_from(MODELS),
+        kv_tokens=st.sampled_from((None, 12, 16)),
+        policy=st.sampled_from(("keep", "drop")),
+        prefill_chunk=st.sampled_from((None, 2)),
+        trace=st.booleans(),
+        seed=st.integers(0, 2**16 - 1),
+        times=st.fixed_dictionaries({name: st.sampled_from((0.0, 0.5, 2.0, 6.0))
+                                     for name in COMMANDS}),
+    )
+    def load(self, model: str, kv_tokens: int | None, policy: str, prefill_chunk: int | None,
+             trace: bool, seed: int, times: dict[str, float]) -> None:
+        self.model_name, self.seed, self.times = model, seed, times
+        self.config = ServingConfig(rows=ROWS, kv_tokens=kv_tokens, preempt_policy=policy,
+                                    prefill_chunk=prefill_chunk, trace=trace)
+        self.engine, self.device = self._engine("auto", seed, times)
+        assert self.engine.max_concurrent_batches() == 2, "async scheduling did not engage"
+
+    def _engine(self, scheduling: str, seed: int, times: dict[str, float] | None) -> Any:
+        model = _model(self.model_name)
+        device = _open(model, seed, times)
+        backend = ServingBackend(TtBackend(device), model, SamplingParams(seed=SEED))
+        config = ServingConfig(**{**self.config.__dict__, "async_scheduling": scheduling})
+        return ServingEngine(backend, config), device
+
+    # --- rules ----------------------------------------------------------------------------------
+    @precondition(lambda self: len(self.plan) < MAX_REQUESTS)
+    @rule(prompt=st.lists(st.integers(0, 2**16), min_size=1, max_size=MAX_PROMPT),
+          max_tokens=st.integers(1, MAX_TOKENS), stop=st.booleans(),
+          sampling=st.sampled_from(range(len(SAMPLINGS))))
+    def arrive(self, prompt: list[int], max_tokens: int, stop: bool, sampling: int) -> None:
+        assert self.engine is not None
+        vocab = _model(self.model_name).vocab
+        req = len(self.plan)
+        kv = self.config.kv_tokens
+        if kv is not None:  # what the KV budget can ever hold (else the engine refuses it)
+            max_tokens = min(max_tokens, kv + 1 - len(prompt))
+        p = RequestPlan(
+            req=req, arrival=self.iteration, prompt=tuple(t % vocab for t in prompt),
+            max_tokens=max_tokens,
+            # A quarter of the vocabulary: some request really stops early.
+            stop_ids=frozenset(range(req % 4, vocab, 4)) if stop else frozenset(),
+            sampling=SAMPLINGS[sampling],
+        )
+        self.plan[req] = p
+        self.engine.submit(p.req, p.prompt, max_tokens=p.max_tokens, stop_ids=p.stop_ids,
+                           sampling=p.sampling)
+
+    @precondition(lambda self: any(self._abortable(r) for r in self.plan))
+    @rule(data=st.data(), chance=st.integers(0, 99))
+    def abort(self, data: st.DataObject, chance: int) -> None:
+        """Abort a request after its newest token (or, with none yet, after its first); at a
+        quarter of the other rules' rate (else a step), so requests live long enough to be
+        preempted."""
+        assert self.engine is not None
+        if chance >= ABORT_PERCENT:
+            self.step()
+            return
+        req = data.draw(st.sampled_from([r for r in self.plan if self._abortable(r)]))
+        got = len(self.engine.delivered(req))
+        self.plan[req] = RequestPlan(**{**self.plan[req].__dict__, "abort_after": max(got, 1)})
+        self._abort_due()
+
+    @rule()
+    def step(self) -> None:
+        assert self.engine is not None
+        self.engine.step()
+        self.iteration += 1
+        self._abort_due()
+
+    # --- the run's end and its oracles -----------------------------------------------------------
+    def teardown(self) -> None:
+        if self.engine is None:
+            return
+        try:
+            while not self.engine.idle():
+                self.step()
+                if self.iteration > 10_000:
+                    raise AssertionError("the engine did not go idle within 10,000 iterations")
+            events = list(self.engine.runner.events.events)
+            out = _outcome(self.engine)
+        finally:
+            self.engine.close()
+            ttnn.close_mesh_device(self.device)
+        self._check(out, events)
+
+    def _check(self, out: Outcome, events: list[Event]) -> None:
+        d = validate(events, bounds_of(events))
+        if d is not None:
+            path = _write(events)
+            raise AssertionError(f"{d.line()}; the run's events: {path} "
+                                 f"(ttmirror validate {path})")
+        plan = list(self.plan.values())
+        engine, device = self._engine("off", self.seed, None)
+        try:
+            sync = run_workload(engine, plan)
+            d = validate(engine.runner.events.events, bounds_of(engine.runner.events.events))
+            assert d is None, f"the sync run: {d.line()}"
+        finally:
+            engine.close()
+            ttnn.close_mesh_device(device)
+        for p in plan:
+            assert out.tokens.get(p.req, []) == sync.tokens.get(p.req, []), (
+                f"request {p.req}: depth 2 delivered {out.tokens.get(p.req)}, depth 1 "
+                f"{sync.tokens.get(p.req)}")
+        self.tally.add(out, events, plan)
+
+    # --- helpers --------------------------------------------------------------------------------
+    def _abortable(self, req: int) -> bool:
+        if self.engine is None or self.plan[req].abort_after is not None:
+            return False
+        return self.engine.runner.status(req) not in CLOSED
+
+    def _abort_due(self) -> None:
+        """Abort each request that has its planned tokens, as `run_workload` does."""
+        assert self.engine is not None
+        for req, p in self.plan.items():
+            r = self.engine.runner.requests.get(req)
+            if (p.abort_after is not None and req not in self.aborted and r is not None
+                    and len(r.delivered) >= p.abort_after
+                    and r.status in (Status.WAITING, Status.RUNNING, Status.PREEMPTED)):
+                self.engine.abort(req)
+                self.aborted.add(req)
+
+
+def _outcome(engine: ServingEngine) -> Outcome:
+    r = engine.runner
+    return Outcome(
+        tokens={req: list(x.delivered) for req, x in sorted(r.requests.items())},
+        statuses={req: x.status for req, x in sorted(r.requests.items())},
+        iterations=0, seconds=0.0,
+        stats={**r.describe(), "kv_preemptions": engine.kv.preemptions,
+               "kv_mixed_sampling_steps": engine.kv.mixed_sampling_steps},
+    )
+
+
+FAILURE = "serving-loop-failure.itf.json"
+
+
+def _write(events: list[Event]) -> Path:
+    """The run's events as an ITF trace, in $TTMIRROR_TRACE_DIR (else the temporary directory)."""
+    folder = Path(os.environ.get(TRACE_DIR) or tempfile.gettempdir())
+    folder.mkdir(parents=True, exist_ok=True)
+    # One name: Hypothesis replays the shrunk example last, so the file left is the minimal run.
+    path = folder / FAILURE
+    path.write_text(json.dumps(to_itf(events)))
+    return path

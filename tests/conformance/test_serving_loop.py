@@ -1,0 +1,49 @@
+"""The serving loop's state machine: every run validates against the model and equals depth 1.
+
+Runs in the ci profile (derandomized, sized for CI); `make fuzz-long` runs it under HypoFuzz.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from hypothesis import Phase, settings
+
+from ttmirror.conformance.profiles import serving_settings
+from ttmirror.conformance.serving_loop import FAILURE, TRACE_DIR, ServingLoop, Tally
+from ttmirror.conformance.validate import bounds_of, from_itf, validate
+from ttmirror.impl import faults
+
+
+def test_every_serving_run_validates_and_equals_depth_1() -> None:
+    ServingLoop.tally = tally = Tally()
+    test = ServingLoop.TestCase
+    test.settings = serving_settings()
+    test("runTest").runTest()
+    # Non-vacuous: the campaign's runs really overlapped steps, read ids from the mirror,
+    # preempted and aborted requests with steps in flight, stopped early, chunked prefills and
+    # mixed sampling parameters in one step.
+    seen = tally.seen
+    assert tally.runs >= serving_settings().max_examples // 2, tally
+    for what in ("overlapped_launches", "mirror_rows", "kv_preemptions", "preempt_in_flight",
+                 "abort_in_flight", "finish_in_flight", "partial_rows", "kv_mixed_sampling_steps",
+                 "stopped"):
+        assert seen[what] > 0, f"no run had {what}: {dict(seen)}"
+
+
+def test_twin_the_machine_finds_a_slot_released_early(tmp_path: Path,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """With `release-when-draining` planted (the tokens still agree), a run leaves the model, and
+    the trace it writes diverges under `ttmirror validate` too (no shrinking: CI time)."""
+    monkeypatch.setenv(TRACE_DIR, str(tmp_path))
+    ServingLoop.tally = Tally()
+    test = ServingLoop.TestCase
+    test.settings = settings(serving_settings(), phases=[Phase.generate])
+    with faults.planted("release-when-draining"), pytest.raises(
+            AssertionError, match=r"release\(\d+,\)\): not enabled"):
+        test("runTest").runTest()
+    events = from_itf(json.loads((tmp_path / FAILURE).read_text()))
+    d = validate(events, bounds_of(events))
+    assert d is not None and d.event.action == "release"
