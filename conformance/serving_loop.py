@@ -18,7 +18,6 @@ trace (`ttmirror validate FILE` shows the divergence); Hypothesis prints the rul
 
 from __future__ import annotations
 
-import json
 import os
 import tempfile
 from collections import Counter
@@ -40,7 +39,7 @@ from ..serving.context import SamplingParams
 from ..serving.device_decoder import dram_bytes
 from ..serving.models import DecoderModel, load_model
 from ..serving.workload import Outcome, RequestPlan, run_workload
-from .validate import bounds_of, to_itf, validate
+from .validate import bounds_of, validate, write_itf
 
 MODELS = ("probe", "tiny-qwen3")
 ROWS = 4
@@ -257,5 +256,5 @@ def _write(events: list[Event]) -> Path:
     folder.mkdir(parents=True, exist_ok=True)
     # One name: Hypothesis replays the shrunk example last, so the file left is the minimal run.
     path = folder / FAILURE
-    path.write_text(json.dumps(to_itf(events)))
+    write_itf(events, path)
     return path

@@ -10,7 +10,9 @@ the model state holds only the run's live requests.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import json
+import os
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 
 from ..impl.events import Event
@@ -152,14 +154,24 @@ class _Requests:
         return self.index[req]
 
 
-def validate(events: Sequence[Event], bounds: Bounds) -> Divergence | None:
+PROGRESS_EVERY = 20_000
+"""Events between two calls of `validate`'s progress callback."""
+
+
+def validate(events: Iterable[Event], bounds: Bounds,
+             progress: Callable[[int], None] | None = None) -> Divergence | None:
     """The first event where the run leaves the model, or None if every event is a model
     transition and every decision the model's. `bounds` gives the depth, slots and options;
-    requests, their budgets and host-sync flags come from the run's arrivals."""
+    requests, their budgets and host-sync flags come from the run's arrivals, and preemptions
+    per request and per-step chunks are bounds of exploration, not rules of the protocol, so
+    they follow the run. The events are read once, in order (a stream will do); `progress` is
+    called with the count so far every `PROGRESS_EVERY` events."""
     b = bounds._replace(requests=0, max_tokens_of=(), host_sync_of=(), host_sync=False)
     s = initial_state(b)
     ids = _Requests()
     for i, event in enumerate(events):
+        if progress is not None and i and i % PROGRESS_EVERY == 0:
+            progress(i)
         try:
             if event.action == "arrive":
                 s, b, idx = ids.arrive(s, b, event.args[0], event)
@@ -172,6 +184,10 @@ def validate(events: Sequence[Event], bounds: Bounds) -> Divergence | None:
                 args = event.args
         except KeyError as e:
             return Divergence(i, event, s, f"request {e.args[0]} has not arrived (or closed)", ())
+        if event.action == "preempt" and args[0] < len(s.requests):
+            b = b._replace(preemptions=max(b.preemptions, s.requests[args[0]].preemptions + 1))
+        if event.action == "chunk_prefill":
+            b = b._replace(chunk_per_step=True)
         known = event.action in ALL_ACTIONS or event.action == "chunk_prefill"
         action = Action(event.action, args)
         if event.action == "chunk_prefill":  # rule 11: not explored, only validated
@@ -201,23 +217,17 @@ class EventsError(ValueError):
     """The file or the events are not a recorded run this model can check (one line)."""
 
 
-def bounds_of(events: Sequence[Event]) -> Bounds:
-    """The model instance a recorded run belongs to: the runner's depth, slots and options from
-    its allocate, as many preemptions per request as the run made, and chunks sized per step if
-    it sized any (requests, budgets and host-sync flags come with each arrival: `validate`)."""
-    if not events or events[0].action != "allocate":
+def bounds_of(events: Sequence[Event] | Event) -> Bounds:
+    """The model instance a recorded run belongs to: the runner's depth, slots and options, from
+    its allocate (the run's first event, or the run); requests, budgets, host-sync flags,
+    preemptions and per-step chunks follow the run as it validates (`validate`)."""
+    load = events if isinstance(events, Event) else (events[0] if events else None)
+    if load is None or load.action != "allocate":
         raise EventsError("the run does not start with allocate (the ring is allocated at load)")
-    load = events[0]
-    preempts: dict[int, int] = {}
-    for e in events:
-        if e.action == "preempt":
-            preempts[e.args[0]] = preempts.get(e.args[0], 0) + 1
     return Bounds(
-        depth=int(load.get("depth")), slots=int(load.get("slots")),
-        preemptions=max(preempts.values(), default=0), guard=bool(load.get("guard")),
-        preempt_policy=str(load.get("preempt_policy")),
+        depth=int(load.get("depth")), slots=int(load.get("slots")), preemptions=0,
+        guard=bool(load.get("guard")), preempt_policy=str(load.get("preempt_policy")),
         prefill_chunks=int(load.get("prefill_chunks")),
-        chunk_per_step=any(e.action == "chunk_prefill" for e in events),
     )
 
 
@@ -241,39 +251,100 @@ def _decode(value: object) -> object:
     raise EventsError(f"unexpected value {value!r}")
 
 
+_META = {"format": "ITF", "ttmirror": {"format": FORMAT, "version": VERSION}}
+_VARS = ["mbt::actionTaken", "mbt::nondetPicks"]
+_OPEN = ', "states": ['
+"""How `write_itf`'s first line ends: the states follow, one per line."""
+
+
+def _state(i: int, e: Event) -> dict[str, object]:
+    return {"#meta": {"index": i}, "mbt::actionTaken": e.action,
+            "mbt::nondetPicks": {"args": _encode(e.args), **{k: _encode(v) for k, v in e.detail}}}
+
+
+def _event(i: int, state: object) -> Event:
+    try:
+        if not isinstance(state, dict):
+            raise TypeError("not an object")
+        picks = dict(state["mbt::nondetPicks"])
+        args = _decode(picks.pop("args"))
+        if not isinstance(args, tuple):
+            raise TypeError(f"args {args!r} are not a tuple")
+        return Event(str(state["mbt::actionTaken"]), tuple(int(a) for a in args),
+                     tuple((k, _decode(v)) for k, v in picks.items()))
+    except (KeyError, TypeError, ValueError, AttributeError) as e:
+        raise EventsError(f"state {i} is not an event ({type(e).__name__}: {e})") from None
+
+
+def _check_meta(data: object) -> None:
+    meta = data.get("#meta") if isinstance(data, dict) else None
+    ours = meta.get("ttmirror") if isinstance(meta, dict) else None
+    if not isinstance(ours, dict) or (ours.get("format"), ours.get("version")) != (FORMAT,
+                                                                                   VERSION):
+        raise EventsError(f"not a recorded run ({FORMAT} v{VERSION}); a regression trace of "
+                          "the lockstep replays with `ttmirror replay`")
+
+
 def to_itf(events: Sequence[Event]) -> dict[str, object]:
     """The run as an ITF trace of Quint's model-based-testing variables, one state per event."""
-    return {
-        "#meta": {"format": "ITF", "ttmirror": {"format": FORMAT, "version": VERSION}},
-        "vars": ["mbt::actionTaken", "mbt::nondetPicks"],
-        "states": [
-            {"#meta": {"index": i}, "mbt::actionTaken": e.action,
-             "mbt::nondetPicks": {"args": _encode(e.args),
-                                  **{k: _encode(v) for k, v in e.detail}}}
-            for i, e in enumerate(events)
-        ],
-    }
+    return {"#meta": _META, "vars": _VARS, "states": [_state(i, e) for i, e in enumerate(events)]}
+
+
+def write_itf(events: Iterable[Event], path: str | os.PathLike[str]) -> int:
+    """Write the run as ITF, one state per line (still one JSON document), so `read_itf` can
+    stream it back without holding it whole; returns the number of events written."""
+    n = 0
+    with open(path, "w") as f:
+        f.write(json.dumps({"#meta": _META, "vars": _VARS})[:-1] + _OPEN + "\n")
+        for i, e in enumerate(events):
+            f.write(("," if i else "") + json.dumps(_state(i, e)) + "\n")
+            n += 1
+        f.write("]}\n")
+    return n
+
+
+def read_itf(path: str | os.PathLike[str]) -> Iterator[Event]:
+    """The events of a trace file, streamed when it has `write_itf`'s one-state-per-line layout
+    (else read whole, as `from_itf`). EventsError (one line) where it stops being a trace: a
+    truncated file fails at its end, after the events before it were yielded."""
+    with open(path) as f:
+        head = f.readline()
+        if not head.rstrip().endswith(_OPEN):
+            try:
+                data = json.loads(head + f.read())
+            except json.JSONDecodeError as e:
+                raise EventsError(f"not JSON (truncated?): {e.msg} at line {e.lineno}") from None
+            yield from from_itf(data)
+            return
+        try:
+            meta = json.loads(head.rstrip()[: -len(_OPEN)] + "}")
+        except json.JSONDecodeError as e:
+            raise EventsError(f"not JSON: {e.msg} in its first line") from None
+        _check_meta(meta)
+        i, closed = 0, False
+        for lineno, line in enumerate(f, start=2):
+            text = line.strip()
+            if text == "]}":
+                closed = True
+                break
+            try:
+                state = json.loads(text.removeprefix(","))
+            except json.JSONDecodeError as e:
+                raise EventsError(f"not JSON (truncated?): {e.msg} at line {lineno}") from None
+            yield _event(i, state)
+            i += 1
+        if not closed:
+            raise EventsError(f"the trace ends after {i} events, unclosed (truncated?)")
+        if i == 0:
+            raise EventsError("the trace has no events")
 
 
 def from_itf(data: object) -> list[Event]:
     """The events of a trace written by `to_itf`; EventsError (one line) if it is not one."""
     if not isinstance(data, dict):
         raise EventsError("not an ITF trace (a JSON object with states)")
-    meta = data.get("#meta", {}).get("ttmirror", {}) if isinstance(data.get("#meta"), dict) else {}
-    if meta.get("format") != FORMAT or meta.get("version") != VERSION:
-        raise EventsError(f"not a recorded run ({FORMAT} v{VERSION}); a regression trace of "
-                          "the lockstep replays with `ttmirror replay`")
-    out = []
-    for i, state in enumerate(data.get("states") or []):
-        try:
-            picks = dict(state["mbt::nondetPicks"])
-            args = _decode(picks.pop("args"))
-            if not isinstance(args, tuple):
-                raise TypeError(f"args {args!r} are not a tuple")
-            out.append(Event(str(state["mbt::actionTaken"]), tuple(int(a) for a in args),
-                             tuple((k, _decode(v)) for k, v in picks.items())))
-        except (KeyError, TypeError, ValueError, AttributeError) as e:
-            raise EventsError(f"state {i} is not an event ({type(e).__name__}: {e})") from None
+    _check_meta(data)
+    out = [_event(i, state) for i, state in enumerate(data.get("states") or [])]
     if not out:
         raise EventsError("the trace has no events")
     return out

@@ -289,32 +289,58 @@ def cmd_replay(ns: argparse.Namespace) -> int:
 
 
 def cmd_validate(ns: argparse.Namespace) -> int:
-    from .conformance.validate import EventsError, bounds_of, from_itf, validate
+    from collections import deque
+    from itertools import chain
 
+    from .conformance.validate import EventsError, bounds_of, read_itf, validate
+
+    path = Path(ns.trace)
+    tty = sys.stderr.isatty()
+    recent: deque[tuple[int, Any]] = deque(maxlen=6)  # the step table's rows
+    counts = {"events": 0, "steps": 0, "requests": 0}
+
+    def seen(events: Any) -> Any:
+        for event in events:
+            recent.append((counts["events"], event))
+            counts["events"] += 1
+            counts["steps"] += event.action == "schedule"
+            counts["requests"] += event.action == "arrive"
+            yield event
+
+    def progress(n: int) -> None:
+        if tty:
+            print(f"\rvalidating: {n:,} events, {counts['steps']:,} steps...", end="",
+                  file=sys.stderr, flush=True)
+
+    started = time.perf_counter()
     try:
-        data = json.loads(Path(ns.trace).read_text())
-        events = from_itf(data)
-        bounds = bounds_of(events)
+        stream = read_itf(path)
+        first = next(stream, None)
+        if first is None:
+            raise EventsError("the trace has no events")
+        bounds = bounds_of(first)
+        d = validate(seen(chain([first], stream)), bounds, progress)
+        if d is not None:
+            for _ in stream:  # a divergence in a file that is no trace is a malformed file
+                pass
     except OSError as e:
         raise UsageError(f"{ns.trace}: {e.strerror}") from None
-    except json.JSONDecodeError as e:
-        raise UsageError(f"{ns.trace} is not JSON (truncated?): {e.msg} at line {e.lineno}") \
-            from None
     except EventsError as e:
         raise UsageError(f"{ns.trace}: {e}") from None
-    started = time.perf_counter()
-    d = validate(events, bounds)
+    finally:
+        if tty:
+            print("\r\033[K", end="", file=sys.stderr, flush=True)
     seconds = time.perf_counter() - started
-    requests = len({e.args[0] for e in events if e.action == "arrive"})
-    summary = (f"{len(events)} events, {requests} requests, depth {bounds.depth}, "
-               f"K={bounds.slots}, {sum(e.action == 'schedule' for e in events)} steps")
+    summary = (f"{counts['events']} events, {counts['requests']} requests, depth {bounds.depth}, "
+               f"K={bounds.slots}, {counts['steps']} steps")
     if d is None:
         print(f"valid: {summary}, every event a model transition ({seconds:.2f} s)")
         return 0
-    print(f"diverges at event {d.index + 1} of {summary}: {d.reason}")
+    print(f"diverges at event {d.index + 1} ({summary} read): {d.reason}")
     print(f"{'event':>6}  action")
-    for i in range(max(0, d.index - 5), d.index + 1):
-        event = events[i]
+    for i, event in recent:
+        if i > d.index:
+            break
         mark = "  <- here" if i == d.index else ""
         print(f"{i + 1:>6}  {event.action}{tuple(event.args) if event.args else ''}{mark}")
     print(f"model before it: queue {[(q.slot, q.phase.name) for q in d.state.queue]}, requests "

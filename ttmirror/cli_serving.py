@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import time
@@ -132,12 +131,12 @@ def _validated(engine: Any) -> bool:
 
 def _write_trace(path: Path, engine: Any) -> None:
     """The run's recorded events as an ITF trace (the tokens were printed first: kept)."""
-    from .conformance.validate import to_itf
+    from .conformance.validate import write_itf
 
     events = engine.runner.events.events
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(to_itf(events)))
+        write_itf(events, path)
     except OSError as e:
         raise UsageError(f"cannot write the trace {path}: {e.strerror}") from None
     print(f"trace: {len(events)} events written to {path} (check it: ttmirror validate {path})")

@@ -5,7 +5,6 @@ Runs in the ci profile (derandomized, sized for CI); `make fuzz-long` runs it un
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
@@ -13,7 +12,7 @@ from hypothesis import Phase, settings
 
 from ttmirror.conformance.profiles import serving_settings
 from ttmirror.conformance.serving_loop import FAILURE, TRACE_DIR, ServingLoop, Tally
-from ttmirror.conformance.validate import bounds_of, from_itf, validate
+from ttmirror.conformance.validate import bounds_of, read_itf, validate
 from ttmirror.impl import faults
 
 
@@ -44,6 +43,6 @@ def test_twin_the_machine_finds_a_slot_released_early(tmp_path: Path,
     with faults.planted("release-when-draining"), pytest.raises(
             AssertionError, match=r"release\(\d+,\)\): not enabled"):
         test("runTest").runTest()
-    events = from_itf(json.loads((tmp_path / FAILURE).read_text()))
+    events = list(read_itf(tmp_path / FAILURE))
     d = validate(events, bounds_of(events))
     assert d is not None and d.event.action == "release"

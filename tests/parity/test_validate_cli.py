@@ -11,10 +11,15 @@ from ttmirror.cli import main
 
 
 @pytest.fixture(scope="module")
-def recorded(tmp_path_factory: pytest.TempPathFactory) -> dict:
+def recorded_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
     path = tmp_path_factory.mktemp("trace") / "run.json"
     assert main(["serve-demo", "--model", "probe", "--backend", "cpu", "--trace", str(path)]) == 0
-    return json.loads(path.read_text())
+    return path
+
+
+@pytest.fixture(scope="module")
+def recorded(recorded_file: Path) -> dict:
+    return json.loads(recorded_file.read_text())  # one JSON document, one state per line
 
 
 def _validate(tmp_path: Path, data: dict | str, capsys: pytest.CaptureFixture[str]) -> tuple:
@@ -82,7 +87,37 @@ def test_a_truncated_trace_is_one_line_and_exit_2(recorded: dict, tmp_path: Path
                                                   capsys: pytest.CaptureFixture[str]) -> None:
     text = json.dumps(recorded)
     code, _, err = _validate(tmp_path, text[: len(text) // 2], capsys)
-    assert code == 2 and "is not JSON (truncated?)" in err
+    assert code == 2 and "not JSON (truncated?)" in err
     assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
     code, _, err = _validate(tmp_path, {"states": []}, capsys)
     assert code == 2 and "not a recorded run" in err
+
+
+def test_the_written_trace_streams_and_a_cut_one_fails_at_its_end(
+        recorded_file: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    lines = recorded_file.read_text().splitlines(keepends=True)
+    assert len(lines) == len(json.loads("".join(lines))["states"]) + 2  # header, states, close
+    code, _, err = _validate(tmp_path, "".join(lines[: len(lines) // 2]), capsys)
+    assert code == 2 and "unclosed (truncated?)" in err and len(err.strip().splitlines()) == 1
+    code, _, err = _validate(tmp_path, "".join(lines[:-1]) + lines[-2][: 10], capsys)
+    assert code == 2 and "truncated?" in err
+    # An edit in the streamed layout diverges there (two applies swapped, lines kept).
+    applies = [i for i, line in enumerate(lines) if '"mbt::actionTaken": "apply"' in line]
+    a, b = next((applies[k], applies[k + 1]) for k in range(len(applies) - 1)
+                if lines[applies[k]].split('"delivered"')[1] != lines[applies[k + 1]].split(
+                    '"delivered"')[1])
+    edited = list(lines)
+    edited[a], edited[b] = lines[b], lines[a]
+    code, out, _ = _validate(tmp_path, "".join(edited), capsys)
+    assert code == 1 and f"diverges at event {a} " in out  # line a holds event a (1-based)
+
+
+def test_progress_shows_on_a_terminal(recorded_file: Path, capsys: pytest.CaptureFixture[str],
+                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    from ttmirror.conformance import validate
+
+    monkeypatch.setattr(validate, "PROGRESS_EVERY", 100)
+    monkeypatch.setattr("sys.stderr.isatty", lambda: True)
+    assert main(["validate", str(recorded_file)]) == 0
+    err = capsys.readouterr().err
+    assert "validating: 100 events" in err and "\r" in err
