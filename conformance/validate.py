@@ -111,6 +111,42 @@ def _mentions(s: State, idx: int) -> bool:
     return any(slot.content and any(t[0] == idx for t in slot.content) for slot in s.slots)
 
 
+DEVICE_EVENTS = ("device_wait", "host_read")
+"""What a mirror on a device reports beside the model's actions: the host waited on a slot's
+readback event, the host read the slot's host copy (`MirrorSpec.report`)."""
+
+
+class _Copies:
+    """Each slot's readback copy as the host saw it: issued, its event waited on, then read. The
+    model's readback_complete is that wait and that read, in that order; a run whose allocate
+    says its mirror reports device waits must show them."""
+
+    def __init__(self) -> None:
+        self.required = False
+        self.seen: dict[int, str] = {}
+
+    def device(self, event: Event) -> str | None:
+        slot = event.args[0]
+        now = self.seen.get(slot)
+        if event.action == "device_wait":
+            if now != "issued":
+                return f"the host waited on slot {slot}'s readback event with no copy in flight"
+            self.seen[slot] = "waited"
+        else:
+            if now != "waited":
+                return (f"the host read slot {slot}'s host copy before waiting on its readback "
+                        "event (it may hold what was there before the copy)")
+            self.seen[slot] = "read"
+        return None
+
+    def complete(self, slot: int) -> str | None:
+        if self.required and self.seen.get(slot) != "read":
+            return (f"the readback of slot {slot} completed, but the device reported no wait "
+                    "on its event and read after it")
+        self.seen.pop(slot, None)
+        return None
+
+
 class _Requests:
     """Trace request ids onto model indices. A request that closed and that nothing in flight or
     in a slot still names can take no part in any later transition, so its index is recycled
@@ -169,9 +205,17 @@ def validate(events: Iterable[Event], bounds: Bounds,
     b = bounds._replace(requests=0, max_tokens_of=(), host_sync_of=(), host_sync=False)
     s = initial_state(b)
     ids = _Requests()
+    copies = _Copies()
     for i, event in enumerate(events):
         if progress is not None and i and i % PROGRESS_EVERY == 0:
             progress(i)
+        if event.action in DEVICE_EVENTS:
+            why = copies.device(event) if event.args else "a device event names no slot"
+            if why is not None:
+                return Divergence(i, event, s, why, ())
+            continue
+        if event.action == "allocate":
+            copies.required = bool(event.get("device_waits"))
         try:
             if event.action == "arrive":
                 s, b, idx = ids.arrive(s, b, event.args[0], event)
@@ -199,6 +243,10 @@ def validate(events: Iterable[Event], bounds: Bounds,
             reason = "not enabled in this state" if known else "not a model action"
             return Divergence(i, event, s, reason, allowed)
         why = _decided(event, s, after, ids) or _broken(event.action, after, b)
+        if why is None and event.action == "readback_issue":
+            copies.seen[s.queue[args[0]].slot] = "issued"
+        if why is None and event.action == "readback_complete":
+            why = copies.complete(s.queue[args[0]].slot)
         if why is not None:
             return Divergence(i, event, s, why, ())
         s = after

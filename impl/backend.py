@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import importlib
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple, Protocol
 
@@ -42,6 +43,9 @@ class MirrorSpec:
     """Top logprobs per row that the logprob ring holds beside each slot (0: no logprob ring).
     Slot k's ids and logprobs are one unit: written by the same step, copied by the same
     readback under the same event, released together."""
+    report: Callable[[str, int], None] | None = field(default=None, compare=False)
+    """Told of each device completion the host waits on and each host read of a copy, as
+    (`device_wait` or `host_read`, slot), by a mirror on a device (the runner records them)."""
 
     def __post_init__(self) -> None:
         if self.logprobs < 0:
@@ -106,7 +110,8 @@ class Mirror(Protocol):
         """Enqueue a non-blocking copy of `slot` to the host; returns the pending handle."""
 
     def readback_complete(self, pending: Any) -> list[int]:
-        """Wait for the copy's event, then return the host copy's ids (all padded rows)."""
+        """Wait for the copy's event, then return the host copy's ids (all padded rows); a
+        mirror on a device reports the wait and the read (`MirrorSpec.report`)."""
 
     def readback_logprobs(self, pending: Any) -> list[TokenLogprobs]:
         """After `readback_complete(pending)`: the logprob ring's host copy (all padded rows),
@@ -122,6 +127,8 @@ class Backend(ABC):
     """A place to run decode steps, and what the engine may assume about it."""
 
     name: str = "?"
+    reports_device_waits: bool = False
+    """Its mirror reports each device completion the host waits on (`MirrorSpec.report`)."""
 
     def supports_async_sampled_token_readback(self) -> bool:
         """True only for backends whose mirror combines the previous step's ids on device."""

@@ -302,10 +302,11 @@ class Runner:
         c = self.config
         self.mirror = self.backend.open_mirror(
             MirrorSpec(rows=c.rows, slots=c.slots, probe=c.probe, trace=c.trace,
-                       logprobs=c.logprobs)
+                       logprobs=c.logprobs, report=self._device_event)
         )
         self.events.record("allocate", depth=c.depth, slots=c.slots, guard=c.guard,
-                           preempt_policy=c.preempt_policy, prefill_chunks=c.prefill_chunks)
+                           preempt_policy=c.preempt_policy, prefill_chunks=c.prefill_chunks,
+                           device_waits=self.backend.reports_device_waits)
 
     def arrive(self, req: int, prompt: int, *, max_tokens: int | None = None,
                host_sync: bool = False, prefill_chunks: int | None = None) -> None:
@@ -330,6 +331,10 @@ class Runner:
                                       prefill_left=chunks - 1, host_sync=host_sync)
         self.events.record("arrive", (req,), prompt=prompt, max_tokens=budget,
                            host_sync=host_sync, prefill_chunks=chunks)
+
+    def _device_event(self, what: str, slot: int) -> None:
+        """The mirror waited on a device completion or read a host copy (`MirrorSpec.report`)."""
+        self.events.record(what, (slot,))
 
     def finish(self, req: int) -> None:
         """The newest delivered token was a stop token: finish, dropping in-flight rows."""

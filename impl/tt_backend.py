@@ -149,10 +149,21 @@ class TtMirror:
 
     def readback_complete(self, pending: Any) -> list[int]:
         if faults.active("host-read-before-event"):
-            values = ttnn.to_torch(pending.host).reshape(-1)
-            ttnn.event_synchronize(pending.event)
-            return [int(v) for v in values.tolist()]
+            values = self._host_read(pending)
+            self._wait(pending)
+            return values
+        self._wait(pending)
+        return self._host_read(pending)
+
+    def _wait(self, pending: PendingReadback) -> None:
+        """The host waits for the copy's event: the one device completion a step waits on."""
         ttnn.event_synchronize(pending.event)
+        if self.spec.report is not None:
+            self.spec.report("device_wait", pending.slot)
+
+    def _host_read(self, pending: PendingReadback) -> list[int]:
+        if self.spec.report is not None:  # reported first: the read is what may be unsafe
+            self.spec.report("host_read", pending.slot)
         values = ttnn.to_torch(pending.host).reshape(-1)
         return [int(v) for v in values.tolist()]
 
@@ -178,6 +189,7 @@ class TtBackend(Backend):
     `device.open_device` (a chip when present, else the emulated device built as `emulator`)."""
 
     name = "tt"
+    reports_device_waits = True
 
     def __init__(
         self,

@@ -148,6 +148,7 @@ class ServingBackend(Backend):
         self.model = model
         self.sampling = sampling or SamplingParams()
         self.name = inner.name
+        self.reports_device_waits = inner.reports_device_waits
         self.context: ContextStage | None = None
         """The opened mirror's context stager: the engine stages each step's rows through it."""
 
