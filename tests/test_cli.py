@@ -121,6 +121,36 @@ def test_full_view_at_tiny_bounds(capsys: pytest.CaptureFixture[str]) -> None:
     assert "allocate [allocated]" in out and "arrive(r0) [requests[0]]" in out
 
 
+@pytest.mark.parametrize("args", [
+    ["graph", "--slot", "7"],
+    ["graph", "--view", "request", "--request", "2"],
+    ["graph", "-o", "/proc/x.svg", "--format", "svg"],
+    ["graph", "-o", "/"],
+])
+def test_bad_graph_arguments_fail_before_any_exploration(
+        args: list[str], monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """At the default bounds (a minute to explore): the check comes first, so nothing explores."""
+    import ttmirror.cli as cli
+
+    def explored(*_: object) -> None:
+        raise AssertionError("explored before checking the arguments")
+
+    monkeypatch.setattr(cli, "_explore", explored)
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and "ttmirror: error: " in err
+
+
+def test_output_paths_of_long_runs_are_checked_before_they_start(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    for args in (["serve-demo", "--trace", "/proc/x.json"], ["mutants", "--traces", "/proc/x"],
+                 ["fuzz", "--traces", "/proc/x"]):
+        assert main(args) == 2, args
+        err = capsys.readouterr().err
+        assert len(err.strip().splitlines()) == 1 and "cannot" in err, err
+
+
 def test_unwritable_output_is_a_one_line_error(tmp_path: Path) -> None:
     done = run_cli("graph", *SMALL, "-o", str(tmp_path / "missing" / "g.mmd"))
     assert done.returncode == 2 and done.stderr.count("\n") == 1

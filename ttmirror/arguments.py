@@ -114,6 +114,32 @@ def mkdir(path: Path) -> None:
         raise UsageError(f"cannot create {path}: {e.strerror}") from None
 
 
+def writable(output: str | None) -> None:
+    """Fail in one line, before any work starts, if the file `output` cannot be written (None
+    or "-": stdout). Probes with the temporary name `emit` writes through, then removes it."""
+    if output is None or output == "-":
+        return
+    path = Path(output)
+    if path.is_dir():
+        raise UsageError(f"cannot write {output}: it is a directory")
+    tmp = path.with_name(path.name + ".tmp")
+    try:
+        with open(tmp, "w"):
+            pass
+        tmp.unlink()
+    except OSError as e:
+        raise UsageError(f"cannot write {output}: {e.strerror}") from None
+
+
+def writable_dir(folder: str | None) -> None:
+    """Fail in one line, before any work starts, if files cannot be written in `folder`
+    (created if missing; None: nowhere to write)."""
+    if folder is None:
+        return
+    mkdir(Path(folder))
+    writable(str(Path(folder) / ".ttmirror-probe"))
+
+
 def emit(text: str, output: str | None) -> None:
     """Write `text` to stdout (None or "-") or, atomically, to the file `output`."""
     if output is None or output == "-":

@@ -15,7 +15,16 @@ import time
 from pathlib import Path
 
 from . import cli_conformance, cli_serving, report
-from .arguments import DEFAULTS, Parser, UsageError, add_bounds, bounds_from, emit, mkdir
+from .arguments import (
+    DEFAULTS,
+    Parser,
+    UsageError,
+    add_bounds,
+    bounds_from,
+    emit,
+    mkdir,
+    writable,
+)
 from .model.explore import Exploration, explore
 from .model.state import Bounds
 from .render import FORMATS, render
@@ -70,7 +79,16 @@ def cmd_check(ns: argparse.Namespace) -> int:
 
 
 def cmd_graph(ns: argparse.Namespace) -> int:
-    ex = _explore(bounds_from(ns))
+    bounds = bounds_from(ns)
+    # Checked before exploring: a typo must not cost the whole graph's exploration first.
+    if ns.view == "slot" and not 0 <= ns.slot < bounds.slots:
+        raise UsageError(f"--slot {ns.slot}: the bounds have {bounds.slots} slots "
+                         f"(0 to {bounds.slots - 1}; raise --slots for more)")
+    if ns.view == "request" and not 0 <= ns.request < bounds.requests:
+        raise UsageError(f"--request {ns.request}: the bounds have {bounds.requests} requests "
+                         f"(0 to {bounds.requests - 1}; raise --requests for more)")
+    writable(ns.output)
+    ex = _explore(bounds)
     try:
         if ns.view == "counterexample":
             view = counterexample_view(ex)

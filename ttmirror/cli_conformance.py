@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .arguments import AddParser, UsageError, add_bounds, bounds_from
+from .arguments import AddParser, UsageError, add_bounds, bounds_from, writable_dir
 from .model.state import Bounds
 
 if TYPE_CHECKING:  # imported for real inside the commands: they load torch and ttnn
@@ -84,6 +84,7 @@ def cmd_fuzz(ns: argparse.Namespace) -> int:
     import gc
 
     bounds = _fuzz_bounds(ns)
+    writable_dir(ns.traces)
     # Checked before the imports below: they load torch and ttnn, which take seconds.
     from .conformance import campaign, profiles
     from .conformance.coverage import Coverage
@@ -226,6 +227,7 @@ def cmd_mutants(ns: argparse.Namespace) -> int:
         if bug not in known:
             raise UsageError(f"unknown bug {bug!r}; choose from: {', '.join(known)}")
     configs = [_config(ns.backend, c) for c in ns.config or CONFIGS[ns.backend]]
+    writable_dir(ns.traces)
     lockstep_bugs = [b for b in ns.bug or [] if b in faults.BUGS]
     serving_bugs = [b for b in ns.bug or [] if b in faults.SERVING_BUGS]
     kills = []

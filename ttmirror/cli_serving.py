@@ -10,7 +10,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .arguments import AddParser, UsageError
+from .arguments import AddParser, UsageError, writable
 
 if TYPE_CHECKING:  # imported for real inside the command: they load torch and ttnn
     from .serving.backend import ServingBackend
@@ -85,6 +85,8 @@ def cmd_serve_demo(ns: argparse.Namespace) -> int:
     _positive("max-step-tokens", ns.max_step_tokens)
     _positive("logprobs", ns.logprobs)
     prompt = _parse_prompt(ns.prompt) if ns.prompt is not None else None
+    if ns.trace is not None:  # before the run: its trace must have somewhere to go
+        writable(ns.trace)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     # Checked before the imports below: they load torch, ttnn and transformers.
     from .serving.batching import InvalidRequest
