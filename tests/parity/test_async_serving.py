@@ -419,10 +419,16 @@ def test_probe_matches_its_reference() -> None:
             assert got[-1] in p.stop_ids
 
 
-def test_guard_off_breaks_parity() -> None:
-    """Twin: without the stale-host-ids guard, placeholders reach the model and tokens change."""
+def test_guard_off_breaks_parity(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Twin: without the stale-host-ids guard, placeholders reach the model and tokens change;
+    the run also leaves the model (its guard-off twin) at the first combine of a placeholder."""
     plan = standard_plan(_model("tiny-llama").vocab)
-    bad = _outcome(Run("tiny-llama", "greedy", guard=False), gate=True)
+    off = Run("tiny-llama", "greedy", guard=False)
+    with pytest.raises(RunLeftTheModel, match="StaleHostIdsGuard"):
+        _serve(off, plan)
+    monkeypatch.setattr(sys.modules[__name__], "VALIDATE", False)  # to see the tokens too
+    bad = _serve(off, plan)
+    _require_async(bad.stats["async_enabled"], bad.stats["depth"])
     good = _outcome(Run("tiny-llama", "greedy", "off"))
     assert any(bad.tokens[p.req] != good.tokens[p.req] for p in plan)
 
