@@ -14,6 +14,7 @@ import json
 import os
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from ..impl.events import Event
 from ..model.actions import (
@@ -209,8 +210,10 @@ def validate(events: Iterable[Event], bounds: Bounds,
     for i, event in enumerate(events):
         if progress is not None and i and i % PROGRESS_EVERY == 0:
             progress(i)
+        if event.action in ("release", *DEVICE_EVENTS) and event.args[0] >= b.slots:
+            return Divergence(i, event, s, f"there is no slot {event.args[0]} (K={b.slots})", ())
         if event.action in DEVICE_EVENTS:
-            why = copies.device(event) if event.args else "a device event names no slot"
+            why = copies.device(event)
             if why is not None:
                 return Divergence(i, event, s, why, ())
             continue
@@ -272,11 +275,15 @@ def bounds_of(events: Sequence[Event] | Event) -> Bounds:
     load = events if isinstance(events, Event) else (events[0] if events else None)
     if load is None or load.action != "allocate":
         raise EventsError("the run does not start with allocate (the ring is allocated at load)")
-    return Bounds(
-        depth=int(load.get("depth")), slots=int(load.get("slots")), preemptions=0,
-        guard=bool(load.get("guard")), preempt_policy=str(load.get("preempt_policy")),
-        prefill_chunks=int(load.get("prefill_chunks")),
-    )
+    depth, slots, chunks = (int(load.get(k, 0)) for k in ("depth", "slots", "prefill_chunks"))
+    policy = str(load.get("preempt_policy"))
+    if not (1 <= depth <= 2 and 1 <= slots <= 64 and 1 <= chunks <= 1024
+            and policy in ("keep", "drop")):
+        raise EventsError(f"the allocate (depth {depth}, K={slots}, prefill chunks {chunks}, "
+                          f"preempt policy {policy!r}) is no instance of this model (depth 1 or "
+                          "2, K and chunks 1 or more, policy keep or drop)")
+    return Bounds(depth=depth, slots=slots, preemptions=0, guard=bool(load.get("guard")),
+                  preempt_policy=policy, prefill_chunks=chunks)
 
 
 def _encode(value: object) -> object:
@@ -310,18 +317,86 @@ def _state(i: int, e: Event) -> dict[str, object]:
             "mbt::nondetPicks": {"args": _encode(e.args), **{k: _encode(v) for k, v in e.detail}}}
 
 
+LARGEST = 2**31 - 1
+"""No id, count or index of a recorded run is larger (a larger one is a malformed trace)."""
+_INT, _BOOL, _STR = "int", "bool", "str"
+_POS = ("tuple", "int?")  # a tuple of ints or None, one per row
+_SCHEMA: dict[str, tuple[int | None, dict[str, Any], frozenset[str]]] = {
+    # action: (arguments (None: one or more), detail name -> type, optional details)
+    "allocate": (0, {"depth": _INT, "slots": _INT, "guard": _BOOL, "preempt_policy": _STR,
+                     "prefill_chunks": _INT, "device_waits": _BOOL}, frozenset({"device_waits"})),
+    "arrive": (1, {"prompt": _INT, "max_tokens": _INT, "host_sync": _BOOL,
+                   "prefill_chunks": _INT}, frozenset()),
+    "schedule": (None, {"slot": _INT, "prev_rows": _POS, "partial": ("tuple", _BOOL)},
+                 frozenset()),
+    "combine": (1, {"host_pos": _POS}, frozenset({"host_pos"})),
+    "launch": (1, {}, frozenset()),
+    "readback_issue": (1, {}, frozenset()),
+    "readback_complete": (1, {}, frozenset()),
+    "apply": (0, {"step": _INT, "delivered": ("tuple", ("pair", _INT))}, frozenset()),
+    "release": (1, {}, frozenset()),
+    "finish": (1, {}, frozenset()),
+    "abort": (1, {}, frozenset()),
+    "preempt": (1, {}, frozenset()),
+    "resume": (1, {}, frozenset()),
+    "chunk_prefill": (2, {}, frozenset()),
+    "device_wait": (1, {}, frozenset()),
+    "host_read": (1, {}, frozenset()),
+}
+"""What a recorded event may hold: anything else is a malformed trace, not a divergence."""
+
+
+def _typed(value: object, kind: Any) -> bool:
+    """Is `value` of the schema type `kind`?"""
+    if kind == _INT:
+        return type(value) is int and 0 <= value <= LARGEST
+    if kind == "int?":
+        return value is None or _typed(value, _INT)
+    if kind == _BOOL:
+        return type(value) is bool
+    if kind == _STR:
+        return type(value) is str
+    if isinstance(kind, tuple) and kind[0] == "pair":
+        return (isinstance(value, tuple) and len(value) == 2
+                and all(_typed(v, kind[1]) for v in value))
+    if isinstance(kind, tuple) and kind[0] == "tuple":
+        return isinstance(value, tuple) and all(_typed(v, kind[1]) for v in value)
+    return False
+
+
 def _event(i: int, state: object) -> Event:
+    """State `i` of a trace as an event, checked against `_SCHEMA` (EventsError: one line)."""
     try:
         if not isinstance(state, dict):
             raise TypeError("not an object")
+        action = state["mbt::actionTaken"]
         picks = dict(state["mbt::nondetPicks"])
         args = _decode(picks.pop("args"))
-        if not isinstance(args, tuple):
-            raise TypeError(f"args {args!r} are not a tuple")
-        return Event(str(state["mbt::actionTaken"]), tuple(int(a) for a in args),
-                     tuple((k, _decode(v)) for k, v in picks.items()))
-    except (KeyError, TypeError, ValueError, AttributeError) as e:
+        detail = {k: _decode(v) for k, v in picks.items()}
+    except (KeyError, TypeError, ValueError, AttributeError, EventsError) as e:
         raise EventsError(f"state {i} is not an event ({type(e).__name__}: {e})") from None
+    if not isinstance(action, str) or action not in _SCHEMA:
+        raise EventsError(f"state {i}: {action!r} is no action of a recorded run "
+                          f"({', '.join(_SCHEMA)})")
+    count, fields, optional = _SCHEMA[action]
+    if not isinstance(args, tuple) or not all(_typed(a, _INT) for a in args) or (
+            len(args) != count if count is not None else not args):
+        raise EventsError(f"state {i}: {action} takes "
+                          f"{'one or more' if count is None else count} arguments, integers in "
+                          f"[0, 2**31), not {args!r}")
+    for name, value in detail.items():
+        if name not in fields or not _typed(value, fields[name]):
+            raise EventsError(f"state {i}: {action}'s {name} = {value!r} is not "
+                              f"{fields.get(name, 'one of its details')}")
+    missing = set(fields) - set(detail) - optional
+    if missing:
+        raise EventsError(f"state {i}: {action} lacks {', '.join(sorted(missing))}")
+    if action == "chunk_prefill" and args[1] > 1:
+        raise EventsError(f"state {i}: chunk_prefill's second argument is 0 or 1, not {args[1]}")
+    if action == "schedule" and any(len(detail[k]) != len(args)  # type: ignore[arg-type]
+                                    for k in ("prev_rows", "partial")):
+        raise EventsError(f"state {i}: schedule's prev_rows and partial need one entry per row")
+    return Event(action, args, tuple(detail.items()))
 
 
 def _check_meta(data: object) -> None:
