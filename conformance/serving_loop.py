@@ -31,14 +31,14 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, precondition,
 
 from ..impl.device import Emulator, SeededScheduler, TimedScheduler, open_device
 from ..impl.events import Event
-from ..impl.runner import CLOSED, Status
+from ..impl.runner import CLOSED
 from ..impl.tt_backend import TtBackend
 from ..serving.backend import ServingBackend
 from ..serving.batching import ServingConfig, ServingEngine
 from ..serving.context import SamplingParams
 from ..serving.device_decoder import dram_bytes
 from ..serving.models import DecoderModel, load_model
-from ..serving.workload import Outcome, RequestPlan, run_workload
+from ..serving.workload import Outcome, RequestPlan, due_for_abort, outcome_of, run_workload
 from .validate import bounds_of, validate, write_itf
 
 MODELS = ("probe", "tiny-qwen3")
@@ -83,9 +83,7 @@ class Tally:
                      "abort_in_flight", "finish_in_flight", "partial_rows",
                      "kv_mixed_sampling_steps"):
             self.seen[name] += s.get(name, 0)
-        self.seen["stopped"] += sum(
-            out.statuses.get(p.req) == Status.FINISHED and bool(out.tokens[p.req])
-            and out.tokens[p.req][-1] in p.stop_ids for p in plan)
+        self.seen["stopped"] += len(out.stopped(plan))
 
 
 def _open(model: DecoderModel, seed: int, times: dict[str, float] | None) -> Any:
@@ -191,7 +189,7 @@ class ServingLoop(RuleBasedStateMachine):
                 if self.iteration > 10_000:
                     raise AssertionError("the engine did not go idle within 10,000 iterations")
             events = list(self.engine.runner.events.events)
-            out = _outcome(self.engine)
+            out = outcome_of(self.engine, self.iteration, 0.0, self.aborted)
         finally:
             self.engine.close()
             ttnn.close_mesh_device(self.device)
@@ -227,24 +225,9 @@ class ServingLoop(RuleBasedStateMachine):
     def _abort_due(self) -> None:
         """Abort each request that has its planned tokens, as `run_workload` does."""
         assert self.engine is not None
-        for req, p in self.plan.items():
-            r = self.engine.runner.requests.get(req)
-            if (p.abort_after is not None and req not in self.aborted and r is not None
-                    and len(r.delivered) >= p.abort_after
-                    and r.status in (Status.WAITING, Status.RUNNING, Status.PREEMPTED)):
-                self.engine.abort(req)
-                self.aborted.add(req)
-
-
-def _outcome(engine: ServingEngine) -> Outcome:
-    r = engine.runner
-    return Outcome(
-        tokens={req: list(x.delivered) for req, x in sorted(r.requests.items())},
-        statuses={req: x.status for req, x in sorted(r.requests.items())},
-        iterations=0, seconds=0.0,
-        stats={**r.describe(), "kv_preemptions": engine.kv.preemptions,
-               "kv_mixed_sampling_steps": engine.kv.mixed_sampling_steps},
-    )
+        for req in due_for_abort(self.engine, self.plan, self.aborted):
+            self.engine.abort(req)
+            self.aborted.add(req)
 
 
 FAILURE = "serving-loop-failure.itf.json"

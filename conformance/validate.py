@@ -408,14 +408,10 @@ def _check_meta(data: object) -> None:
                           "the lockstep replays with `ttmirror replay`")
 
 
-def to_itf(events: Sequence[Event]) -> dict[str, object]:
-    """The run as an ITF trace of Quint's model-based-testing variables, one state per event."""
-    return {"#meta": _META, "vars": _VARS, "states": [_state(i, e) for i, e in enumerate(events)]}
-
-
 def write_itf(events: Iterable[Event], path: str | os.PathLike[str]) -> int:
-    """Write the run as ITF, one state per line (still one JSON document), so `read_itf` can
-    stream it back without holding it whole; returns the number of events written."""
+    """Write the run as an ITF trace of Quint's model-based-testing variables, one state per
+    event and one per line (still one JSON document), so `read_itf` can stream it back without
+    holding it whole; returns the number of events written."""
     n = 0
     with open(path, "w") as f:
         f.write(json.dumps({"#meta": _META, "vars": _VARS})[:-1] + _OPEN + "\n")
@@ -463,7 +459,8 @@ def read_itf(path: str | os.PathLike[str]) -> Iterator[Event]:
 
 
 def from_itf(data: object) -> list[Event]:
-    """The events of a trace written by `to_itf`; EventsError (one line) if it is not one."""
+    """The events of a trace read whole (one JSON document, in any layout); EventsError (one
+    line) if it is not a recorded run."""
     if not isinstance(data, dict):
         raise EventsError("not an ITF trace (a JSON object with states)")
     _check_meta(data)

@@ -113,7 +113,7 @@ def run_workload(
         engine.step()
         if on_step is not None:
             on_step(engine)
-        for req in _due_for_abort(engine, by_req, aborted):
+        for req in due_for_abort(engine, by_req, aborted):
             engine.abort(req)
             aborted.add(req)
         it += 1
@@ -121,10 +121,10 @@ def run_workload(
             break
         if it > max_iterations:
             raise RuntimeError(f"the workload did not finish within {max_iterations} iterations")
-    return _outcome(engine, it, time.perf_counter() - start, aborted)
+    return outcome_of(engine, it, time.perf_counter() - start, aborted)
 
 
-def _due_for_abort(
+def due_for_abort(
     engine: ServingEngine, by_req: dict[int, RequestPlan], aborted: set[int]
 ) -> list[int]:
     """Open requests that have received the tokens after which their plan aborts them."""
@@ -141,7 +141,8 @@ def _due_for_abort(
     return due
 
 
-def _outcome(engine: ServingEngine, iterations: int, seconds: float, aborted: set[int]) -> Outcome:
+def outcome_of(engine: ServingEngine, iterations: int, seconds: float,
+               aborted: set[int]) -> Outcome:
     """What the run delivered, and the counters a test needs to know the scenario happened."""
     runner, kv = engine.runner, engine.kv
     return Outcome(

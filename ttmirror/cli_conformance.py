@@ -317,9 +317,7 @@ def cmd_validate(ns: argparse.Namespace) -> int:
     started = time.perf_counter()
     try:
         stream = read_itf(path)
-        first = next(stream, None)
-        if first is None:
-            raise EventsError("the trace has no events")
+        first = next(stream)  # read_itf raises EventsError for a trace without events
         bounds = bounds_of(first)
         d = validate(seen(chain([first], stream)), bounds, progress)
         if d is not None:
