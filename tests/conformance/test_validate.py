@@ -114,3 +114,12 @@ def test_a_host_id_staged_from_the_wrong_position_diverges_at_its_combine() -> N
         (k, stale if k == "host_pos" else v) for k, v in e.detail))
     d = validate([*events[:i], wrong, *events[i + 1:]], Bounds())
     assert d is not None and d.index == i and "host ids of positions" in d.reason
+
+
+def test_every_invariant_is_checked_after_some_action() -> None:
+    """`_CHANGES` names invariants by name: a renamed or new one must not go unchecked."""
+    from ttmirror.conformance.validate import _CHANGES
+    from ttmirror.model.invariants import INVARIANTS
+
+    named = {name for names in _CHANGES.values() for name in names}
+    assert named == {inv.name for inv in INVARIANTS}
