@@ -75,7 +75,7 @@ def _decided(event: Event, before: State, after: State, ids: _Requests) -> str |
     return None
 
 
-_CHANGES: dict[str, tuple[str, ...]] = {
+CHECKED_AFTER: dict[str, tuple[str, ...]] = {
     "schedule": ("DepthBound",),
     "combine": ("StaleHostIdsGuard", READ_RELEASED),
     "launch": (REWRITE_WITH_READER,),
@@ -91,7 +91,7 @@ those keeps validation linear and cheap."""
 def _broken(action: str, s: State, b: Bounds) -> str | None:
     """Which of the model's invariants the state after `action` breaks (None: none): an enabled
     transition can still be unsafe (a read of a handed-back slot, a stale id consumed)."""
-    names = _CHANGES.get(action, ())
+    names = CHECKED_AFTER.get(action, ())
     broken = [inv.name for inv in INVARIANTS if inv.name in names and not inv.holds(s, b)]
     return f"the model's invariant {', '.join(broken)} fails after it" if broken else None
 

@@ -117,9 +117,9 @@ def test_a_host_id_staged_from_the_wrong_position_diverges_at_its_combine() -> N
 
 
 def test_every_invariant_is_checked_after_some_action() -> None:
-    """`_CHANGES` names invariants by name: a renamed or new one must not go unchecked."""
-    from ttmirror.conformance.validate import _CHANGES
+    """`CHECKED_AFTER` names invariants by name: a renamed or new one must not go unchecked."""
+    from ttmirror.conformance.validate import CHECKED_AFTER
     from ttmirror.model.invariants import INVARIANTS
 
-    named = {name for names in _CHANGES.values() for name in names}
+    named = {name for names in CHECKED_AFTER.values() for name in names}
     assert named == {inv.name for inv in INVARIANTS}
