@@ -43,6 +43,9 @@ class MirrorSpec:
     """Top logprobs per row that the logprob ring holds beside each slot (0: no logprob ring).
     Slot k's ids and logprobs are one unit: written by the same step, copied by the same
     readback under the same event, released together."""
+    readback_timeout_s: float | None = None
+    """How long the host waits for a readback's event before it gives the step up as failed
+    (`readback_complete` raises); None waits as long as it takes."""
     report: Callable[[str, int], None] | None = field(default=None, compare=False)
     """Told of each device completion the host waits on and each host read of a copy, as
     (`device_wait` or `host_read`, slot), by a mirror on a device (the runner records them)."""
@@ -54,6 +57,8 @@ class MirrorSpec:
             raise ValueError(f"rows must be at least 1, got {self.rows}")
         if self.slots < 1:
             raise ValueError(f"slots (K) must be at least 1, got {self.slots}")
+        if self.readback_timeout_s is not None and not self.readback_timeout_s > 0:
+            raise ValueError(f"readback_timeout_s must be positive, got {self.readback_timeout_s}")
 
 
 @dataclass(frozen=True)
@@ -116,6 +121,10 @@ class Mirror(Protocol):
     def readback_logprobs(self, pending: Any) -> list[TokenLogprobs]:
         """After `readback_complete(pending)`: the logprob ring's host copy (all padded rows),
         copied under the same event as the ids; only for a mirror opened with logprobs."""
+
+    def abandon(self, pending: Any) -> None:
+        """The runner gave up on `pending` (its step failed): keep whatever the copy may still
+        write into alive until the device is known to be past it."""
 
     def describe(self) -> dict[str, Any]:
         """Counters and settings worth reporting (trace captures and replays, queues...)."""

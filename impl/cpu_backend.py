@@ -63,6 +63,9 @@ class CpuMirror:
     def readback_logprobs(self, pending: Any) -> list[TokenLogprobs]:
         raise RuntimeError("the probe forward computes no logprobs (MirrorSpec.logprobs)")
 
+    def abandon(self, pending: Any) -> None:
+        pass  # the copy was made on the host at issue: nothing is still writing into it
+
     def describe(self) -> dict[str, Any]:
         return {"launches": self.launches, "trace": False}
 

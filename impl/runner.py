@@ -14,8 +14,13 @@ mirror's (`backend.Mirror`); the runner decides what it does and when.
     readback_complete(q)           event synchronised: the host copy is valid
     apply()                        retire the oldest step, delivering its live rows' tokens
     release(slot)                  hand a slot back once its writer retired and no combine reads it
+    fail_step(q, reason)           the device failed step q: its requests fail, nothing of it is
+                                   delivered, its slot goes back through release as usual
     finish(r) / abort(r) / preempt(r) / resume(r)
     chunk_prefill(r, partial)      the serving loop's chunking: is r's next row a partial prefill
+
+A phase whose device call fails raises `DeviceFault` and changes nothing either (every
+submission is atomic); the caller then decides, with `fail_step`, what the failure costs.
 
 `abstract()` returns an immutable snapshot of everything an abstraction function needs, and
 `events` records every accepted call as the model's action (`events.py`).
@@ -24,7 +29,8 @@ mirror's (`backend.Mirror`); the runner decides what it does and when.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from enum import IntEnum
 from types import MappingProxyType
@@ -48,9 +54,10 @@ class Status(IntEnum):
     PREEMPTED = 3
     FINISHED = 4
     ABORTED = 5
+    FAILED = 6  # a step of it failed on the device: closed, with the device's error
 
 
-CLOSED = frozenset({Status.FINISHED, Status.ABORTED})
+CLOSED = frozenset({Status.FINISHED, Status.ABORTED, Status.FAILED})
 
 
 class Phase(IntEnum):
@@ -69,6 +76,16 @@ class PhaseError(RuntimeError):
 
 class SlotBusyError(PhaseError):
     """A launch would rewrite a slot whose readback or next combine is still to happen."""
+
+
+class DeviceFault(RuntimeError):
+    """The device refused or failed a phase's call; the runner's state is as before the call."""
+
+    def __init__(self, phase: str, q: int, cause: BaseException) -> None:
+        super().__init__(f"{phase}(q={q}): {cause}")
+        self.phase = phase
+        self.q = q
+        self.cause = str(cause)
 
 
 @dataclass(frozen=True)
@@ -97,6 +114,9 @@ class RunnerConfig:
     token then carries its `TokenLogprobs`, read back under the ids' event."""
     record_events: bool = True
     """Record every accepted call in `Runner.events` (one tuple append each)."""
+    readback_timeout_s: float | None = None
+    """How long `readback_complete` waits for the copy's event before it raises `DeviceFault`
+    (None: as long as it takes)."""
 
     def __post_init__(self) -> None:
         if self.logprobs < 0:
@@ -159,6 +179,8 @@ class RequestView(NamedTuple):
     """Partial-prefill chunks of its first prefill still to schedule."""
     host_sync: bool = False
     """It needs its newest token on the host before its next step."""
+    error: str | None = None
+    """Why it failed (FAILED): the device's error for the step that failed it."""
 
 
 class RunnerView(NamedTuple):
@@ -216,6 +238,7 @@ class _Request:
     host_sync: bool = False
     logprobs: list[TokenLogprobs] = field(default_factory=list)
     """One per delivered token, when the mirror has a logprob ring."""
+    error: str | None = None
 
 
 class Runner:
@@ -302,7 +325,8 @@ class Runner:
         c = self.config
         self.mirror = self.backend.open_mirror(
             MirrorSpec(rows=c.rows, slots=c.slots, probe=c.probe, trace=c.trace,
-                       logprobs=c.logprobs, report=self._device_event)
+                       logprobs=c.logprobs, readback_timeout_s=c.readback_timeout_s,
+                       report=self._device_event)
         )
         self.events.record("allocate", depth=c.depth, slots=c.slots, guard=c.guard,
                            preempt_policy=c.preempt_policy, prefill_chunks=c.prefill_chunks,
@@ -500,12 +524,13 @@ class Runner:
         width = len(step.rows)
         host_ids, prev_map, use_mirror, positions, requests = ([0] * width for _ in range(5))
         staged: list[int | None] = [None] * width  # the position whose host id each row took
+        counts: Counter[str] = Counter()  # joins the stats only once the device accepted it all
         for i, row in enumerate(step.rows):
             if not row.live:
                 continue  # dropped: what the device computes there is never delivered
             positions[i], requests[i] = row.pos, row.req
             if row.partial:
-                self.stats["partial_rows"] += 1  # a prompt chunk: its sampled id is discarded
+                counts["partial_rows"] += 1  # a prompt chunk: its sampled id is discarded
             if row.prev_row is None:
                 pos = row.pos
                 if row.pos > 0 and self.requests[row.req].preemptions and faults.active(
@@ -514,15 +539,18 @@ class Runner:
                     pos = row.pos - 1
                 staged[i], host_ids[i] = pos, self.host_token(row.req, pos)
                 if row.pos > 0:
-                    self.stats["host_decode_rows"] += 1
+                    counts["host_decode_rows"] += 1
             else:
                 prev_map[i], use_mirror[i] = row.prev_row, 1
-                self.stats["mirror_rows"] += 1
+                counts["mirror_rows"] += 1
         assert self.mirror is not None
-        self.mirror.stage(StepInputs(
-            tuple(host_ids), tuple(prev_map), tuple(use_mirror), tuple(positions), tuple(requests)
-        ))
-        self.mirror.combine(step.slot)
+        with self.device_call("combine", q):
+            self.mirror.stage(StepInputs(
+                tuple(host_ids), tuple(prev_map), tuple(use_mirror), tuple(positions),
+                tuple(requests)
+            ))
+            self.mirror.combine(step.slot)
+        self.stats.update(counts)
         step.phase = Phase.COMBINED
         self.events.record("combine", (q,), host_pos=tuple(staged))
 
@@ -533,7 +561,8 @@ class Runner:
         if blocker is not None:
             raise SlotBusyError(f"launch(q={q}): slot {step.slot} {blocker}; raise K (slots)")
         assert self.mirror is not None
-        self.mirror.launch(step.slot)
+        with self.device_call("launch", q):
+            self.mirror.launch(step.slot)
         slot = self.slots[step.slot]
         if slot.written:
             self.stats["slot_reuses"] += 1
@@ -548,7 +577,8 @@ class Runner:
         """Enqueue the non-blocking copy of step q's slot to a host tensor, and its event."""
         step = self._step("readback_issue", q, Phase.LAUNCHED)
         assert self.mirror is not None
-        step.pending = self.mirror.readback_issue(step.slot)
+        with self.device_call("readback_issue", q):
+            step.pending = self.mirror.readback_issue(step.slot)
         step.phase = Phase.READBACK_ISSUED
         self.events.record("readback_issue", (q,))
 
@@ -556,9 +586,13 @@ class Runner:
         """Synchronise step q's readback event; only then is the host copy read."""
         step = self._step("readback_complete", q, Phase.READBACK_ISSUED)
         assert self.mirror is not None
-        ids = self.mirror.readback_complete(step.pending)
-        if self.config.logprobs:  # the same event covered the logprob ring's copy
-            step.logprobs = tuple(self.mirror.readback_logprobs(step.pending)[: len(step.rows)])
+        with self.device_call("readback_complete", q):
+            ids = self.mirror.readback_complete(step.pending)
+            logprobs = (  # the same event covered the logprob ring's copy
+                tuple(self.mirror.readback_logprobs(step.pending)[: len(step.rows)])
+                if self.config.logprobs else None
+            )
+        step.logprobs = logprobs
         step.pending = None  # synchronised: the host tensor may go now
         step.host_copy = tuple(ids[: len(step.rows)])
         step.phase = Phase.READBACK_DONE
@@ -604,6 +638,33 @@ class Runner:
         self.slots[slot].released = True
         self.events.record("release", (slot,))
 
+    def fail_step(self, q: int, reason: str) -> list[int]:
+        """The device failed step q before its readback completed: every request with a live
+        row in it fails (FAILED, with `reason`) and its rows in the other in-flight step are
+        dropped; the step leaves the queue and nothing of it is delivered. Its slot, if the
+        launch wrote it, goes back through `release` as any retired writer's. Returns the
+        failed requests."""
+        self._need_allocated("fail_step")
+        if not 0 <= q < len(self.queue):
+            raise PhaseError(f"fail_step(q={q}): {len(self.queue)} steps in flight")
+        step = self.queue[q]
+        if step.phase == Phase.READBACK_DONE:
+            raise PhaseError(f"fail_step(q={q}): its readback completed; apply it")
+        failed = sorted({row.req for row in step.rows if row.live})
+        for req in failed:
+            self._drop(req, "fault_in_flight")
+            r = self.requests[req]
+            r.status, r.closed_at, r.unchecked, r.error = (
+                Status.FAILED, len(r.delivered), False, reason)
+        if step.pending is not None:
+            assert self.mirror is not None
+            self.mirror.abandon(step.pending)  # the copy may still land: its host tensor stays
+        del self.queue[q]
+        self.stats["faults"] += 1
+        self.stats["failed_requests"] += len(failed)
+        self.events.record("fault", (q,), phase=step.phase.name.lower(), failed=tuple(failed))
+        return failed
+
     def close(self) -> None:
         if self.mirror is not None:
             self.mirror.close()
@@ -639,6 +700,7 @@ class Runner:
                         r.max_tokens,
                         r.prefill_left,
                         r.host_sync,
+                        r.error,
                     )
                     for i, r in sorted(self.requests.items())
                 }
@@ -650,6 +712,17 @@ class Runner:
         return {**dict(self.stats), **(self.mirror.describe() if self.mirror else {})}
 
     # --- helpers ---------------------------------------------------------------------------------
+    @contextmanager
+    def device_call(self, phase: str, q: int) -> Iterator[None]:
+        """A phase's device calls: a RuntimeError from the device becomes a DeviceFault (the
+        caller has changed nothing yet); the runner's own refusals pass through."""
+        try:
+            yield
+        except PhaseError:
+            raise
+        except RuntimeError as error:
+            raise DeviceFault(phase, q, error) from error
+
     def _need_allocated(self, name: str) -> None:
         if not self.allocated:
             raise PhaseError(f"{name}: call allocate() first (the ring exists only after load)")

@@ -10,13 +10,19 @@ next combine always runs after its writer and before any later rewrite. The read
 
 so a slot is rewritten only after both its readers (the next combine, by queue order; its own
 readback, by the event) are done. The host copy stays referenced until `event_synchronize(read)`
-(upstream once freed it under the copy). With logprobs, each slot's logprob part (`Ring`) is
-written by the same forward and copied by the same readback before `read` is recorded, so one
-event covers both payloads and one release hands both back.
+(upstream once freed it under the copy). With a readback timeout, the host waits for that event
+in a helper thread with a deadline (ttnn has no event query); a copy whose step was given up
+(`abandon`, or a readback refused half-way) keeps its host tensors here until a later readback's
+event, recorded after it on the same queue, was synchronised. With logprobs, each slot's
+logprob part (`Ring`) is written by the same forward and copied by the same readback before
+`read` is recorded, so one event covers both payloads and one release hands both back.
 """
 
 from __future__ import annotations
 
+import itertools
+from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import TimeoutError as WaitTimeout
 from dataclasses import dataclass
 from typing import Any
 
@@ -39,10 +45,14 @@ class PendingReadback:
     """A non-blocking copy in flight: the host tensor must outlive the copy, so it lives here."""
 
     slot: int
-    host: ttnn.Tensor
+    host: ttnn.Tensor | None
     event: Any
     logprobs: tuple[ttnn.Tensor, ttnn.Tensor] | None = None
     """Host copies of the slot's logprob part (values, ids), under the same event."""
+    issued: int = 0
+    """Its place among the readbacks issued on the readback queue (they complete in order)."""
+    wait: Future[None] | None = None
+    """A timed-out wait still running in the helper thread."""
 
 
 class TtMirror:
@@ -70,7 +80,11 @@ class TtMirror:
         )
         self._launched: list[Any] = [None] * spec.slots  # CQ0 event after the slot's writer
         self._read: list[Any] = [None] * spec.slots  # readback_cq event after the slot's copy
+        self._issued = itertools.count(1)
+        self._abandoned: list[PendingReadback] = []  # copies that may still land
+        self._waiter: ThreadPoolExecutor | None = None  # waits with a deadline, in order
         self.launches = 0
+        self.timeouts = 0
         self.traces: DecodeTraces | None = None
         if spec.trace:
             self.traces = DecodeTraces(device, spec.slots, COMPUTE_CQ)
@@ -121,16 +135,22 @@ class TtMirror:
 
     def readback_issue(self, slot: int) -> PendingReadback:
         cq = self.readback_cq
-        if cq != COMPUTE_CQ and not faults.active("readback-cq1-no-wait"):
-            ttnn.wait_for_event(cq, self._launched[slot])  # the copy starts after the sampler
-        host = self.ring[slot].cpu(blocking=False, cq_id=cq)
-        late = faults.active("logprobs-after-event")  # planted: the event misses the logprobs
-        logprobs = self._copy_logprobs(slot, cq) if not late else None
-        event = ttnn.record_event(self.device, cq_id=cq)
-        if late:
-            logprobs = self._copy_logprobs(slot, cq)
-        self._read[slot] = event
-        return PendingReadback(slot, host, event, logprobs)
+        pending = PendingReadback(slot, None, None, issued=next(self._issued))
+        try:
+            if cq != COMPUTE_CQ and not faults.active("readback-cq1-no-wait"):
+                ttnn.wait_for_event(cq, self._launched[slot])  # the copy starts after the sampler
+            pending.host = self.ring[slot].cpu(blocking=False, cq_id=cq)
+            late = faults.active("logprobs-after-event")  # planted: the event misses the logprobs
+            pending.logprobs = self._copy_logprobs(slot, cq) if not late else None
+            pending.event = ttnn.record_event(self.device, cq_id=cq)
+            if late:
+                pending.logprobs = self._copy_logprobs(slot, cq)
+        except RuntimeError:
+            if pending.host is not None:  # a copy was enqueued: its host tensor must outlive it
+                self._abandoned.append(pending)
+            raise
+        self._read[slot] = pending.event
+        return pending
 
     def _copy_logprobs(self, slot: int, cq: int) -> tuple[ttnn.Tensor, ttnn.Tensor] | None:
         """Non-blocking copies of the slot's logprob part, on the ids' queue."""
@@ -157,13 +177,34 @@ class TtMirror:
 
     def _wait(self, pending: PendingReadback) -> None:
         """The host waits for the copy's event: the one device completion a step waits on."""
-        ttnn.event_synchronize(pending.event)
+        timeout = self.spec.readback_timeout_s
+        if timeout is None:
+            ttnn.event_synchronize(pending.event)
+        else:
+            if self._waiter is None:
+                self._waiter = ThreadPoolExecutor(1, thread_name_prefix="readback-wait")
+            # One waiter, in issue order: a wait queued behind a stalled one waits for it too.
+            wait = self._waiter.submit(ttnn.event_synchronize, pending.event)
+            try:
+                wait.result(timeout=timeout)
+            except WaitTimeout:
+                pending.wait = wait
+                self.timeouts += 1
+                raise RuntimeError(
+                    f"readback of slot {pending.slot}: its event did not fire within {timeout} s"
+                ) from None
+        # Copies issued before this one on the same queue have landed: their tensors may go.
+        self._abandoned = [p for p in self._abandoned if p.issued > pending.issued]
         if self.spec.report is not None:
             self.spec.report("device_wait", pending.slot)
+
+    def abandon(self, pending: Any) -> None:
+        self._abandoned.append(pending)
 
     def _host_read(self, pending: PendingReadback) -> list[int]:
         if self.spec.report is not None:  # reported first: the read is what may be unsafe
             self.spec.report("host_read", pending.slot)
+        assert pending.host is not None
         values = ttnn.to_torch(pending.host).reshape(-1)
         return [int(v) for v in values.tolist()]
 
@@ -175,10 +216,20 @@ class TtMirror:
             "trace_replays": self.traces.replays if self.traces else 0,
             "readback_cq": self.readback_cq,
             "ring_width": self.ring.width,
+            "readback_timeouts": self.timeouts,
         }
 
     def close(self) -> None:
-        ttnn.synchronize_device(self.device)
+        try:
+            ttnn.synchronize_device(self.device)
+        except RuntimeError:
+            # The device is gone (closed under us): nothing is left to wait for, and abandoned
+            # copies stay referenced until the device's owner has closed it.
+            pass
+        else:
+            self._abandoned.clear()
+        if self._waiter is not None:
+            self._waiter.shutdown(wait=False)
         if self.traces is not None:
             self.traces.release()
             self.ring.unseal()

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 
 from ..impl.backend import TokenLogprobs
 from ..impl.probe import ProbeSpec
-from ..impl.runner import CLOSED, Status
+from ..impl.runner import CLOSED, PhaseError, Status
 from .backend import ServingBackend
 from .context import BANNED, REQUEST_IDS, ContextRows, SamplingParams, draw_key
 from .engine import Engine, EngineConfig, Order
@@ -55,6 +55,9 @@ class ServingConfig:
     At least `rows`, so every row of a step gets a token."""
     record_events: bool = True
     """The runner records its protocol events (`impl/events.py`), for trace validation."""
+    readback_timeout_s: float | None = None
+    """How long the host waits for a step's readback before it fails that step's requests
+    (None: as long as it takes)."""
     max_logprobs: int = 0
     """Top logprobs a request may ask for (vLLM's max_logprobs); above 0 the runner allocates the
     logprob ring beside the ids' ring at load, and every step fills it."""
@@ -129,6 +132,7 @@ class ServingEngine(Engine):
                 preempt_policy=c.preempt_policy,
                 logprobs=c.max_logprobs,
                 record_events=c.record_events,
+                readback_timeout_s=c.readback_timeout_s,
             ),
             order,
         )
@@ -368,7 +372,7 @@ class ServingEngine(Engine):
         if any(row.live and row.req == req for j, s in enumerate(r.queue) if j != q
                for row in s.rows):
             # Host-sync keeps this from happening; if it did, the mask would miss the newest token.
-            raise RuntimeError(f"request {req} is constrained but has a step in flight: its "
+            raise PhaseError(f"request {req} is constrained but has a step in flight: its "
                                "mask would be built without its newest token")
         w = self.requests[req]
         grammar = GRAMMARS[w.constraint or ""]

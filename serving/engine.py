@@ -10,6 +10,12 @@ Subclasses hook in through `_admit` (before each step: which requests enter the 
 and combine: stage what else the step needs); the serving
 loop (`batching.py`) uses all three. `drain_on_layout_change` reproduces the TT plugin's policy for
 comparison (benchmarks): it retires every step in flight whenever the rows change.
+
+Device faults: a phase whose device call fails leaves the runner as it was (`DeviceFault`); the
+engine then fails that step (`Runner.fail_step`): each request with a row in it closes FAILED
+with the device's error (`error(req)`), its row in the other in-flight step is dropped, and
+the engine goes on serving every other request. Nothing of a failed step is delivered, and its
+slot is released as any retired writer's is.
 """
 
 from __future__ import annotations
@@ -21,7 +27,7 @@ from dataclasses import dataclass, field
 from ..impl.backend import Backend
 from ..impl.probe import ProbeSpec
 from ..impl.resolution import SchedulingConfig, resolve
-from ..impl.runner import CLOSED, Runner, RunnerConfig
+from ..impl.runner import CLOSED, DeviceFault, Runner, RunnerConfig
 
 Order = Callable[[list[int]], Sequence[int]]
 """Chooses the row order of a step from the eligible requests (condense/reorder policy)."""
@@ -50,6 +56,8 @@ class EngineConfig:
     """Top logprobs per row of the logprob ring (0: none; a serving decoder computes them)."""
     record_events: bool = True
     """The runner records every accepted call as the model's action (`impl/events.py`)."""
+    readback_timeout_s: float | None = None
+    """How long the host waits for a step's readback before it fails the step (None: forever)."""
     drain_on_layout_change: bool = False
     """The TT plugin's policy, for comparison only: before a step whose rows differ from the
     previous step's (arrival, finish, preemption, reorder), retire every step in flight. The
@@ -76,6 +84,7 @@ class Engine:
                 preempt_policy=c.preempt_policy,
                 logprobs=c.logprobs,
                 record_events=c.record_events,
+                readback_timeout_s=c.readback_timeout_s,
             ),
         )
         self.order: Order = order or (lambda eligible: eligible)
@@ -115,6 +124,11 @@ class Engine:
     def resume(self, req: int) -> None:
         self.runner.resume(req)
 
+    def error(self, req: int) -> str | None:
+        """Why `req` failed (the device's error for its step), or None."""
+        r = self.runner.requests.get(req)
+        return None if r is None else r.error
+
     def delivered(self, req: int) -> list[int]:
         r = self.runner.requests.get(req)
         return list(r.delivered) if r is not None else []
@@ -140,11 +154,15 @@ class Engine:
                 self._before_schedule(rows)
                 q = r.schedule(rows)
                 self._layout = tuple(rows)
-                self._scheduled(q)
-                r.combine(q)
-                r.launch(q)
-                r.readback_issue(q)
-                launched = True
+                try:
+                    with r.device_call("stage", q):
+                        self._scheduled(q)
+                    r.combine(q)
+                    r.launch(q)
+                    r.readback_issue(q)
+                    launched = True
+                except DeviceFault as fault:
+                    self._fail(fault)
         retired = bool(r.queue) and (len(r.queue) >= r.depth or not launched)
         if retired:
             self._retire_oldest()
@@ -153,15 +171,31 @@ class Engine:
     def _retire_oldest(self) -> None:
         """Complete the oldest step's readback, apply it, stop-check, release what can be."""
         r = self.runner
-        r.readback_complete(0)
+        try:
+            r.readback_complete(0)
+        except DeviceFault as fault:
+            self._fail(fault)
+            return
         tokens = r.apply()
         for req, token in tokens.items():
             # A preempted request's kept token is stop-checked too (it may finish while preempted).
             if token in self.stop_ids.get(req, ()) and r.status(req) not in CLOSED:
                 r.finish(req)
+        self._release_free_slots()
+
+    def _release_free_slots(self) -> None:
+        r = self.runner
         for slot in range(len(r.slots)):
             if r.releasable(slot):
                 r.release(slot)
+
+    def _fail(self, fault: DeviceFault) -> None:
+        """The device failed step `fault.q`: its requests fail with the error, the rest go on."""
+        failed = self.runner.fail_step(fault.q, str(fault))
+        self.stats["faults"] += 1
+        self.stats[f"faults_at_{fault.phase}"] += 1
+        self.stats["failed_requests"] += len(failed)
+        self._release_free_slots()
 
     def _before_schedule(self, rows: list[int]) -> None:
         """Hook right before the step over `rows` is scheduled (none here)."""

@@ -46,6 +46,8 @@ class Outcome:
     stats: dict[str, Any] = field(default_factory=dict)
     logprobs: dict[int, list[TokenLogprobs]] = field(default_factory=dict)
     """Per request that asked for logprobs: one entry per delivered token."""
+    errors: dict[int, str] = field(default_factory=dict)
+    """Per request that failed on a device fault: the device's error."""
 
     @property
     def generated(self) -> int:
@@ -152,6 +154,7 @@ def outcome_of(engine: ServingEngine, iterations: int, seconds: float,
         seconds=seconds,
         logprobs={req: lp for req in sorted(runner.requests)
                   if (lp := engine.logprobs(req)) is not None},
+        errors={req: r.error for req, r in sorted(runner.requests.items()) if r.error},
         stats={
             **runner.describe(),
             **{f"engine_{k}": v for k, v in engine.stats.items()},

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -28,12 +29,16 @@ class Command:
     writes: tuple[Buffer, ...] = ()
     """The buffers it writes when it completes (what an observer of the device may look at)."""
     done: bool = False
+    not_before: float | None = None
+    """A stalled command (an injected fault): not ready before this `time.monotonic()`."""
     label: str = field(init=False)
 
     def __post_init__(self) -> None:
         self.label = f"{self.name}#{self.id}"
 
     def ready(self) -> bool:
+        if self.not_before is not None and time.monotonic() < self.not_before:
+            return False
         return not self.waits or (self.event is not None and self.event.done)
 
     def __repr__(self) -> str:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import itertools
 import threading
+import time
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
@@ -21,6 +22,7 @@ from . import readbacks
 from .allocator import Buffer, DramAllocator
 from .commands import Body, Command, MeshEvent, MeshTraceId, Program
 from .hazards import Hazard, HazardKind, HazardLog, HazardMode
+from .injection import FaultInjector
 from .ordering import OrderingTracker
 from .schedulers import ManualScheduler, Scheduler
 from .signatures import introspect_method
@@ -89,6 +91,8 @@ class EmulatedMeshDevice:
         self._trace_ids = itertools.count(0)
         self._traces: dict[int, Trace] = {}
         self._capturing: dict[int, Trace] = {}
+        self.faults = FaultInjector()
+        """Faults armed at run time (`injection.py`): calls that raise, reads that stall."""
         self.scheduler: Scheduler = scheduler or ManualScheduler()
         self.scheduler.attach(self)
 
@@ -152,10 +156,18 @@ class EmulatedMeshDevice:
             queue = self.queues[command.cq]
             while not command.done:
                 head = queue[0]
+                if head.not_before is not None and not head.ready():
+                    self._wait_stalled(head)
+                    continue
                 if not head.ready():
                     assert head.event is not None
                     self.complete_through(head.event.record)
                 self.step(command.cq)
+
+    def _wait_stalled(self, head: Command) -> None:
+        """A stalled command (an injected late completion) becomes ready by the wall clock."""
+        assert head.not_before is not None
+        self.condition.wait(timeout=max(head.not_before - time.monotonic(), 0.0) + 1e-3)
 
     # --- enqueueing ------------------------------------------------------------------------------
     def _enqueue(
@@ -198,6 +210,10 @@ class EmulatedMeshDevice:
         self.queues[cq].append(command)
         return command, hazards
 
+    def _fault_point(self, call: str, name: str) -> float | None:
+        """Raise the fault armed for this call, if any; a stalled read's delay in seconds."""
+        return self.faults.check(call, name) if self.faults.active else None
+
     def _report(self, hazards: Sequence[Hazard]) -> None:
         for hazard in hazards:
             self.hazards.report(hazard)
@@ -220,6 +236,7 @@ class EmulatedMeshDevice:
         memory_config: ttnn.MemoryConfig | None = None,
     ) -> DeviceTensor:
         with self.condition:
+            self._fault_point("allocate", "allocate_tensor_on_device")
             buffer = self.allocator.allocate(storage_bytes(shape, dtype, layout))
             self.ordering.adopt(buffer)
             return DeviceTensor(self, buffer, shape, dtype, layout, memory_config)
@@ -264,6 +281,7 @@ class EmulatedMeshDevice:
         with self.condition:
             if self._capture_on(cq):
                 raise RuntimeError(WRITES_IN_CAPTURE)
+            self._fault_point("write", "copy_host_to_device_tensor")
             self._write_host(tensor, host_values(host, tensor).clone(), cq,
                              "copy_host_to_device_tensor")
 
@@ -278,6 +296,7 @@ class EmulatedMeshDevice:
         with self.condition:
             if self._capture_on(cq):
                 raise RuntimeError(WRITES_IN_CAPTURE)
+            self._fault_point("write", "to_device")
             shape = tuple(int(d) for d in host.shape)
             tensor = self.allocate(shape, host.dtype, layout, memory_config)
             self._write_host(tensor, host_values(host, tensor).clone(), cq, "to_device")
@@ -308,6 +327,7 @@ class EmulatedMeshDevice:
         with self.condition:
             if self._capture_on(cq):
                 raise RuntimeError(READS_IN_CAPTURE)
+            stall = self._fault_point("read", name)
             shape = tuple(int(d) for d in tensor.shape)
             if into is None:
                 into = new_host_tensor(
@@ -325,6 +345,8 @@ class EmulatedMeshDevice:
                 destination.copy_(source)
 
             command, hazards = self._enqueue(cq, name, reads=(tensor.buffer,), body=body)
+            if stall is not None:
+                command.not_before = time.monotonic() + stall
             if blocking:
                 self.scheduler.enqueued(self)
                 self._report(hazards)
@@ -377,6 +399,7 @@ class EmulatedMeshDevice:
         with self.condition:
             if self._capture_on(cq):
                 raise RuntimeError(EVENTS_IN_CAPTURE)
+            self._fault_point("event", "record_event")
             command, _ = self._enqueue(cq, "record_event")
             clock = list(command.clock)
             clock[cq] = command.index
@@ -393,6 +416,7 @@ class EmulatedMeshDevice:
         with self.condition:
             if self._capture_on(cq):
                 raise RuntimeError(EVENTS_IN_CAPTURE)
+            self._fault_point("event", "wait_for_event")
             self._enqueue(cq, "wait_for_event", event=event, waits=True)
             self.ordering.wait(cq, event.clock)
             self.scheduler.enqueued(self)
@@ -401,12 +425,14 @@ class EmulatedMeshDevice:
         with self.condition:
             if self._capturing:
                 raise RuntimeError(EVENTS_IN_CAPTURE)
+            self._fault_point("sync", "event_synchronize")
             self.scheduler.block_until(self, event.record)
             self.ordering.host_knows(event.clock)
             readbacks.forget_synchronised(self)
 
     def synchronize(self, cq: int | None = None) -> None:
         with self.condition:
+            self._fault_point("sync", "synchronize_device")
             for q in range(self.num_command_queues) if cq is None else [cq]:
                 if self.queues[q]:
                     self.scheduler.block_until(self, self.queues[q][-1])
@@ -417,6 +443,7 @@ class EmulatedMeshDevice:
     def launch(self, program: Program, cq: int) -> None:
         """Enqueue a device op, or record it when `cq` is capturing a trace."""
         with self.condition:
+            self._fault_point("op", program.name)
             trace = self._capture_on(cq)
             if trace is not None:
                 if program.cache_key not in self.program_cache:
@@ -474,6 +501,7 @@ class EmulatedMeshDevice:
                 raise RuntimeError(f"{trace.label()} is still being captured")
             if self._capture_on(cq):
                 raise RuntimeError(f"CQ{cq} is capturing a trace; it cannot replay {trace.label()}")
+            self._fault_point("execute_trace", "execute_trace")
             hazards = self._unsafe_allocations(trace)
             last = None
             for program in trace.programs:

@@ -46,8 +46,10 @@ class Hazard:
         return f"[{self.kind}] {self.message}" + (f" ({'; '.join(where)})" if where else "")
 
 
-class HazardError(RuntimeError):
-    """Raised for a hazard in "raise" mode; `.hazard` holds the structured report."""
+class HazardError(Exception):
+    """Raised for a hazard in "raise" mode; `.hazard` holds the structured report. Not a
+    RuntimeError: a chip raises those for device faults, and a hazard is a bug of the caller,
+    never a fault to recover from."""
 
     def __init__(self, hazard: Hazard) -> None:
         super().__init__(str(hazard))

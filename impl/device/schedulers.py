@@ -156,7 +156,9 @@ class ThreadedScheduler:
         with device.condition:
             while not self._stop:
                 if not (queue and queue[0].ready()):
-                    device.condition.wait(timeout=0.5)
+                    stalled = queue[0].not_before if queue else None  # an injected late completion
+                    wait = 0.5 if stalled is None else min(0.5, stalled - time.monotonic() + 1e-3)
+                    device.condition.wait(timeout=max(wait, 1e-3))
                     continue
                 deadline = time.perf_counter() + self.costs.get(queue[0].name, 0.0)
                 while (left := deadline - time.perf_counter()) > 0 and not self._stop:
