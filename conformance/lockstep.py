@@ -60,6 +60,7 @@ MODEL_FNS: dict[str, Callable[..., State | None]] = {
     "abort": A.abort,
     "preempt": A.preempt,
     "resume": A.resume,
+    "fault": A.fault,
 }
 
 

@@ -19,6 +19,7 @@ from typing import Any
 from ..impl.events import Event
 from ..model.actions import (
     ALL_ACTIONS,
+    FAULT,
     READ_RELEASED,
     REWRITE_WITH_READER,
     Action,
@@ -49,7 +50,14 @@ class Divergence:
 
 def _decided(event: Event, before: State, after: State, ids: _Requests) -> str | None:
     """Why what the runner decided with `event` is not what the model decided (None: same):
-    a schedule's slot, previous-row map and partial rows; who an apply delivered to."""
+    a schedule's slot, previous-row map and partial rows; who an apply delivered to; who a
+    fault failed."""
+    if event.action == FAULT:
+        got = tuple(sorted(ids.index.get(r, -1) for r in event.get("failed", ())))
+        to = tuple(r for r, (a, b) in enumerate(zip(before.requests, after.requests, strict=True))
+                   if b.status != a.status)
+        if got != to:
+            return f"the runner failed requests {event.get('failed')}, the model {to}"
     if event.action == "apply":
         delivered = event.get("delivered", ())
         got = tuple(sorted(ids.index.get(r, -1) for r, _ in delivered))
@@ -83,6 +91,7 @@ CHECKED_AFTER: dict[str, tuple[str, ...]] = {
     "apply": ("OutputIntegrity",),
     "finish": ("OutputIntegrity",),
     "abort": ("OutputIntegrity",),
+    FAULT: ("FailedRequestsQuiet", "OutputIntegrity"),
 }
 """The invariants each action can falsify (the others read nothing it writes): checking only
 those keeps validation linear and cheap."""
@@ -235,7 +244,9 @@ def validate(events: Iterable[Event], bounds: Bounds,
             b = b._replace(preemptions=max(b.preemptions, s.requests[args[0]].preemptions + 1))
         if event.action == "chunk_prefill":
             b = b._replace(chunk_per_step=True)
-        known = event.action in ALL_ACTIONS or event.action == "chunk_prefill"
+        if event.action == FAULT:  # rule 12: a run that met a device fault
+            b = b._replace(faults=True)
+        known = event.action in (*ALL_ACTIONS, FAULT, "chunk_prefill")
         action = Action(event.action, args)
         if event.action == "chunk_prefill":  # rule 11: not explored, only validated
             after = chunk_prefill(s, b, *args)
@@ -250,10 +261,12 @@ def validate(events: Iterable[Event], bounds: Bounds,
             copies.seen[s.queue[args[0]].slot] = "issued"
         if why is None and event.action == "readback_complete":
             why = copies.complete(s.queue[args[0]].slot)
+        if why is None and event.action == FAULT:
+            copies.seen.pop(s.queue[args[0]].slot, None)  # its copy, if any, was given up
         if why is not None:
             return Divergence(i, event, s, why, ())
         s = after
-        if event.action in ("apply", "finish", "abort"):
+        if event.action in ("apply", "finish", "abort", FAULT):
             ids.close(s)
     return None
 
@@ -340,6 +353,7 @@ _SCHEMA: dict[str, tuple[int | None, dict[str, Any], frozenset[str]]] = {
     "preempt": (1, {}, frozenset()),
     "resume": (1, {}, frozenset()),
     "chunk_prefill": (2, {}, frozenset()),
+    FAULT: (1, {"phase": _STR, "failed": ("tuple", _INT)}, frozenset()),
     "device_wait": (1, {}, frozenset()),
     "host_read": (1, {}, frozenset()),
 }

@@ -82,7 +82,7 @@ class DeviceFault(RuntimeError):
     """The device refused or failed a phase's call; the runner's state is as before the call."""
 
     def __init__(self, phase: str, q: int, cause: BaseException) -> None:
-        super().__init__(f"{phase}(q={q}): {cause}")
+        super().__init__(f"{phase}(q={q}): {cause}" if q >= 0 else f"{phase}: {cause}")
         self.phase = phase
         self.q = q
         self.cause = str(cause)
@@ -323,11 +323,21 @@ class Runner:
         if self.allocated:
             raise PhaseError("allocate: the ring is already allocated (allocate happens once)")
         c = self.config
-        self.mirror = self.backend.open_mirror(
-            MirrorSpec(rows=c.rows, slots=c.slots, probe=c.probe, trace=c.trace,
-                       logprobs=c.logprobs, readback_timeout_s=c.readback_timeout_s,
-                       report=self._device_event)
-        )
+        failure = None
+        try:
+            self.mirror = self.backend.open_mirror(
+                MirrorSpec(rows=c.rows, slots=c.slots, probe=c.probe, trace=c.trace,
+                           logprobs=c.logprobs, readback_timeout_s=c.readback_timeout_s,
+                           report=self._device_event)
+            )
+        except PhaseError:
+            raise
+        except RuntimeError as error:
+            failure = DeviceFault("allocate", -1, error)
+        if failure is not None:
+            # Raised outside the handler, with no cause: no frame of the failed load (and so
+            # none of the tensors it allocated) outlives it.
+            raise failure
         self.events.record("allocate", depth=c.depth, slots=c.slots, guard=c.guard,
                            preempt_policy=c.preempt_policy, prefill_chunks=c.prefill_chunks,
                            device_waits=self.backend.reports_device_waits)
@@ -660,6 +670,8 @@ class Runner:
             assert self.mirror is not None
             self.mirror.abandon(step.pending)  # the copy may still land: its host tensor stays
         del self.queue[q]
+        if q == len(self.queue):  # the newest: the ring position goes back to its slot (spec 12)
+            self.next_slot = step.slot
         self.stats["faults"] += 1
         self.stats["failed_requests"] += len(failed)
         self.events.record("fault", (q,), phase=step.phase.name.lower(), failed=tuple(failed))

@@ -82,6 +82,7 @@ class TtMirror:
         self._read: list[Any] = [None] * spec.slots  # readback_cq event after the slot's copy
         self._issued = itertools.count(1)
         self._abandoned: list[PendingReadback] = []  # copies that may still land
+        self._unfenced: set[int] = set()  # slots copied by a readback that recorded no event
         self._waiter: ThreadPoolExecutor | None = None  # waits with a deadline, in order
         self.launches = 0
         self.timeouts = 0
@@ -122,6 +123,10 @@ class TtMirror:
         # Traced: the staged inputs are all the host does; the combine ops replay at launch.
 
     def launch(self, slot: int) -> None:
+        if self.readback_cq != COMPUTE_CQ and slot in self._unfenced:
+            # A refused readback left a copy of this slot with no event: fence it now.
+            self._read[slot] = ttnn.record_event(self.device, cq_id=self.readback_cq)
+            self._unfenced.discard(slot)
         if self.readback_cq != COMPUTE_CQ and self._read[slot] is not None:
             # The slot's previous readback ran on the other queue: rewrite only after it.
             ttnn.wait_for_event(COMPUTE_CQ, self._read[slot])
@@ -148,6 +153,8 @@ class TtMirror:
         except RuntimeError:
             if pending.host is not None:  # a copy was enqueued: its host tensor must outlive it
                 self._abandoned.append(pending)
+                if pending.event is None:
+                    self._unfenced.add(slot)  # no event orders the slot's next write after it
             raise
         self._read[slot] = pending.event
         return pending

@@ -57,6 +57,9 @@ class Action(NamedTuple):
 
 
 REQUEST_ACTIONS = ("arrive", "finish", "abort", "preempt", "resume")
+FAULT = "fault"
+"""The device failing a step: an action of the model only where `Bounds.faults` is on (the
+conformance lockstep drives ALL_ACTIONS; faults are driven by the serving loop and the soak)."""
 STEP_ACTIONS = ("combine", "launch", "readback_issue", "readback_complete")
 ALL_ACTIONS = (
     "allocate",
@@ -422,6 +425,28 @@ def chunk_prefill(s: State, b: Bounds, req: int, partial: int) -> State | None:
     return _set_request(s, req, r._replace(prefill_left=int(bool(partial))))
 
 
+def fault(s: State, b: Bounds, q: int) -> State | None:
+    """The device fails step q before its readback completed: every request with a live row in
+    it fails, its rows in the other in-flight step drop, and the step leaves the queue, so
+    nothing of it is delivered; a slot its launch wrote is released as a retired writer's, and
+    a failed newest step gives its slot back to the ring position."""
+    if not b.faults or q >= len(s.queue) or s.queue[q].phase == Phase.READBACK_DONE:
+        return None
+    failed = sorted({row.req for row in s.queue[q].rows if row.live})
+    if b.variant != "fault-spares-later-rows":  # known-bad: their rows elsewhere stay live
+        for r in failed:
+            s = _drop(s, r)
+    for r in failed:
+        req = s.requests[r]
+        s = _set_request(s, r, req._replace(status=Status.FAILED, closed_at=len(req.delivered),
+                                            unchecked=False))
+    # The ring position goes back to a failed newest step's slot: the next step must not take
+    # the slot after it, which at K = D is the older in-flight step's.
+    newest = q == len(s.queue) - 1
+    return s._replace(queue=(*s.queue[:q], *s.queue[q + 1:]),
+                      next_slot=s.queue[q].slot if newest else s.next_slot)
+
+
 # ---------------------------------------------------------------------------------------------
 # The next-state relation.
 
@@ -456,6 +481,9 @@ def successors(s: State, b: Bounds) -> Iterator[tuple[Action, State]]:
         for name, rfn in _REQUEST_FNS:
             if (t := rfn(s, b, r)) is not None:
                 yield Action(name, (r,)), t
+    for q in range(len(s.queue) if b.faults else 0):
+        if (t := fault(s, b, q)) is not None:
+            yield Action(FAULT, (q,)), t
     for r in range(nreq if b.chunk_per_step else 0):
         for partial in (0, 1):
             if (t := chunk_prefill(s, b, r, partial)) is not None and t != s:

@@ -61,6 +61,12 @@ def output_integrity(s: State, b: Bounds) -> bool:
     return True
 
 
+def failed_requests_quiet(s: State, b: Bounds) -> bool:
+    """A failed request has no live row in flight: nothing more is computed for it or delivered."""
+    failed = {r for r, req in enumerate(s.requests) if req.status == Status.FAILED}
+    return not any(row.live and row.req in failed for step in s.queue for row in step.rows)
+
+
 class Invariant(NamedTuple):
     name: str
     holds: Callable[[State, Bounds], bool]
@@ -72,6 +78,7 @@ INVARIANTS: tuple[Invariant, ...] = (
     Invariant(REWRITE_WITH_READER, no_rewrite_while_reader_outstanding),
     Invariant("DepthBound", depth_bound),
     Invariant("OutputIntegrity", output_integrity),
+    Invariant("FailedRequestsQuiet", failed_requests_quiet),
 )
 
 GRAPH_PROPERTIES = ("NoDeadlock", "CanAlwaysFinish")
@@ -171,6 +178,21 @@ def host_sync_skipped(s: State, a: Action, t: State) -> bool:
     )
 
 
+def fault_spares_bystander(s: State, a: Action, t: State) -> bool:
+    """A fault hit a step while the other in-flight step held a live row of a request that was
+    not in the failed step (that request goes on)."""
+    if a.name != "fault":
+        return False
+    hit = {row.req for row in s.queue[a.args[0]].rows if row.live}
+    return any(row.live and row.req not in hit
+               for q, step in enumerate(s.queue) if q != a.args[0] for row in step.rows)
+
+
+def fault_after_launch(s: State, a: Action, t: State) -> bool:
+    """A fault hit a step whose launch had written its slot (the slot must still go back)."""
+    return a.name == "fault" and s.queue[a.args[0]].phase >= Phase.LAUNCHED
+
+
 class Sometimes(NamedTuple):
     name: str
     reached: Callable[[State, Action, State], bool]
@@ -225,4 +247,9 @@ SOMETIMES: tuple[Sometimes, ...] = (
         "host_sync_skipped", host_sync_skipped,
         lambda b: b.host_sync and _async(b) and b.requests >= 2,
     ),
+    Sometimes(
+        "fault_spares_bystander", fault_spares_bystander,
+        lambda b: b.faults and _async(b) and b.requests >= 2,
+    ),
+    Sometimes("fault_after_launch", fault_after_launch, lambda b: b.faults),
 )

@@ -63,12 +63,17 @@ class Bounds(NamedTuple):
     chunk_per_step: bool = False
     """Prefill chunks sized per step (spec rule 11): the `chunk_prefill` action is enabled. Off
     in every explored bound; on when a recorded serving run that used it is validated."""
+    faults: bool = False
+    """The device may fail any in-flight step before its readback completes (`fault`): the
+    requests with a live row in it fail, and nothing of it is delivered (spec rule 12)."""
 
 
 VARIANTS: dict[str, str] = {
     "resume-with-placeholder": "a preempted request (keep) resumes while it owns a placeholder",
     "partial-prefill-feeds-mirror": "a partial-prefill row's id feeds the previous-row map",
     "host-sync-unguarded": "a host-sync request is scheduled while its step is in flight",
+    "fault-spares-later-rows": "a fault fails its step's requests but leaves their rows in the "
+    "other in-flight step live",
 }
 """Known-bad variants selected by ``Bounds.variant``, and what each does wrong."""
 
@@ -85,9 +90,10 @@ class Status(IntEnum):
     PREEMPTED = 3
     FINISHED = 4
     ABORTED = 5
+    FAILED = 6  # a step of it failed on the device
 
 
-CLOSED = frozenset({Status.FINISHED, Status.ABORTED})
+CLOSED = frozenset({Status.FINISHED, Status.ABORTED, Status.FAILED})
 
 
 class Phase(IntEnum):
@@ -214,6 +220,7 @@ def validate_bounds(bounds: Bounds) -> None:
             bounds.preempt and bounds.preempt_policy == "keep", "--preempt-policy keep"),
         "partial-prefill-feeds-mirror": (bounds.prefill_chunks >= 2, "--prefill-chunks 2 or more"),
         "host-sync-unguarded": (bounds.host_sync, "--host-sync"),
+        "fault-spares-later-rows": (bounds.faults, "--faults"),
     }
     if bounds.variant and not needs[bounds.variant][0]:
         raise ValueError(f"--variant {bounds.variant} needs {needs[bounds.variant][1]}")

@@ -68,6 +68,9 @@ def add_bounds(p: argparse.ArgumentParser) -> None:
     t.add_argument("--host-sync", action=bool_flag, default=None,
                    help="request 0 needs its newest token on the host before its next step "
                         "(default off; on with --variant host-sync-unguarded)")
+    t.add_argument("--faults", action=bool_flag, default=None,
+                   help="the device may fail any step before its readback completes "
+                        "(default off; on with --variant fault-spares-later-rows)")
     t.add_argument("--variant", choices=(*VARIANTS, *OLD_VARIANTS), default="",
                    help="a known-bad variant: " + "; ".join(
                        f"{k}: {v}" for k, v in {**VARIANTS, **OLD_VARIANTS}.items()))
@@ -89,13 +92,16 @@ def bounds_from(ns: argparse.Namespace) -> Bounds:
     host_sync = ns.host_sync
     if host_sync is None:
         host_sync = variant == "host-sync-unguarded"
+    faults = ns.faults
+    if faults is None:
+        faults = variant == "fault-spares-later-rows"
     b = Bounds(
         depth=ns.depth, slots=ns.slots, requests=ns.requests, max_tokens=ns.max_tokens,
         preemptions=ns.preemptions, finish=ns.finish, abort=ns.abort, preempt=ns.preempt,
         condense=ns.condense, guard=ns.guard and variant != "guard-off",
         release_at="issue" if variant == "release-at-issue" else ns.release_at,
         preempt_policy=ns.preempt_policy, prefill_chunks=chunks, host_sync=host_sync,
-        variant=variant if variant in VARIANTS else "",
+        variant=variant if variant in VARIANTS else "", faults=faults,
     )
     if ns.preemptions < 0:
         raise UsageError(f"--preemptions must be 0 or more, got {ns.preemptions}")
