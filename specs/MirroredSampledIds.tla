@@ -33,7 +33,9 @@ CONSTANTS
     HostSync,       \* request 0 needs its newest token on the host before its next step
     ResumeWithPlaceholder,  \* known-bad: resume while an in-flight token is still owed (keep)
     PartialFeedsMirror,     \* known-bad: a partial-prefill row feeds the previous-row map
-    HostSyncUnguarded       \* known-bad: the host-sync request is scheduled while in flight
+    HostSyncUnguarded,      \* known-bad: the host-sync request is scheduled while in flight
+    Faults,                 \* the device may fail a step before its readback completes
+    FaultSparesLaterRows    \* known-bad: a fault leaves its failed requests' other rows live
 
 Req == 0 .. Requests - 1
 SlotIds == 0 .. Slots - 1
@@ -51,6 +53,9 @@ RUNNING == 2
 PREEMPTED == 3
 FINISHED == 4
 ABORTED == 5
+FAILED == 6
+
+Closed == {FINISHED, ABORTED, FAILED}   \* Python: CLOSED
 
 PLACEHOLDER == <<-1, -1>>   \* the host table at a position still on the device
 GARBAGE == <<-2, -2>>       \* a read of an unwritten or released slot
@@ -92,7 +97,7 @@ TypeOK ==
           /\ \A i \in 1 .. Len(queue[q].rows) : queue[q].rows[i] \in Row
     /\ \A k \in SlotIds : slots[k].written \in BOOLEAN /\ slots[k].released \in BOOLEAN
     /\ \A r \in Req :
-          /\ requests[r].status \in ABSENT .. ABORTED
+          /\ requests[r].status \in ABSENT .. FAILED
           /\ Len(requests[r].delivered) <= MaxTokens
           /\ requests[r].preemptions \in 0 .. Preemptions
           /\ requests[r].prefill_left \in 0 .. PrefillChunks - 1
@@ -153,17 +158,18 @@ ReadSlot(k, row) ==
     IF ~slots[k].written \/ slots[k].released \/ row >= Len(slots[k].content) THEN GARBAGE
     ELSE slots[k].content[row + 1]
 
-\* Forget r's tokens: nothing reads them again once its rows are dropped.
-Scrub(r, ts) == [i \in 1 .. Len(ts) |-> IF ts[i][1] = r THEN GARBAGE ELSE ts[i]]
+\* Forget the tokens of the requests in R: nothing reads them again once their rows drop.
+Scrub(R, ts) == [i \in 1 .. Len(ts) |-> IF ts[i][1] \in R THEN GARBAGE ELSE ts[i]]
 
-\* Drop every in-flight row of r and forget its tokens in host copies and slots.
-DropQueue(r) ==
+\* Drop every in-flight row of the requests in R and forget their tokens in host copies and
+\* slots (Python: _drop, once per request).
+DropQueue(R) ==
     [q \in 1 .. Len(queue) |->
         [queue[q] EXCEPT
-            !.rows = [i \in RowIds(q) |-> IF queue[q].rows[i].req = r THEN DeadRow
+            !.rows = [i \in RowIds(q) |-> IF queue[q].rows[i].req \in R THEN DeadRow
                                            ELSE queue[q].rows[i]],
-            !.host_copy = Scrub(r, queue[q].host_copy)]]
-DropSlots(r) == [k \in SlotIds |-> [slots[k] EXCEPT !.content = Scrub(r, slots[k].content)]]
+            !.host_copy = Scrub(R, queue[q].host_copy)]]
+DropSlots(R) == [k \in SlotIds |-> [slots[k] EXCEPT !.content = Scrub(R, slots[k].content)]]
 
 \* The row of r in the previous (newest) in-flight step, if live there: the previous-row map.
 \* Arrived, resumed and host-sync requests take host ids; a partial row is never mirrored.
@@ -307,10 +313,10 @@ Release(k) ==
 \* The newest delivered token was a stop token: the request finishes, in-flight rows drop.
 FinishReq(r) ==
     /\ Finish
-    /\ requests[r].status \notin {FINISHED, ABORTED}
+    /\ requests[r].status \notin Closed
     /\ requests[r].unchecked
-    /\ queue' = DropQueue(r)
-    /\ slots' = DropSlots(r)
+    /\ queue' = DropQueue({r})
+    /\ slots' = DropSlots({r})
     /\ requests' = [requests EXCEPT ![r].status = FINISHED,
                                     ![r].closed_at = Len(requests[r].delivered),
                                     ![r].unchecked = FALSE]
@@ -320,8 +326,8 @@ FinishReq(r) ==
 AbortReq(r) ==
     /\ Abort
     /\ requests[r].status \in {WAITING, RUNNING, PREEMPTED}
-    /\ queue' = DropQueue(r)
-    /\ slots' = DropSlots(r)
+    /\ queue' = DropQueue({r})
+    /\ slots' = DropSlots({r})
     /\ requests' = [requests EXCEPT ![r].status = ABORTED,
                                     ![r].closed_at = Len(requests[r].delivered),
                                     ![r].unchecked = FALSE]
@@ -333,8 +339,8 @@ PreemptReq(r) ==
     /\ Preempt
     /\ requests[r].status = RUNNING
     /\ requests[r].preemptions < Preemptions
-    /\ queue' = IF PreemptKeep THEN queue ELSE DropQueue(r)
-    /\ slots' = IF PreemptKeep THEN slots ELSE DropSlots(r)
+    /\ queue' = IF PreemptKeep THEN queue ELSE DropQueue({r})
+    /\ slots' = IF PreemptKeep THEN slots ELSE DropSlots({r})
     /\ requests' = [requests EXCEPT ![r].status = PREEMPTED, ![r].unchecked = FALSE,
                                     ![r].preemptions = @ + 1, ![r].prefill_left = 0]
     /\ UNCHANGED <<allocated, next_slot, broken>>
@@ -347,11 +353,31 @@ Resume(r) ==
     /\ requests' = [requests EXCEPT ![r].status = WAITING]
     /\ UNCHANGED <<allocated, next_slot, queue, slots, broken>>
 
+\* The device fails step q before its readback completed: every request with a live row in it
+\* fails, its rows in the other in-flight step drop (unless FaultSparesLaterRows), and the step
+\* leaves the queue, so nothing of it is delivered; a failed newest step gives its slot back to
+\* the ring position. Its slot is then a retired writer's, free to be released.
+FaultStep(q) ==
+    /\ Faults
+    /\ q <= Len(queue)
+    /\ queue[q].phase # READBACK_DONE
+    /\ LET F == {queue[q].rows[i].req : i \in {j \in RowIds(q) : queue[q].rows[j].live}}
+           dropped == IF FaultSparesLaterRows THEN queue ELSE DropQueue(F)
+       IN /\ queue' = SubSeq(dropped, 1, q - 1) \o SubSeq(dropped, q + 1, Len(dropped))
+          /\ slots' = IF FaultSparesLaterRows THEN slots ELSE DropSlots(F)
+          /\ next_slot' = IF q = Len(queue) THEN queue[q].slot ELSE next_slot
+          /\ requests' = [r \in Req |->
+                            IF r \in F
+                            THEN [requests[r] EXCEPT !.status = FAILED,
+                                    !.closed_at = Len(requests[r].delivered), !.unchecked = FALSE]
+                            ELSE requests[r]]
+    /\ UNCHANGED <<allocated, broken>>
+
 \* Everything is over: every request closed, nothing in flight, every written slot back.
 IsFinal ==
     /\ allocated
     /\ queue = <<>>
-    /\ \A r \in Req : requests[r].status \in {FINISHED, ABORTED}
+    /\ \A r \in Req : requests[r].status \in Closed
     /\ \A k \in SlotIds : ~slots[k].written \/ slots[k].released
 
 \* A final state stutters, so TLC's deadlock check flags only real deadlocks.
@@ -372,6 +398,7 @@ Next ==
     \/ \E r \in Req : AbortReq(r)
     \/ \E r \in Req : PreemptReq(r)
     \/ \E r \in Req : Resume(r)
+    \/ \E q \in 1 .. Depth : FaultStep(q)
     \/ Done
 
 Spec == Init /\ [][Next]_vars
@@ -403,5 +430,10 @@ OutputIntegrity ==
         IN /\ d = [i \in 1 .. Len(d) |-> <<r, i>>]
            /\ Len(d) <= MaxTokens
            /\ requests[r].closed_at # NONE => Len(d) = requests[r].closed_at
-           /\ requests[r].status \in {FINISHED, ABORTED} => requests[r].closed_at # NONE
+           /\ requests[r].status \in Closed => requests[r].closed_at # NONE
+
+\* A failed request has no live row in flight: nothing more is computed for it or delivered.
+FailedRequestsQuiet ==
+    \A q \in 1 .. Len(queue) : \A i \in RowIds(q) :
+        queue[q].rows[i].live => requests[queue[q].rows[i].req].status # FAILED
 =======================================================================================

@@ -56,15 +56,33 @@ def test_each_option_agrees_state_for_state(option: Bounds, explored: Explored) 
 
 
 @pytest.mark.parametrize(
+    ("bounds", "states"),
+    [(SMALL._replace(faults=True), 436),
+     # Two requests, one row each: a fault can spare the other request's row in flight.
+     (Bounds(faults=True, max_tokens=1, preempt=False, abort=False), 220)],
+    ids=["one-request", "two-requests"],
+)
+def test_faults_agree_state_for_state(bounds: Bounds, states: int, explored: Explored) -> None:
+    ex = explored(bounds)
+    assert any(name == "fault" for _, _, name in tlc.python_edges(ex))
+    result = tlc.cross_check(bounds, ex)
+    assert result["python_states"] == result["tlc_states"] == states
+    assert result["graph"]["same_nodes"] and result["graph"]["same_edges"]
+    assert result["verdicts"]["agree"] and result["verdicts"]["tlc"]["violated"] is None
+    assert result["agree"]
+
+
+@pytest.mark.parametrize(
     ("variant", "invariant", "length"),
     [(SMALL._replace(slots=1), "NoRewriteWhileReaderOutstanding", 8),
      (SMALL._replace(release_at="issue"), "NoReadOfReleasedOrOverwrittenSlot", 8),
      (SMALL._replace(variant="resume-with-placeholder"), "StaleHostIdsGuard", 9),
      (SMALL._replace(prefill_chunks=2, variant="partial-prefill-feeds-mirror"),
       "StaleHostIdsGuard", 7),
-     (SMALL._replace(host_sync=True, variant="host-sync-unguarded"), "StaleHostIdsGuard", 7)],
+     (SMALL._replace(host_sync=True, variant="host-sync-unguarded"), "StaleHostIdsGuard", 7),
+     (SMALL._replace(faults=True, variant="fault-spares-later-rows"), "FailedRequestsQuiet", 5)],
     ids=["one-slot", "release-at-issue", "resume-with-placeholder",
-         "partial-prefill-feeds-mirror", "host-sync-unguarded"],
+         "partial-prefill-feeds-mirror", "host-sync-unguarded", "fault-spares-later-rows"],
 )
 def test_bad_variants_fail_in_tlc_too(
     variant: Bounds, invariant: str, length: int, tmp_path: Path, explored: Explored
