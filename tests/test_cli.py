@@ -49,6 +49,11 @@ def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
         ["serve-demo", "--prefill-chunk", "0"],
         ["serve-demo", "--preempt-policy", "never"],
         ["mutants", "--bug", "no-such-bug"],
+        ["check", "--no-faults", "--variant", "fault-spares-later-rows"],
+        ["soak", "--steps", "0"],
+        ["soak", "--fault-rate", "1.5"],
+        ["soak", "--timeout", "-1"],
+        ["soak", "--trace", "/proc/nowhere/x.json"],
     ],
 )
 def test_bad_arguments_exit_2_with_one_line(args: list[str]) -> None:

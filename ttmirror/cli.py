@@ -14,7 +14,7 @@ import sys
 import time
 from pathlib import Path
 
-from . import cli_conformance, cli_serving, report
+from . import cli_conformance, cli_serving, cli_soak, report
 from .arguments import (
     DEFAULTS,
     Parser,
@@ -30,7 +30,7 @@ from .model.state import Bounds
 from .render import FORMATS, render
 from .views import counterexample_view, project
 
-PLUGINS = (cli_conformance, cli_serving)
+PLUGINS = (cli_conformance, cli_serving, cli_soak)
 """Modules adding subcommands, each with ``register(subparsers)``: their heavy imports (torch,
 ttnn) happen inside their commands, so importing them here costs nothing."""
 

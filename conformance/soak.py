@@ -1,0 +1,277 @@
+"""The soak: the serving loop for a long run on real threads, with device faults, checked on data.
+
+The `ServingEngine` serves at depth 2 on the emulated TT device whose command queues run on
+worker threads (`ThreadedScheduler`), hazards counted rather than raised. Requests arrive at
+random (prompts, budgets, stop sets, per-request sampling, some host-sync), some are aborted
+after a random number of tokens, the KV budget preempts, and before about `fault_rate` of the
+steps one device fault is armed (`impl/device/injection.py`): a refused write, op, event or read,
+a refused trace replay when traced, or a read that lands after the host's readback deadline.
+
+Every random choice comes from one seed. The checks, all on data:
+
+- hazards: 0 (the emulated device's detector, on every command);
+- tokens lost or duplicated: 0, counted against a sync (depth 1, fault-free) replay of the same
+  requests: a request's tokens must equal the replay's, or, for a request a fault failed, be a
+  prefix of them;
+- device buffers live once the run is idle: exactly as many as right after load;
+- the run's events, streamed to an ITF trace as they are recorded, validate against the model
+  (`validate.py`), faults included.
+
+`SoakReport.ok()` is all of them; a failure names the seed and the trace file that holds the
+run (`ttmirror validate FILE` shows a divergence).
+"""
+
+from __future__ import annotations
+
+import gc
+import random
+import resource
+import sys
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import asdict, dataclass, field
+from itertools import chain
+from pathlib import Path
+from typing import Any
+
+import ttnn
+
+from ..impl.device import Emulator, ManualScheduler, ThreadedScheduler, open_device
+from ..impl.events import Event
+from ..impl.runner import Status
+from ..impl.tt_backend import TtBackend
+from ..serving.backend import ServingBackend
+from ..serving.batching import ServingConfig, ServingEngine
+from ..serving.context import SamplingParams
+from ..serving.device_decoder import dram_bytes
+from ..serving.models import DecoderModel, load_model
+from ..serving.workload import RequestPlan, due_for_abort, run_workload
+from .soak_config import SoakConfig
+from .validate import bounds_of, read_itf, validate, write_itf
+
+FAULTS: tuple[tuple[str, bool], ...] = (
+    ("write", False), ("op", False), ("event", False), ("read", False), ("read", True),
+)
+"""What the soak arms: (the device call that fails, whether it is a late read instead)."""
+TRACED_FAULTS = (("execute_trace", False),)
+"""Armed too when the decode step is traced."""
+SAMPLINGS: tuple[SamplingParams | None, ...] = (
+    None, SamplingParams(), SamplingParams(seed=7, top_k=4, temperature=0.7),
+)
+"""A request's own sampling: the engine's (seeded), greedy, or its own seeded setting."""
+ARRIVAL_CHANCE = 0.7
+"""Chance that a request arrives before an engine iteration (while the queue is short)."""
+DRAM = 16 << 20
+
+
+@dataclass
+class SoakReport:
+    steps: int = 0
+    iterations: int = 0
+    requests: int = 0
+    tokens: int = 0
+    faults: int = 0
+    """Faults the engine met (each failed one step)."""
+    injected: int = 0
+    """Faults the device fired (an armed fault that never met its call does not fire)."""
+    faults_by_phase: dict[str, int] = field(default_factory=dict)
+    failed_requests: int = 0
+    preemptions: int = 0
+    aborts: int = 0
+    hazards: int = 0
+    lost_tokens: int = 0
+    duplicated_tokens: int = 0
+    """Tokens delivered that the sync replay did not deliver there (extra, repeated or wrong)."""
+    leaked_buffers: int = 0
+    baseline_buffers: int = 0
+    events: int = 0
+    validated: bool = False
+    divergence: str | None = None
+    peak_rss_mb: float = 0.0
+    seconds: float = 0.0
+    seed: int = 0
+    trace_file: str = ""
+
+    def ok(self) -> bool:
+        return (self.hazards == 0 and self.lost_tokens == 0 and self.duplicated_tokens == 0
+                and self.leaked_buffers == 0 and self.validated)
+
+    def as_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _request(rng: random.Random, req: int, it: int, model: DecoderModel,
+             kv_tokens: int) -> RequestPlan:
+    """A random request that the engine can serve (it fits the context and the KV budget)."""
+    prompt_len = rng.randint(1, 6)
+    room = min(model.max_context - 1, kv_tokens) - (prompt_len - 1)
+    max_tokens = rng.randint(1, max(1, min(12, room)))
+    stops = (frozenset(rng.sample(range(model.vocab), max(1, model.vocab // 8)))
+             if rng.random() < 0.3 else frozenset())
+    abort_after = rng.randint(1, max_tokens) if rng.random() < 0.15 else None
+    return RequestPlan(
+        req=req, arrival=it,
+        prompt=tuple(rng.randrange(model.vocab) for _ in range(prompt_len)),
+        max_tokens=max_tokens, stop_ids=stops, abort_after=abort_after,
+        host_sync=rng.random() < 0.1, sampling=rng.choice(SAMPLINGS),
+    )
+
+
+def _open(model: DecoderModel, scheduler: Callable[[], Any], hazard_mode: str) -> Any:
+    return open_device(
+        num_command_queues=2, trace_region_size=1 << 20, emulated=True,
+        emulator=Emulator(scheduler=scheduler, hazard_mode=hazard_mode,  # type: ignore[arg-type]
+                          dram_size=DRAM + dram_bytes(model, 32, 32)),
+    )
+
+
+def _engine(device: Any, model: DecoderModel, cfg: SoakConfig, depth2: bool) -> ServingEngine:
+    return ServingEngine(
+        ServingBackend(TtBackend(device), model, SamplingParams(seed=cfg.seed + 1)),
+        ServingConfig(async_scheduling="auto" if depth2 else "off", rows=cfg.rows,
+                      kv_tokens=cfg.kv_tokens, trace=cfg.trace and depth2,
+                      readback_timeout_s=cfg.readback_timeout_s if depth2 else None),
+    )
+
+
+class _Run:
+    """The faulted depth-2 run, driven as a generator of its events (so they stream to disk)."""
+
+    def __init__(self, cfg: SoakConfig, model: DecoderModel, report: SoakReport,
+                 progress: Callable[[int], None] | None) -> None:
+        self.cfg, self.model, self.report, self.progress = cfg, model, report, progress
+        self.rng = random.Random(cfg.seed)
+        self.plan: list[RequestPlan] = []
+        self.tokens: dict[int, list[int]] = {}
+        self.statuses: dict[int, Status] = {}
+
+    def events(self) -> Iterator[Event]:
+        cfg, report, rng = self.cfg, self.report, self.rng
+        device = _open(self.model, ThreadedScheduler, "count")
+        try:
+            engine = _engine(device, self.model, cfg, depth2=True)
+            report.baseline_buffers = len(device.allocator.live)
+            log = engine.runner.events
+            faults = FAULTS + (TRACED_FAULTS if cfg.trace else ())
+            by_req: dict[int, RequestPlan] = {}
+            aborted: set[int] = set()
+            it = 0
+            while True:
+                arriving = engine.runner.steps < cfg.steps
+                if arriving and len(engine.queued) < 2 * cfg.rows and (
+                        rng.random() < ARRIVAL_CHANCE):
+                    p = _request(rng, len(self.plan), it, self.model, cfg.kv_tokens)
+                    self.plan.append(p)
+                    by_req[p.req] = p
+                    engine.submit(p.req, p.prompt, max_tokens=p.max_tokens, stop_ids=p.stop_ids,
+                                  host_sync=p.host_sync, sampling=p.sampling)
+                if arriving and not device.faults.armed and rng.random() < cfg.fault_rate:
+                    call, late = rng.choice(faults)
+                    device.faults.arm(call, stall_s=(cfg.readback_timeout_s * cfg.stall_factor
+                                                     if late else None))
+                engine.step()
+                for req in due_for_abort(engine, by_req, aborted):
+                    engine.abort(req)
+                    aborted.add(req)
+                it += 1
+                yield from log.events
+                log.events.clear()
+                if self.progress is not None and it % 1000 == 0:
+                    self.progress(engine.runner.steps)
+                if not arriving and engine.idle():
+                    break
+                if it > 4 * cfg.steps + 10_000:
+                    raise RuntimeError(f"the soak did not drain within {it} iterations")
+            device.faults.disarm()
+            gc.collect()
+            report.leaked_buffers = len(device.allocator.live) - report.baseline_buffers
+            report.iterations, report.steps = it, engine.runner.steps
+            report.hazards = device.hazards.total
+            report.injected = sum(device.faults.injected.values())
+            report.faults = engine.stats["faults"]
+            report.faults_by_phase = {k.removeprefix("faults_at_"): v
+                                      for k, v in sorted(engine.stats.items())
+                                      if k.startswith("faults_at_")}
+            report.preemptions = engine.kv.preemptions
+            report.aborts = len(aborted)
+            for req, r in engine.runner.requests.items():
+                self.tokens[req], self.statuses[req] = list(r.delivered), r.status
+            engine.close()
+        finally:
+            ttnn.close_mesh_device(device)
+
+
+def _sync_replay(cfg: SoakConfig, model: DecoderModel, plan: list[RequestPlan]) -> dict[
+        int, list[int]]:
+    """The same requests at depth 1, fault-free: what each was owed."""
+    device = _open(model, ManualScheduler, "raise")
+    try:
+        engine = _engine(device, model, cfg, depth2=False)
+        engine.runner.events.enabled = False
+        out = run_workload(engine, plan, max_iterations=50 * len(plan) + 10_000)
+        engine.close()
+    finally:
+        ttnn.close_mesh_device(device)
+    return out.tokens
+
+
+def _count(tokens: dict[int, list[int]], statuses: dict[int, Status],
+           owed: dict[int, list[int]], report: SoakReport) -> None:
+    """Lost and duplicated tokens, request by request, against the replay."""
+    for req, got in tokens.items():
+        want = owed[req]
+        common = next((i for i, (a, b) in enumerate(zip(got, want, strict=False)) if a != b),
+                      min(len(got), len(want)))
+        report.duplicated_tokens += len(got) - common
+        if statuses[req] != Status.FAILED:  # a failed request is owed nothing past its failure
+            report.lost_tokens += len(want) - common
+        report.tokens += len(got)
+    report.failed_requests = sum(s == Status.FAILED for s in statuses.values())
+
+
+def run_soak(cfg: SoakConfig, trace_file: Path,
+             progress: Callable[[str], None] | None = None) -> SoakReport:
+    """Run the soak, stream its events to `trace_file`, replay it sync, validate the trace."""
+    start = time.perf_counter()
+    model = load_model(cfg.model)
+    report = SoakReport(seed=cfg.seed, trace_file=str(trace_file))
+    say = progress or (lambda _: None)
+    run = _Run(cfg, model, report, lambda n: say(f"soak: {n:,} of {cfg.steps:,} steps"))
+    report.events = write_itf(run.events(), trace_file)
+    say(f"soak: replaying {len(run.plan):,} requests at depth 1")
+    owed = _sync_replay(cfg, model, run.plan)
+    _count(run.tokens, run.statuses, owed, report)
+    report.requests = len(run.plan)
+    say(f"soak: validating {report.events:,} events")
+    events = read_itf(trace_file)
+    first = next(events)
+    divergence = validate(chain([first], events), bounds_of(first))
+    report.validated = divergence is None
+    report.divergence = None if divergence is None else divergence.line()
+    usage = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    report.peak_rss_mb = round(usage / (1 << 20 if sys.platform == "darwin" else 1 << 10), 1)
+    report.seconds = round(time.perf_counter() - start, 2)
+    return report
+
+
+def summary(report: SoakReport) -> list[str]:
+    """The report as lines a person reads."""
+    phases = ", ".join(f"{k} {v}" for k, v in report.faults_by_phase.items()) or "none"
+    verdict = "PASS" if report.ok() else "FAIL"
+    return [
+        f"steps {report.steps:,} in {report.iterations:,} iterations; {report.requests:,} "
+        f"requests, {report.tokens:,} tokens; {report.preemptions:,} preemptions, "
+        f"{report.aborts:,} aborts",
+        f"faults: {report.injected:,} injected, {report.faults:,} met by the engine ({phases}); "
+        f"{report.failed_requests:,} requests failed with the device's error",
+        f"hazards {report.hazards}; tokens lost {report.lost_tokens}, duplicated "
+        f"{report.duplicated_tokens} (against a sync replay); device buffers leaked "
+        f"{report.leaked_buffers} (baseline {report.baseline_buffers})",
+        f"trace: {report.events:,} events, "
+        + ("validated against the model" if report.validated
+           else f"LEFT THE MODEL: {report.divergence}"),
+        f"peak memory {report.peak_rss_mb:,.0f} MB; {report.seconds:,.1f} s",
+        f"{verdict} (seed {report.seed}"
+        + (f"; trace {report.trace_file})" if report.trace_file else ")"),
+    ]
+

@@ -1,0 +1,37 @@
+"""What a soak run is asked for (`soak.py`), checked before any work: no torch, no ttnn here,
+so a bad argument costs nothing."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class SoakConfig:
+    steps: int = 2_000
+    """Steps to schedule; then arrivals stop and the engine drains."""
+    fault_rate: float = 0.01
+    """Chance, before each engine iteration, that one device fault is armed."""
+    seed: int = 0
+    model: str = "probe"
+    rows: int = 6
+    kv_tokens: int = 48
+    """The KV budget: tight enough that full rows of long requests must preempt."""
+    trace: bool = False
+    """Replay the decode step as a captured trace (its refusal joins the faults)."""
+    readback_timeout_s: float = 1.0
+    """The engine's readback deadline; a late read lands `stall_factor` times it after issue."""
+    stall_factor: float = 1.5
+    """Between 1 (the host gives up first) and 2 (the next wait, queued behind, does not)."""
+
+    def __post_init__(self) -> None:
+        if self.steps < 1:
+            raise ValueError(f"--steps must be 1 or more, got {self.steps}")
+        if not 0 <= self.fault_rate <= 1:
+            raise ValueError(f"--fault-rate must be in [0, 1], got {self.fault_rate}")
+        if not self.readback_timeout_s > 0:
+            raise ValueError(f"--timeout must be positive, got {self.readback_timeout_s}")
+        if not 1 < self.stall_factor < 2:
+            raise ValueError(f"the stall factor must be in (1, 2), got {self.stall_factor}")
+        if self.rows < 1 or self.kv_tokens < 1:
+            raise ValueError("rows and the KV budget must be 1 or more")
