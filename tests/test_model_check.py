@@ -13,8 +13,10 @@ from ttmirror.model.state import Bounds
 
 Explored = Callable[[Bounds], Exploration]
 
-OPTION_ONLY = {"partial_prefill_beside_mirror", "host_sync_skipped"}
-"""Sometimes checks of options that are off at the default bounds (chunking, host sync)."""
+OPTION_ONLY = {"partial_prefill_beside_mirror", "host_sync_skipped", "fault_spares_bystander",
+               "fault_after_launch"}
+"""Sometimes checks of options that are off at the default bounds (chunking, host sync,
+faults)."""
 
 
 def test_default_bounds_hold_and_every_situation_occurs(default_run: Exploration) -> None:
@@ -51,9 +53,10 @@ def test_depth_1_is_the_oracle_and_passes(explored: Explored) -> None:
         (Bounds(variant="resume-with-placeholder"), "StaleHostIdsGuard", 9),
         (Bounds(prefill_chunks=2, variant="partial-prefill-feeds-mirror"), "StaleHostIdsGuard", 7),
         (Bounds(host_sync=True, variant="host-sync-unguarded"), "StaleHostIdsGuard", 7),
+        (Bounds(faults=True, variant="fault-spares-later-rows"), "FailedRequestsQuiet", 5),
     ],
     ids=["guard-off", "one-slot", "release-at-issue", "resume-with-placeholder",
-         "partial-prefill-feeds-mirror", "host-sync-unguarded"],
+         "partial-prefill-feeds-mirror", "host-sync-unguarded", "fault-spares-later-rows"],
 )
 def test_known_bad_variants_fail_with_minimal_counterexample(
     variant: Bounds, invariant: str, length: int, explored: Explored
@@ -78,8 +81,9 @@ def test_known_bad_variants_fail_with_minimal_counterexample(
         (Bounds(preempt_policy="drop"), set()),
         (Bounds(prefill_chunks=2), {"partial_prefill_beside_mirror"}),
         (Bounds(host_sync=True), {"host_sync_skipped"}),
+        (Bounds(faults=True), {"fault_spares_bystander", "fault_after_launch"}),
     ],
-    ids=["preempt-drop", "prefill-chunks-2", "host-sync"],
+    ids=["preempt-drop", "prefill-chunks-2", "host-sync", "faults"],
 )
 def test_each_option_holds_at_the_default_bounds_and_its_situations_occur(
     option: Bounds, checks: set[str], explored: Explored
@@ -97,12 +101,14 @@ COUNTS = {
     Bounds(prefill_chunks=2): (136_661, 525_320),
     Bounds(host_sync=True): (28_377, 96_531),
     Bounds(depth=1): (10_413, 32_887),
+    Bounds(faults=True): (65_350, 266_096),
 }
 """States and transitions per bound: the spec's "Bounds and results" table quotes these."""
 
 
 @pytest.mark.parametrize("bounds", list(COUNTS), ids=["default", "preempt-drop",
-                                                      "prefill-chunks-2", "host-sync", "depth-1"])
+                                                      "prefill-chunks-2", "host-sync", "depth-1",
+                                                      "faults"])
 def test_state_counts_are_pinned(bounds: Bounds, explored: Explored) -> None:
     ex = explored(bounds)
     assert (len(ex.states), ex.transitions) == COUNTS[bounds]
