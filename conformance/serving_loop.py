@@ -3,12 +3,14 @@
 The lockstep (`machine.py`) drives the runner with the probe under small bounds; this machine
 drives the `ServingEngine` itself, at depth 2 on the emulated TT device (hazards raised), the way
 traffic does: requests arrive with random prompts, budgets, stop sets and sampling parameters,
-the KV budget preempts, users abort, and the device completes commands in an order set by
-per-command device times (`TimedScheduler`, the threaded scheduler's times on a seeded clock).
-After each run, two oracles:
+the KV budget preempts, users abort, the device fails a call now and then (spec rule 12), and
+the device completes commands in an order set by per-command device times (`TimedScheduler`,
+the threaded scheduler's times on a seeded clock). After each run, two oracles:
 
-- the run's recorded events validate against the model (`validate.py`), event by event;
-- the tokens equal a sync (depth 1) run of the same workload, request by request.
+- the run's recorded events validate against the model (`validate.py`), event by event, faults
+  included;
+- the tokens equal a sync (depth 1, fault-free) run of the same workload, request by request; a
+  request a fault failed has a prefix of them, and carries the device's error.
 
 Aborts are tied to a request's progress (after its n-th token), as in `workload.py`, so the
 depth-1 run aborts at the same token. A validation failure writes the run's events as an ITF
@@ -31,7 +33,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, precondition,
 
 from ..impl.device import Emulator, SeededScheduler, TimedScheduler, open_device
 from ..impl.events import Event
-from ..impl.runner import CLOSED
+from ..impl.runner import CLOSED, Status
 from ..impl.tt_backend import TtBackend
 from ..serving.backend import ServingBackend
 from ..serving.batching import ServingConfig, ServingEngine
@@ -56,6 +58,10 @@ SAMPLINGS: tuple[SamplingParams | None, ...] = (
 )
 """A request's own sampling: the engine's (seeded), greedy, and two seeded settings."""
 ABORT_PERCENT = 25
+FAULT_PERCENT = 10
+"""A fault rule arms a device fault at this rate (else it steps), so most runs meet one or none."""
+FAULT_CALLS = ("write", "op", "event", "read", "execute_trace")
+"""The device calls a fault rule may make fail (a refused trace replay only fires when traced)."""
 TRACE_DIR = "TTMIRROR_TRACE_DIR"
 """Where a run that left the model is written (default: the system's temporary directory)."""
 
@@ -81,7 +87,7 @@ class Tally:
         self.seen["events"] += len(events)
         for name in ("overlapped_launches", "mirror_rows", "kv_preemptions", "preempt_in_flight",
                      "abort_in_flight", "finish_in_flight", "partial_rows",
-                     "kv_mixed_sampling_steps"):
+                     "kv_mixed_sampling_steps", "faults", "failed_requests", "fault_in_flight"):
             self.seen[name] += s.get(name, 0)
         self.seen["stopped"] += len(out.stopped(plan))
 
@@ -172,6 +178,16 @@ class ServingLoop(RuleBasedStateMachine):
         self.plan[req] = RequestPlan(**{**self.plan[req].__dict__, "abort_after": max(got, 1)})
         self._abort_due()
 
+    @precondition(lambda self: self.device is not None and not self.device.faults.armed)
+    @rule(call=st.sampled_from(FAULT_CALLS), skip=st.integers(0, 3), chance=st.integers(0, 99))
+    def fault(self, call: str, skip: int, chance: int) -> None:
+        """Arm one device fault: the (skip+1)-th next call of that kind raises (rule 12); at a
+        tenth of the other rules' rate (else a step), so most runs meet one fault or none."""
+        if chance >= FAULT_PERCENT:
+            self.step()
+            return
+        self.device.faults.arm(call, skip=skip)
+
     @rule()
     def step(self) -> None:
         assert self.engine is not None
@@ -190,6 +206,7 @@ class ServingLoop(RuleBasedStateMachine):
                     raise AssertionError("the engine did not go idle within 10,000 iterations")
             events = list(self.engine.runner.events.events)
             out = outcome_of(self.engine, self.iteration, 0.0, self.aborted)
+            out.stats["faults"] = self.engine.stats["faults"]
         finally:
             self.engine.close()
             ttnn.close_mesh_device(self.device)
@@ -211,9 +228,14 @@ class ServingLoop(RuleBasedStateMachine):
             engine.close()
             ttnn.close_mesh_device(device)
         for p in plan:
-            assert out.tokens.get(p.req, []) == sync.tokens.get(p.req, []), (
-                f"request {p.req}: depth 2 delivered {out.tokens.get(p.req)}, depth 1 "
-                f"{sync.tokens.get(p.req)}")
+            got, want = out.tokens.get(p.req, []), sync.tokens.get(p.req, [])
+            if p.req in out.errors:  # failed by a device fault: what it got, it was owed
+                assert out.statuses[p.req] == Status.FAILED and got == want[: len(got)], (
+                    f"request {p.req} failed ({out.errors[p.req]}) with {got}, not a prefix of "
+                    f"depth 1's {want}")
+                continue
+            assert got == want, (
+                f"request {p.req}: depth 2 delivered {got}, depth 1 {want}")
         self.tally.add(out, events, plan)
 
     # --- helpers --------------------------------------------------------------------------------

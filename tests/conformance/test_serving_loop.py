@@ -22,13 +22,13 @@ def test_every_serving_run_validates_and_equals_depth_1() -> None:
     test.settings = serving_settings()
     test("runTest").runTest()
     # Non-vacuous: the campaign's runs really overlapped steps, read ids from the mirror,
-    # preempted and aborted requests with steps in flight, stopped early, chunked prefills and
-    # mixed sampling parameters in one step.
+    # preempted and aborted requests with steps in flight, stopped early, chunked prefills,
+    # mixed sampling parameters in one step, and met device faults that failed requests.
     seen = tally.seen
     assert tally.runs >= serving_settings().max_examples // 2, tally
     for what in ("overlapped_launches", "mirror_rows", "kv_preemptions", "preempt_in_flight",
                  "abort_in_flight", "finish_in_flight", "partial_rows", "kv_mixed_sampling_steps",
-                 "stopped"):
+                 "stopped", "faults", "failed_requests"):
         assert seen[what] > 0, f"no run had {what}: {dict(seen)}"
 
 
