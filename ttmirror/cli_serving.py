@@ -175,6 +175,7 @@ def _plan(ns: argparse.Namespace, vocab: int, prompt: tuple[int, ...] | None) ->
 def _open_engine(ns: argparse.Namespace, model: DecoderModel) -> tuple[ServingBackend, Any]:
     """The backend and the engine loaded on it; the backend is closed if the engine cannot load."""
     from .impl.backend import get_backend
+    from .impl.runner import DeviceFault
     from .serving.backend import ServingBackend
     from .serving.batching import ServingConfig, ServingEngine
     from .serving.context import SamplingParams
@@ -203,6 +204,10 @@ def _open_engine(ns: argparse.Namespace, model: DecoderModel) -> tuple[ServingBa
         # exists on the emulated device only.
         backend.close()
         raise UsageError(str(e)) from None
+    except DeviceFault as e:  # the device refused the load: one line, exit 1
+        backend.close()
+        print(f"ttmirror: error: the engine could not load: {e}", file=sys.stderr)
+        raise SystemExit(1) from None
 
 
 class _Timeline:
@@ -249,6 +254,8 @@ def _print_requests(plan: list[RequestPlan], out: Outcome, timeline: _Timeline) 
             f"  r{p.req}: prompt {list(p.prompt)} -> {toks} [{status}, {len(toks)} tokens, "
             f"first {ttft} ms, done {end} ms]"
         )
+        if p.req in out.errors:  # failed by a device fault (spec rule 12)
+            print(f"      error: {out.errors[p.req]}")
         lps = out.logprobs.get(p.req)
         if lps:
             mean = sum(lp.sampled for lp in lps) / len(lps)
