@@ -169,6 +169,19 @@ def serving_matrix(bugs: list[str] | None = None,
     return out
 
 
+def fault_matrix(bugs: list[str] | None = None) -> list[Kill]:
+    """One kill per fault-handling bug (`faults.FAULT_BUGS`), found by the fault half
+    (`fault_runs.py`: serving runs that meet one device fault each), in eager-2cq."""
+    from . import fault_runs
+
+    out: list[Kill] = []
+    for bug in bugs or list(faults.FAULT_BUGS):
+        killed, v = fault_runs.kill(bug)
+        out.append(Kill(bug, killed, "faults" if killed else None, "eager-2cq", v.layer, None,
+                        1 if killed else None, v.seconds if killed else None, None, v.message))
+    return out
+
+
 def bounds_for(bug: str, bounds: Bounds) -> Bounds:
     """`bounds`, raised where `bug` needs more to occur at all (`faults.NEEDS_BOUNDS`)."""
     return bounds._replace(**faults.NEEDS_BOUNDS.get(bug, {}))

@@ -64,6 +64,18 @@ SERVING_BUGS: dict[str, str] = {
 probe, which computes no logprobs, so the serving half (`conformance/serving.py`) kills these;
 `ttmirror mutants` lists them beside the lockstep's, `by: serving`."""
 
+FAULT_BUGS: dict[str, str] = {
+    "fault-spares-later-rows": "fail_step: the failed requests' rows in the other in-flight step "
+    "stay live, so a failed request is delivered a token",
+    "fault-keeps-ring-position": "fail_step: a failed newest step does not give its slot back to "
+    "the ring position, so the next step takes the older in-flight step's slot",
+    "fault-drops-pending-copy": "fail_step: the failed step's readback copy is dropped, not "
+    "left to the mirror, while the device may still write into it",
+}
+"""Bugs of the fault handling (spec rule 12): the lockstep drives no faults, so the fault half
+(`conformance/fault_runs.py`: serving runs that meet one device fault each) kills these;
+`ttmirror mutants` lists them beside the lockstep's, `by: faults`."""
+
 TT_ONLY = frozenset(
     {
         "host-read-before-event", "readback-cq1-no-wait", "ring-reuse-k1", "stage-cq1-no-event",
@@ -88,7 +100,7 @@ steps for "two back" and "one back" to differ; chunked prefill; a host-sync requ
 TWO_QUEUES = frozenset({"readback-cq1-no-wait", "stage-cq1-no-event"})
 """Bugs that need a second command queue: they cannot occur in the one-queue configuration."""
 
-_ALL = {**BUGS, **SERVING_BUGS}
+_ALL = {**BUGS, **SERVING_BUGS, **FAULT_BUGS}
 _active: str | None = None
 
 

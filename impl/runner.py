@@ -662,16 +662,21 @@ class Runner:
             raise PhaseError(f"fail_step(q={q}): its readback completed; apply it")
         failed = sorted({row.req for row in step.rows if row.live})
         for req in failed:
-            self._drop(req, "fault_in_flight")
+            if faults.active("fault-spares-later-rows"):  # planted: only this step's rows go
+                for row in step.rows:
+                    row.live = row.live and row.req != req
+            else:
+                self._drop(req, "fault_in_flight")
             r = self.requests[req]
             r.status, r.closed_at, r.unchecked, r.error = (
                 Status.FAILED, len(r.delivered), False, reason)
-        if step.pending is not None:
+        if step.pending is not None and not faults.active("fault-drops-pending-copy"):
             assert self.mirror is not None
             self.mirror.abandon(step.pending)  # the copy may still land: its host tensor stays
+        step.pending = None
         del self.queue[q]
-        if q == len(self.queue):  # the newest: the ring position goes back to its slot (spec 12)
-            self.next_slot = step.slot
+        if q == len(self.queue) and not faults.active("fault-keeps-ring-position"):
+            self.next_slot = step.slot  # the newest: the ring position goes back to its slot
         self.stats["faults"] += 1
         self.stats["failed_requests"] += len(failed)
         self.events.record("fault", (q,), phase=step.phase.name.lower(), failed=tuple(failed))

@@ -222,7 +222,8 @@ def cmd_mutants(ns: argparse.Namespace) -> int:
     from .conformance.configs import CONFIGS
     from .impl import faults
 
-    known = {**faults.BUGS, **faults.SERVING_BUGS} if ns.backend == "tt" else faults.BUGS
+    known = ({**faults.BUGS, **faults.SERVING_BUGS, **faults.FAULT_BUGS} if ns.backend == "tt"
+             else faults.BUGS)
     for bug in ns.bug or []:
         if bug not in known:
             raise UsageError(f"unknown bug {bug!r}; choose from: {', '.join(known)}")
@@ -230,6 +231,7 @@ def cmd_mutants(ns: argparse.Namespace) -> int:
     writable_dir(ns.traces)
     lockstep_bugs = [b for b in ns.bug or [] if b in faults.BUGS]
     serving_bugs = [b for b in ns.bug or [] if b in faults.SERVING_BUGS]
+    fault_bugs = [b for b in ns.bug or [] if b in faults.FAULT_BUGS]
     kills = []
     if not ns.bug or lockstep_bugs:
         kills = mutants.matrix(Bounds(), ns.backend, profiles.profile(ns.profile),
@@ -240,6 +242,9 @@ def cmd_mutants(ns: argparse.Namespace) -> int:
         # The logprob ring's bugs: found by the serving half, not the lockstep (the probe has
         # no logprobs); no trace file, the serving workload is the reproduction.
         kills += mutants.serving_matrix(serving_bugs or None, configs)
+    if ns.backend == "tt" and (not ns.bug or fault_bugs):
+        # Fault handling's bugs: found by the fault half (serving runs that meet a device fault).
+        kills += mutants.fault_matrix(fault_bugs or None)
     if ns.json:
         print(json.dumps([k.as_json() for k in kills], indent=1))
     else:
