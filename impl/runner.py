@@ -85,7 +85,6 @@ class DeviceFault(RuntimeError):
         super().__init__(f"{phase}(q={q}): {cause}" if q >= 0 else f"{phase}: {cause}")
         self.phase = phase
         self.q = q
-        self.cause = str(cause)
 
 
 @dataclass(frozen=True)
@@ -330,7 +329,7 @@ class Runner:
                            logprobs=c.logprobs, readback_timeout_s=c.readback_timeout_s,
                            report=self._device_event)
             )
-        except PhaseError:
+        except (PhaseError, NotImplementedError):  # a refusal of ours, or no such path here
             raise
         except RuntimeError as error:
             failure = DeviceFault("allocate", -1, error)
@@ -732,10 +731,11 @@ class Runner:
     @contextmanager
     def device_call(self, phase: str, q: int) -> Iterator[None]:
         """A phase's device calls: a RuntimeError from the device becomes a DeviceFault (the
-        caller has changed nothing yet); the runner's own refusals pass through."""
+        caller has changed nothing yet); the runner's own refusals and a NotImplementedError (a
+        RuntimeError too, but no fault: the path does not exist here) pass through."""
         try:
             yield
-        except PhaseError:
+        except (PhaseError, NotImplementedError):
             raise
         except RuntimeError as error:
             raise DeviceFault(phase, q, error) from error
