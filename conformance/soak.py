@@ -49,12 +49,13 @@ from ..serving.workload import RequestPlan, due_for_abort, run_workload
 from .soak_config import SoakConfig
 from .validate import bounds_of, read_itf, validate, write_itf
 
-FAULTS: tuple[tuple[str, bool], ...] = (
-    ("write", False), ("op", False), ("event", False), ("read", False), ("read", True),
+COMMON_FAULTS: tuple[tuple[str, bool], ...] = (
+    ("write", False), ("event", False), ("read", False), ("read", True),
 )
 """What the soak arms: (the device call that fails, whether it is a late read instead)."""
-TRACED_FAULTS = (("execute_trace", False),)
-"""Armed too when the decode step is traced."""
+EAGER_FAULTS = (*COMMON_FAULTS, ("op", False))
+TRACED_FAULTS = (*COMMON_FAULTS, ("execute_trace", False))
+"""A traced step enqueues no op of its own (the replay does): a refused replay instead."""
 SAMPLINGS: tuple[SamplingParams | None, ...] = (
     None, SamplingParams(), SamplingParams(seed=7, top_k=4, temperature=0.7),
 )
@@ -152,7 +153,7 @@ class _Run:
             engine = _engine(device, self.model, cfg, depth2=True)
             report.baseline_buffers = len(device.allocator.live)
             log = engine.runner.events
-            faults = FAULTS + (TRACED_FAULTS if cfg.trace else ())
+            faults = TRACED_FAULTS if cfg.trace else EAGER_FAULTS
             by_req: dict[int, RequestPlan] = {}
             aborted: set[int] = set()
             it = 0
