@@ -18,7 +18,7 @@ from ..impl import faults
 from ..model.state import Bounds
 from . import itf
 from .configs import CONFIGS
-from .lockstep import Divergence
+from .lockstep import Divergence, detached
 from .machine import EdgeSink, FailedRun, Recorder, machine
 
 
@@ -72,7 +72,7 @@ def run(
         try:
             run_state_machine_as_test(cls, settings=settings(base, **overrides))  # type: ignore[arg-type]
         except Exception as e:  # the shrunk failure, re-raised by Hypothesis
-            error = e
+            error = detached(e)  # it is the recorded failure's: re-raised, it holds frames again
     seconds = time.perf_counter() - start
     result = Campaign(backend, config, bug, seed, recorder.examples, recorder.steps, seconds,
                       failed=error is not None, error=None if error is None else str(error),

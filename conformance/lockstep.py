@@ -97,6 +97,24 @@ class Divergence(AssertionError):
         self.step = step
 
 
+def detached(error: Any) -> Any:
+    """`error` without its traceback (nor its causes'), for keeping once it has been caught.
+
+    A divergence's traceback holds the failed run's frames, and they hold its `Lockstep` (whose
+    `failure` it is: a cycle), the device and its host tensors. Kept as a report (a replay's
+    `Outcome.divergence`, a campaign's recorded failure), it must not keep them alive, to
+    interpreter exit at worst. Raising an error again gives it a fresh traceback, so whoever
+    catches it last detaches it again.
+    """
+    seen: set[int] = set()
+    link = error
+    while isinstance(link, BaseException) and id(link) not in seen:
+        seen.add(id(link))
+        link.__traceback__ = None
+        link = link.__cause__ or link.__context__
+    return error
+
+
 def prompts_from(base: int, requests: int, vocab: int = 64) -> tuple[int, ...]:
     """Distinct last-prompt tokens, so no two requests share a reference sequence."""
     return tuple((base + 17 * r) % vocab for r in range(requests))

@@ -33,7 +33,7 @@ from hypothesis.stateful import (
 
 from ..model.actions import ALL_ACTIONS
 from ..model.state import Bounds
-from .lockstep import SAMPLERS, Lockstep, Move, prompts_from
+from .lockstep import SAMPLERS, Lockstep, Move, detached, prompts_from
 
 type EdgeSink = Callable[[Lockstep], None]
 
@@ -74,19 +74,7 @@ class Recorder:
             self.first_failure_examples = self.examples
             self.first_failure_seconds = time.perf_counter() - self.start
         self.last_failure = FailedRun(list(ls.moves), list(ls.states), ls.prompts,
-                                      _detached(ls.failure), ls.sampling, ls.sampling_seed)
-
-
-def _detached(error: Any) -> Any:
-    """`error` without its traceback (nor its causes'): kept for the campaign's report, it must
-    not keep the failed run's frames, and with them its device and host tensors, alive."""
-    seen: set[int] = set()
-    link = error
-    while isinstance(link, BaseException) and id(link) not in seen:
-        seen.add(id(link))
-        link.__traceback__ = None
-        link = link.__cause__ or link.__context__
-    return error
+                                      detached(ls.failure), ls.sampling, ls.sampling_seed)
 
 
 RULE_WEIGHTS: dict[str, float] = {"abort": 0.2, "finish": 0.5, "preempt": 0.8}

@@ -15,7 +15,7 @@ from typing import Any
 
 from ..model.state import Bounds
 from .itf import encode_state
-from .lockstep import EFFECT, Divergence, Lockstep, Move, model_step, permissive
+from .lockstep import EFFECT, Divergence, Lockstep, Move, detached, model_step, permissive
 
 CONFORMS, FAILS, INVALID = "conforms", "fails", "invalid"
 
@@ -69,7 +69,14 @@ def replay(
                                    "trace's model state is not this model's")
             rows.append(Row(i + 1, move.label(), "ok"))
     finally:
-        ls.close()
+        try:
+            ls.close()
+        finally:
+            # The divergence is kept as the outcome's report; its frames (this run, its device and
+            # host tensors) go, once the device is closed: a pending readback they hold is dropped
+            # only then, not reported as dropped before the host synchronised with it.
+            if ls.failure is not None:
+                detached(ls.failure)
     return Outcome(CONFORMS, rows)
 
 

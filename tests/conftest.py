@@ -40,3 +40,22 @@ def every_emulated_device_closed() -> Iterator[None]:
         device.close()
     if left:
         pytest.fail(f"the test left {len(left)} emulated device(s) open; ttnn was routed to them")
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_unconfigure(config: pytest.Config) -> None:
+    """Let the test session go when it ends, so it does not outlive interpreter shutdown.
+
+    pytest's assertion-rewriting import hook keeps the `Config`, and through it the `Session`:
+    every collected item with its parameters, and what those reach (ttnn objects among them).
+    The hook is the `__loader__` of every module it imported (test modules, conftests, and the
+    Hypothesis and anyio plugin packages), and at shutdown some of those namespaces outlive
+    their modules (typing's overload registry holds Hypothesis' functions, for one): the whole
+    session then survived finalisation, and nanobind reported the ttnn objects it reaches as
+    leaked. pytest takes the hook out of `sys.meta_path` right after this hook; doing that here
+    first, then dropping the hook's `Config`, releases the harness's state, nothing of ours.
+    """
+    for finder in list(sys.meta_path):
+        if getattr(finder, "config", None) is config:
+            sys.meta_path.remove(finder)
+            finder.config = None  # type: ignore[attr-defined]
