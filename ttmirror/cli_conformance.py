@@ -93,46 +93,49 @@ def cmd_fuzz(ns: argparse.Namespace) -> int:
     start = time.perf_counter()
     cov = Coverage(explore(bounds))
     gc.freeze()  # the graph lives to the end: keep the collector from rescanning it
-    explored = time.perf_counter()
-    _say(f"explored {cov.total_edges:,} edges in {explored - start:.0f} s; "
-         f"Hypothesis: {ns.examples} examples")
-    result = campaign.run(bounds, ns.backend, profiles.profile(ns.profile), seed=ns.seed,
-                          trace_dir=Path(ns.traces), on_run=cov.record,
-                          max_examples=max(1, ns.examples), config=ns.config)
-    walked: Report | None = None
-    failure: _Failure | None = None
-    if result.failed:
-        failure = _Failure(result.trace_path, result.error)
-    else:
-        _say(f"Hypothesis: {result.examples} examples, edges_covered {cov.edges_covered:.4f}; "
-             f"guided walks on {ns.jobs} worker(s) until {ns.min_edges}")
-        walked, failure = _walk(ns, bounds, cov)
-    report = {
-        "backend": ns.backend,
-        "config": ns.config,
-        "observation": result.observation,
-        "bounds": bounds._asdict(),
-        "seed": ns.seed,
-        **_coverage_figures(cov, time.perf_counter() - explored),
-        "explore_seconds": round(explored - start, 2),
-        "hypothesis_examples": result.examples,
-        "walks": walked.walks if walked else 0,
-        "jobs": ns.jobs,
-        "stopped": walked.stopped if walked else "failure",
-        "min_edges": ns.min_edges,
-        "failure": failure.message if failure else None,
-        "trace": str(failure.path) if failure and failure.path else None,
-    }
-    ok = failure is None and cov.actions_covered == 1.0 and cov.edges_covered >= ns.min_edges
-    _print_report(report, ns.json)
-    if failure is not None:
-        print(f"ttmirror: conformance failure with seed {ns.seed}; trace {failure.path}; "
-              f"replay with `ttmirror replay {failure.path}`", file=sys.stderr)
-    elif not ok:
-        print(f"ttmirror: coverage below the minimum: actions {cov.actions_covered:.3f}, "
-              f"edges {cov.edges_covered:.4f} < {ns.min_edges} (walks stopped: "
-              f"{report['stopped']}; raise --seconds or --jobs)", file=sys.stderr)
-    return 0 if ok else 1
+    try:
+        explored = time.perf_counter()
+        _say(f"explored {cov.total_edges:,} edges in {explored - start:.0f} s; "
+             f"Hypothesis: {ns.examples} examples")
+        result = campaign.run(bounds, ns.backend, profiles.profile(ns.profile), seed=ns.seed,
+                              trace_dir=Path(ns.traces), on_run=cov.record,
+                              max_examples=max(1, ns.examples), config=ns.config)
+        walked: Report | None = None
+        failure: _Failure | None = None
+        if result.failed:
+            failure = _Failure(result.trace_path, result.error)
+        else:
+            _say(f"Hypothesis: {result.examples} examples, edges_covered {cov.edges_covered:.4f}; "
+                 f"guided walks on {ns.jobs} worker(s) until {ns.min_edges}")
+            walked, failure = _walk(ns, bounds, cov)
+        report = {
+            "backend": ns.backend,
+            "config": ns.config,
+            "observation": result.observation,
+            "bounds": bounds._asdict(),
+            "seed": ns.seed,
+            **_coverage_figures(cov, time.perf_counter() - explored),
+            "explore_seconds": round(explored - start, 2),
+            "hypothesis_examples": result.examples,
+            "walks": walked.walks if walked else 0,
+            "jobs": ns.jobs,
+            "stopped": walked.stopped if walked else "failure",
+            "min_edges": ns.min_edges,
+            "failure": failure.message if failure else None,
+            "trace": str(failure.path) if failure and failure.path else None,
+        }
+        ok = failure is None and cov.actions_covered == 1.0 and cov.edges_covered >= ns.min_edges
+        _print_report(report, ns.json)
+        if failure is not None:
+            print(f"ttmirror: conformance failure with seed {ns.seed}; trace {failure.path}; "
+                  f"replay with `ttmirror replay {failure.path}`", file=sys.stderr)
+        elif not ok:
+            print(f"ttmirror: coverage below the minimum: actions {cov.actions_covered:.3f}, "
+                  f"edges {cov.edges_covered:.4f} < {ns.min_edges} (walks stopped: "
+                  f"{report['stopped']}; raise --seconds or --jobs)", file=sys.stderr)
+        return 0 if ok else 1
+    finally:
+        gc.unfreeze()  # frozen objects are never collected: ttnn ones would outlive exit
 
 
 def _fuzz_bounds(ns: argparse.Namespace) -> Bounds:
