@@ -21,7 +21,7 @@ logprob part (`Ring`) is written by the same forward and copied by the same read
 from __future__ import annotations
 
 import itertools
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor
 from concurrent.futures import TimeoutError as WaitTimeout
 from dataclasses import dataclass
 from typing import Any
@@ -51,8 +51,6 @@ class PendingReadback:
     """Host copies of the slot's logprob part (values, ids), under the same event."""
     issued: int = 0
     """Its place among the readbacks issued on the readback queue (they complete in order)."""
-    wait: Future[None] | None = None
-    """A timed-out wait still running in the helper thread."""
 
 
 class TtMirror:
@@ -195,7 +193,6 @@ class TtMirror:
             try:
                 wait.result(timeout=timeout)
             except WaitTimeout:
-                pending.wait = wait
                 self.timeouts += 1
                 raise RuntimeError(
                     f"readback of slot {pending.slot}: its event did not fire within {timeout} s"
