@@ -19,7 +19,7 @@ from ..model.state import Bounds
 from . import itf
 from .configs import CONFIGS
 from .lockstep import Divergence, detached
-from .machine import EdgeSink, FailedRun, Recorder, machine
+from .machine import EdgeSink, FailedRun, OutOfTime, Recorder, machine
 
 
 @dataclass
@@ -42,6 +42,8 @@ class Campaign:
     """The last (shrunk, when Hypothesis shrank) failing run."""
     observation: str = ""
     """What the abstraction could see: device data, or (on a chip) host state only."""
+    out_of_time: bool = False
+    """The deadline ended generation or shrinking; a failure is the smallest found by then."""
 
 
 def run(
@@ -55,10 +57,12 @@ def run(
     on_run: EdgeSink | None = None,
     max_examples: int | None = None,
     config: str | None = None,
+    deadline: float | None = None,
 ) -> Campaign:
-    """Run the state machine under `base` settings (a profile) with `bug` planted."""
+    """Run the state machine under `base` settings (a profile) with `bug` planted, stopping at
+    `deadline` (a `time.perf_counter()` value) if it comes first."""
     config = config or CONFIGS[backend][0]
-    recorder = Recorder(on_run=on_run)
+    recorder = Recorder(on_run=on_run, deadline=deadline)
     cls = machine(bounds, backend, recorder, config)
     overrides: dict[str, object] = {"verbosity": Verbosity.quiet}
     if seed is not None:
@@ -68,11 +72,20 @@ def run(
         overrides["max_examples"] = max_examples
     start = time.perf_counter()
     error: BaseException | None = None
+    out_of_time = False
     with faults.planted(bug):
         try:
             run_state_machine_as_test(cls, settings=settings(base, **overrides))  # type: ignore[arg-type]
+        except OutOfTime:
+            pass
         except Exception as e:  # the shrunk failure, re-raised by Hypothesis
             error = detached(e)  # it is the recorded failure's: re-raised, it holds frames again
+    if recorder.expired:
+        # Cut short, while generating or shrinking: the failing run that failed soonest (if any)
+        # is the failure to report.
+        out_of_time = True
+        recorder.last_failure = recorder.smallest_failure
+        error = None if recorder.last_failure is None else recorder.last_failure.error
     seconds = time.perf_counter() - start
     result = Campaign(backend, config, bug, seed, recorder.examples, recorder.steps, seconds,
                       failed=error is not None, error=None if error is None else str(error),
@@ -80,6 +93,7 @@ def run(
                       first_failure_seconds=recorder.first_failure_seconds)
     failure = recorder.last_failure
     result.observation = recorder.observation
+    result.out_of_time = out_of_time
     result.failing = failure if error is not None else None
     if error is not None and failure is not None:
         result.trace_len = len(failure.moves)

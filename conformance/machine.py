@@ -33,9 +33,14 @@ from hypothesis.stateful import (
 
 from ..model.actions import ALL_ACTIONS
 from ..model.state import Bounds
-from .lockstep import SAMPLERS, Lockstep, Move, detached, prompts_from
+from .lockstep import SAMPLERS, Divergence, Lockstep, Move, prompts_from
 
 type EdgeSink = Callable[[Lockstep], None]
+
+
+class OutOfTime(BaseException):
+    """The campaign's deadline passed: raised between moves to end Hypothesis' generation or
+    shrinking at once. A BaseException, so Hypothesis does not take it for a test failure."""
 
 
 @dataclass
@@ -58,10 +63,24 @@ class Recorder:
     first_failure_examples: int | None = None
     first_failure_seconds: float | None = None
     last_failure: FailedRun | None = None
+    """The last failing run: the shrunk one once Hypothesis has finished."""
+    smallest_failure: FailedRun | None = None
+    """The failing run that failed in the fewest moves: what a run cut short reports."""
     on_run: EdgeSink | None = None
     """Called with every finished run (coverage accounting)."""
     observation: str = ""
     """What the abstraction could see (device data, or host state only on a chip)."""
+    deadline: float | None = None
+    """`time.perf_counter()` past which the campaign stops (`OutOfTime`); None = no limit."""
+    expired: bool = False
+    """The deadline passed and a move saw it: whatever Hypothesis raises after that (it may take
+    the interruption for inconsistent data generation) is the cut's doing."""
+
+    def check_time(self) -> None:
+        """Raise `OutOfTime` once the deadline has passed."""
+        if self.deadline is not None and time.perf_counter() > self.deadline:
+            self.expired = True
+            raise OutOfTime
 
     def finished(self, ls: Lockstep) -> None:
         self.steps += len(ls.moves)
@@ -73,8 +92,15 @@ class Recorder:
         if self.first_failure_examples is None:
             self.first_failure_examples = self.examples
             self.first_failure_seconds = time.perf_counter() - self.start
-        self.last_failure = FailedRun(list(ls.moves), list(ls.states), ls.prompts,
-                                      detached(ls.failure), ls.sampling, ls.sampling_seed)
+        # A copy, not the divergence itself: that one is still propagating to Hypothesis, which
+        # needs its traceback to tell this failure's origin and shrink it; the copy holds no frames.
+        failure = ls.failure
+        kept = Divergence(failure.kind, failure.message, failure.step)
+        self.last_failure = FailedRun(list(ls.moves), list(ls.states), ls.prompts, kept,
+                                      ls.sampling, ls.sampling_seed)
+        smallest = self.smallest_failure
+        if smallest is None or kept.step <= smallest.error.step:
+            self.smallest_failure = self.last_failure
 
 
 RULE_WEIGHTS: dict[str, float] = {"abort": 0.2, "finish": 0.5, "preempt": 0.8}
@@ -179,6 +205,11 @@ def machine(bounds: Bounds, backend: str, recorder: Recorder, config: str | None
         return self.ls is not None and not self.ls.enabled() and not any(
             self.ls.device_ready(cq) for cq in (0, 1))
 
+    @invariant()
+    def within_time(self: Any) -> None:
+        """The campaign's deadline: checked after every move, shrinking included."""
+        recorder.check_time()
+
     @precondition(stuck)
     @invariant()
     def settled(self: Any) -> None:
@@ -194,6 +225,7 @@ def machine(bounds: Bounds, backend: str, recorder: Recorder, config: str | None
         for disabled in self.ls.refusable():
             self.ls.refuse(disabled, record=False)
 
+    Conformance.within_time = within_time  # type: ignore[attr-defined]
     Conformance.settled = settled  # type: ignore[attr-defined]
     Conformance.idle = idle  # type: ignore[attr-defined]
     for name in ALL_ACTIONS:

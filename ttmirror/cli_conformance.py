@@ -41,7 +41,8 @@ def register(add_parser: AddParser) -> None:
                    help="Hypothesis examples before the guided walks (default %(default)s)")
     f.add_argument("--seed", type=int, default=0, help="the one seed (default %(default)s)")
     f.add_argument("--seconds", type=float, default=3600.0,
-                   help="most seconds of guided walks; they stop sooner once --min-edges is "
+                   help="most seconds of the whole run (exploration, Hypothesis and its shrinking, "
+                   "guided walks); the walks stop sooner once --min-edges is "
                    "reached (default %(default)s)")
     f.add_argument("--min-edges", type=float, default=0.95,
                    help="walk until this edges_covered; fail below it (default %(default)s)")
@@ -83,15 +84,25 @@ def register(add_parser: AddParser) -> None:
 def cmd_fuzz(ns: argparse.Namespace) -> int:
     import gc
 
+    started = time.perf_counter()
     bounds = _fuzz_bounds(ns)
     writable_dir(ns.traces)
     # Checked before the imports below: they load torch and ttnn, which take seconds.
     from .conformance import campaign, profiles
     from .conformance.coverage import Coverage
+    from .impl import faults
     from .model.explore import explore
 
     start = time.perf_counter()
-    cov = Coverage(explore(bounds))
+    # The whole run: the imports above, exploration, Hypothesis and its shrinking, the walks.
+    deadline = started + ns.seconds
+
+    def explore_progress(states: int, transitions: int, frontier: int) -> None:
+        if time.perf_counter() > deadline:
+            raise UsageError(f"--seconds {ns.seconds:g} ran out while exploring the model "
+                             f"({states:,} states so far); raise --seconds")
+
+    cov = Coverage(explore(bounds, progress=explore_progress))
     gc.freeze()  # the graph lives to the end: keep the collector from rescanning it
     try:
         explored = time.perf_counter()
@@ -99,15 +110,25 @@ def cmd_fuzz(ns: argparse.Namespace) -> int:
              f"Hypothesis: {ns.examples} examples")
         result = campaign.run(bounds, ns.backend, profiles.profile(ns.profile), seed=ns.seed,
                               trace_dir=Path(ns.traces), on_run=cov.record,
-                              max_examples=max(1, ns.examples), config=ns.config)
+                              max_examples=max(1, ns.examples), config=ns.config,
+                              deadline=deadline, bug=faults.current())
         walked: Report | None = None
         failure: _Failure | None = None
+        stopped = "failure"
         if result.failed:
             failure = _Failure(result.trace_path, result.error)
+            if result.out_of_time:
+                _say("--seconds ran out while Hypothesis shrank a failure: its trace is the "
+                     "smallest failing run found by then")
+        elif result.out_of_time:
+            stopped = "seconds"
+            _say(f"--seconds ran out during the Hypothesis phase ({result.examples} examples); "
+                 "no guided walks")
         else:
             _say(f"Hypothesis: {result.examples} examples, edges_covered {cov.edges_covered:.4f}; "
                  f"guided walks on {ns.jobs} worker(s) until {ns.min_edges}")
-            walked, failure = _walk(ns, bounds, cov)
+            walked, failure = _walk(ns, bounds, cov, max(0.0, deadline - time.perf_counter()))
+            stopped = walked.stopped
         report = {
             "backend": ns.backend,
             "config": ns.config,
@@ -119,7 +140,7 @@ def cmd_fuzz(ns: argparse.Namespace) -> int:
             "hypothesis_examples": result.examples,
             "walks": walked.walks if walked else 0,
             "jobs": ns.jobs,
-            "stopped": walked.stopped if walked else "failure",
+            "stopped": stopped,
             "min_edges": ns.min_edges,
             "failure": failure.message if failure else None,
             "trace": str(failure.path) if failure and failure.path else None,
@@ -171,12 +192,14 @@ class _Failure:
     message: str | None
 
 
-def _walk(ns: argparse.Namespace, bounds: Bounds, cov: Coverage) -> tuple[Report, _Failure | None]:
-    """The guided walks; a failing walk is written as an ITF trace named after seed and walk."""
+def _walk(ns: argparse.Namespace, bounds: Bounds, cov: Coverage, seconds: float
+          ) -> tuple[Report, _Failure | None]:
+    """The guided walks, for at most `seconds`; a failing walk is written as an ITF trace named
+    after seed and walk."""
     from .conformance import itf, walks
     from .impl import faults
 
-    walked = walks.run(cov, ns.backend, seed=ns.seed, until=ns.min_edges, seconds=ns.seconds,
+    walked = walks.run(cov, ns.backend, seed=ns.seed, until=ns.min_edges, seconds=seconds,
                        jobs=ns.jobs, progress=_walk_progress,
                        every=10.0 if sys.stderr.isatty() else 30.0, config=ns.config)
     failed = walked.failure

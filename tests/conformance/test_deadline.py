@@ -1,0 +1,69 @@
+"""`ttmirror fuzz --seconds` bounds the whole run: the Hypothesis phase stops at the deadline
+between two moves, while generating or while shrinking, and a failure found before the deadline
+is still reported with a trace that replays it."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import pytest
+
+from ttmirror.cli import main
+from ttmirror.conformance import campaign, machine, profiles
+from ttmirror.conformance.lockstep import Lockstep
+from ttmirror.impl import faults
+from ttmirror.model.state import Bounds
+
+
+def test_a_passed_deadline_stops_generation_at_once() -> None:
+    start = time.perf_counter()
+    result = campaign.run(Bounds(requests=1), "tt", profiles.profile("ci"), seed=0,
+                          deadline=start)
+    assert result.out_of_time and not result.failed
+    assert result.examples == 1  # the first move of the first example saw the deadline
+    assert result.steps <= 2
+
+
+def test_hypothesis_shrinks_and_the_deadline_keeps_the_smallest_failure_so_far(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    finished = machine.Recorder.finished
+    failures: list[int] = []  # each failing run's failing move, in the order they ran
+
+    def finish_then_expire(self: machine.Recorder, ls: Lockstep) -> None:
+        finished(self, ls)
+        if ls.failure is not None:
+            failures.append(ls.failure.step)
+            if failures[-1] < failures[0]:  # a shrink that still fails: now time is up
+                self.deadline = 0.0
+
+    monkeypatch.setattr(machine.Recorder, "finished", finish_then_expire)
+    bug = "stale-host-id-on-resume"  # first found in a long run, so there is much to shrink
+    result = campaign.run(Bounds(), "tt", profiles.profile("ci"), seed=0, bug=bug,
+                          trace_dir=tmp_path, deadline=time.perf_counter() + 600)
+    assert result.out_of_time and result.failed and result.error, failures
+    # Hypothesis shrank (a failure it cannot trace back to its origin, it does not shrink), and
+    # the report is the last failing run: the smallest so far.
+    assert result.trace_len == failures[-1] + 1 and failures[-1] == min(failures) < failures[0]
+    assert result.trace_path is not None and result.trace_path.exists()
+    # The trace replays the failure it reports (1), and conforms without the bug (0).
+    assert main(["replay", str(result.trace_path), "--bug", bug]) == 1
+    assert main(["replay", str(result.trace_path)]) == 0
+
+
+def test_fuzz_seconds_bounds_the_whole_run_shrinking_included(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # Unbounded, this bug's shrinking alone runs some 2,000 examples (minutes); --seconds 20 must
+    # end the run at about 20 s, with the smallest failure found by then and its trace.
+    start = time.perf_counter()
+    with faults.planted("stale-host-id-on-resume"):
+        code = main(["fuzz", "--seconds", "20", "--jobs", "1", "--traces", str(tmp_path),
+                     "--json"])
+    elapsed = time.perf_counter() - start
+    out = capsys.readouterr()
+    assert code == 1 and elapsed < 20 + 15, elapsed  # one last move and the trace past it
+    report = json.loads(out.out)
+    assert report["stopped"] == "failure" and report["failure"].startswith("step ")
+    assert Path(report["trace"]).exists()
+    assert "--seconds ran out while Hypothesis shrank a failure" in out.err
