@@ -22,6 +22,7 @@ from ..model.actions import ALL_ACTIONS, Action, successors
 from ..model.explore import Exploration
 from ..model.state import State, initial_state
 from .lockstep import Lockstep
+from .walk_bound import require_acyclic
 
 
 class Coverage:
@@ -76,6 +77,7 @@ class Planner:
     def __init__(self, cov: Coverage, rng: random.Random, refresh: int = 50) -> None:
         self.cov, self.rng, self.refresh = cov, rng, refresh
         ex = cov.ex
+        require_acyclic(ex.graph)  # `_by_level` would never end on a cycle: refuse it by name
         n = len(ex.states)
         pairs = sorted(ex.graph.edges())
         self.source = np.fromiter((u for u, _ in pairs), dtype=np.int64, count=len(pairs))

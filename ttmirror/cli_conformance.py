@@ -90,6 +90,7 @@ def cmd_fuzz(ns: argparse.Namespace) -> int:
     # Checked before the imports below: they load torch and ttnn, which take seconds.
     from .conformance import campaign, profiles
     from .conformance.coverage import Coverage
+    from .conformance.walk_bound import walks_lower_bound
     from .impl import faults
     from .model.explore import explore
 
@@ -105,8 +106,10 @@ def cmd_fuzz(ns: argparse.Namespace) -> int:
     cov = Coverage(explore(bounds, progress=explore_progress))
     gc.freeze()  # the graph lives to the end: keep the collector from rescanning it
     try:
+        lower_bound = walks_lower_bound(cov.ex.graph)
         explored = time.perf_counter()
-        _say(f"explored {cov.total_edges:,} edges in {explored - start:.0f} s; "
+        _say(f"explored {cov.total_edges:,} edges in {explored - start:.0f} s (walks from the "
+             f"initial state cover them in no fewer than {lower_bound:,}); "
              f"Hypothesis: {ns.examples} examples")
         result = campaign.run(bounds, ns.backend, profiles.profile(ns.profile), seed=ns.seed,
                               trace_dir=Path(ns.traces), on_run=cov.record,
@@ -139,6 +142,7 @@ def cmd_fuzz(ns: argparse.Namespace) -> int:
             "explore_seconds": round(explored - start, 2),
             "hypothesis_examples": result.examples,
             "walks": walked.walks if walked else 0,
+            "walks_lower_bound": lower_bound,
             "jobs": ns.jobs,
             "stopped": stopped,
             "min_edges": ns.min_edges,

@@ -19,6 +19,7 @@ from ttmirror.conformance import walks
 from ttmirror.conformance.coverage import Coverage, Planner
 from ttmirror.conformance.lockstep import Lockstep, model_step
 from ttmirror.conformance.replay import CONFORMS, FAILS, replay
+from ttmirror.conformance.walk_bound import walks_lower_bound
 from ttmirror.impl import faults
 from ttmirror.model.explore import Exploration, explore
 from ttmirror.model.state import Bounds, initial_state
@@ -132,6 +133,10 @@ def test_fuzz_json_contract_and_coverage(tmp_path: Path) -> None:
     assert report["actions_covered"] == 1.0 and report["edges_covered"] >= 0.95
     assert report["steps"] > 0 and report["steps_per_second"] > 0 and report["seed"] == 0
     assert report["stopped"] == "covered" and report["walks"] > 0 and report["jobs"] == 2
+    # At one request the bound is what a brute-force search finds (tests/test_walk_bound.py
+    # checks the method); walks from the initial state can never beat it.
+    bound = walks_lower_bound(explore(Bounds(requests=1)).graph)
+    assert report["walks_lower_bound"] == bound > 1
     assert "edges_covered" in done.stderr  # progress went to stderr, not into the JSON
 
 
