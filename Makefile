@@ -17,7 +17,7 @@ PYTHON312 ?= $(shell for c in python3.12 "$$HOME/.pyenv/versions/3.12.1/bin/pyth
 help:
 	@echo "make demo         check the model, write graphs to out/, serve a tiny Qwen3 at depth 2"
 	@echo "make test         the whole test suite (what CI runs)"
-	@echo "make bench-check  python explorer beside TLC at two bounds"
+	@echo "make bench-check  TLC against the manifest; the explorer beside TLC"
 	@echo "make bench-device emulated device commands per second"
 	@echo "make bench-engine serving tokens/s at depth 2 vs 1; overlap under layout churn"
 	@echo "make bench-validate  a 10,000-step serving run validated against the model"

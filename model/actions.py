@@ -132,6 +132,14 @@ def eligible(s: State, b: Bounds) -> list[int]:
     ]
 
 
+def mirror_rows(step: Step, req: int, b: Bounds) -> list[int]:
+    """Rows of ``step`` whose sampled id is ``req``'s newest token for a later combine to read
+    through the previous-row map: live, and not a partial prefill's discarded id."""
+    feeds = b.variant == "partial-prefill-feeds-mirror"
+    return [i for i, row in enumerate(step.rows)
+            if row.live and row.req == req and (feeds or not row.partial)]
+
+
 def writer(s: State, slot: int) -> int | None:
     """Queue position of the in-flight step whose launch wrote ``slot`` last; None if retired."""
     found = None
@@ -223,7 +231,6 @@ def schedule(s: State, b: Bounds, order: tuple[int, ...]) -> State | None:
     if not todo or sorted(order) != todo or (not b.condense and list(order) != todo):
         return None
     prev = s.queue[-1] if s.queue else None
-    feeds = b.variant == "partial-prefill-feeds-mirror"
     rows = []
     for r in order:
         req = s.requests[r]
@@ -232,12 +239,10 @@ def schedule(s: State, b: Bounds, order: tuple[int, ...]) -> State | None:
         # (its next input is built on the host): none of them reads the mirror.
         from_host = req.status == Status.WAITING or is_host_sync(b, r)
         if b.guard and prev is not None and not from_host:
-            # The guard: a request whose newest token is still in flight reads it from the mirror;
-            # a partial-prefill row's id is discarded, never mirrored.
-            prev_row = next(
-                (i for i, row in enumerate(prev.rows)
-                 if row.live and row.req == r and (feeds or not row.partial)), None
-            )
+            # The guard: a request whose newest token is still in flight reads it from the mirror,
+            # the previous step's slot (invariant NewestTokenInNewestStep: at any depth it is
+            # there); a partial-prefill row's id is discarded, never mirrored.
+            prev_row = next(iter(mirror_rows(prev, r, b)), None)
         rows.append(Row(req=r, pos=next_pos(s, r), prev_row=prev_row, consumed=None, live=True,
                         partial=req.prefill_left > 0))
     uses_mirror = any(row.prev_row is not None for row in rows)

@@ -12,8 +12,11 @@ from .actions import (
     REWRITE_WITH_READER,
     Action,
     budget,
+    eligible,
     has_step_in_flight,
     in_flight,
+    is_host_sync,
+    mirror_rows,
 )
 from .state import CLOSED, HOST_SYNC_REQUEST, Bounds, Phase, State, Status
 
@@ -67,6 +70,19 @@ def failed_requests_quiet(s: State, b: Bounds) -> bool:
     return not any(row.live and row.req in failed for step in s.queue for row in step.rows)
 
 
+def newest_token_in_newest_step(s: State, b: Bounds) -> bool:
+    """A request the next step would combine from the mirror has its newest token in the newest
+    in-flight step: the one slot that combine reads, at any depth."""
+    if not b.guard or not s.queue:
+        return True
+    newest = s.queue[-1]
+    return all(
+        mirror_rows(newest, r, b) or not any(mirror_rows(step, r, b) for step in s.queue)
+        for r in eligible(s, b)
+        if s.requests[r].status != Status.WAITING and not is_host_sync(b, r)
+    )
+
+
 class Invariant(NamedTuple):
     name: str
     holds: Callable[[State, Bounds], bool]
@@ -79,6 +95,7 @@ INVARIANTS: tuple[Invariant, ...] = (
     Invariant("DepthBound", depth_bound),
     Invariant("OutputIntegrity", output_integrity),
     Invariant("FailedRequestsQuiet", failed_requests_quiet),
+    Invariant("NewestTokenInNewestStep", newest_token_in_newest_step),
 )
 
 GRAPH_PROPERTIES = ("NoDeadlock", "CanAlwaysFinish")
@@ -193,6 +210,12 @@ def fault_after_launch(s: State, a: Action, t: State) -> bool:
     return a.name == "fault" and s.queue[a.args[0]].phase >= Phase.LAUNCHED
 
 
+def mirror_read_three_in_flight(s: State, a: Action, t: State) -> bool:
+    """A step combined from the mirror with three steps in flight (depth 3)."""
+    return (a.name == "combine" and len(s.queue) >= 3
+            and any(r.prev_row is not None for r in s.queue[a.args[0]].rows))
+
+
 class Sometimes(NamedTuple):
     name: str
     reached: Callable[[State, Action, State], bool]
@@ -252,4 +275,9 @@ SOMETIMES: tuple[Sometimes, ...] = (
         lambda b: b.faults and _async(b) and b.requests >= 2,
     ),
     Sometimes("fault_after_launch", fault_after_launch, lambda b: b.faults),
+    Sometimes(
+        "mirror_read_three_in_flight", mirror_read_three_in_flight,
+        lambda b: b.depth >= 3 and _async(b) and b.requests >= 2 and b.max_tokens >= 2
+        and b.guard,
+    ),
 )

@@ -25,7 +25,8 @@ class Bounds(NamedTuple):
     """The finite instance to explore: sizes, feature toggles and known-bad variants."""
 
     depth: int = 2
-    """D = max_concurrent_batches: how many steps may be in flight (1 = sync, 2 = async)."""
+    """D = max_concurrent_batches: how many steps may be in flight (1 = sync, 2 = async, 3 = as
+    vLLM sets it under pipeline parallelism of size 3)."""
     slots: int = 2
     """K: mirror buffers in the ring; step n writes slot n mod K."""
     requests: int = 2
@@ -195,8 +196,9 @@ def initial_state(bounds: Bounds) -> State:
 
 def validate_bounds(bounds: Bounds) -> None:
     """Reject bounds the model cannot mean, with a message fit for one line."""
-    if bounds.depth not in (1, 2):
-        raise ValueError(f"--depth must be 1 or 2 (max_concurrent_batches), got {bounds.depth}")
+    if bounds.depth not in (1, 2, 3):
+        raise ValueError(
+            f"--depth must be 1, 2 or 3 (max_concurrent_batches), got {bounds.depth}")
     if not 1 <= bounds.slots <= 4:
         raise ValueError(f"--slots must be between 1 and 4, got {bounds.slots}")
     if not 1 <= bounds.requests <= 3:

@@ -17,7 +17,7 @@
 EXTENDS Integers, Sequences, FiniteSets
 
 CONSTANTS
-    Depth,          \* D = max_concurrent_batches: 1 (sync) or 2 (async)
+    Depth,          \* D = max_concurrent_batches: 1 (sync), 2 (async) or 3
     Slots,          \* K: mirror buffers in the ring; step n writes slot n mod K
     Requests,       \* number of requests
     MaxTokens,      \* tokens each request generates before it finishes on its own
@@ -171,14 +171,17 @@ DropQueue(R) ==
             !.host_copy = Scrub(R, queue[q].host_copy)]]
 DropSlots(R) == [k \in SlotIds |-> [slots[k] EXCEPT !.content = Scrub(R, slots[k].content)]]
 
+\* Rows of step q whose sampled id is r's newest token for a later combine to read through the
+\* previous-row map: live, and not a partial prefill's discarded id (Python: mirror_rows).
+MirrorRows(q, r) ==
+    {i \in RowIds(q) : /\ queue[q].rows[i].live /\ queue[q].rows[i].req = r
+                       /\ (PartialFeedsMirror \/ ~queue[q].rows[i].partial)}
+
 \* The row of r in the previous (newest) in-flight step, if live there: the previous-row map.
 \* Arrived, resumed and host-sync requests take host ids; a partial row is never mirrored.
 PrevRow(r) ==
     IF ~Guard \/ queue = <<>> \/ requests[r].status = WAITING \/ IsHostSync(r) THEN NONE
-    ELSE LET prev == queue[Len(queue)]
-             hits == {i \in 1 .. Len(prev.rows) :
-                        /\ prev.rows[i].live /\ prev.rows[i].req = r
-                        /\ (PartialFeedsMirror \/ ~prev.rows[i].partial)}
+    ELSE LET hits == MirrorRows(Len(queue), r)
          IN IF hits = {} THEN NONE ELSE (CHOOSE i \in hits : TRUE) - 1
 
 ---------------------------------------------------------------------------------------
@@ -436,4 +439,13 @@ OutputIntegrity ==
 FailedRequestsQuiet ==
     \A q \in 1 .. Len(queue) : \A i \in RowIds(q) :
         queue[q].rows[i].live => requests[queue[q].rows[i].req].status # FAILED
+
+\* A request the next step would combine from the mirror has its newest token in the newest
+\* in-flight step: the one slot that combine reads, at any depth.
+NewestTokenInNewestStep ==
+    Guard /\ queue # <<>> =>
+        \A r \in Eligible :
+            (requests[r].status # WAITING /\ ~IsHostSync(r)) =>
+                ((\E q \in 1 .. Len(queue) : MirrorRows(q, r) # {})
+                    => MirrorRows(Len(queue), r) # {})
 =======================================================================================

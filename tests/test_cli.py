@@ -23,7 +23,7 @@ def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
 @pytest.mark.parametrize(
     "args",
     [
-        ["check", "--depth", "3"],
+        ["check", "--depth", "4"],
         ["check", "--slots", "0"],
         ["check", "--requests", "9"],
         ["check", "--max-tokens", "x"],

@@ -251,3 +251,22 @@ def test_final_state_requires_everything_closed_and_released() -> None:
     done = A.release(s, b, 0)
     assert done is not None and A.is_final(done)
     assert list(A.successors(done, b)) == []
+
+
+def test_newest_token_in_newest_step_fails_when_a_request_skips_the_newest_step() -> None:
+    from ttmirror.model.invariants import newest_token_in_newest_step
+
+    # Depth 3: r0 in q0, then q1 scheduled over r1 alone (as if r0 had been held back), so r0's
+    # newest token sits in q0 while the next step's combine could read only q1's slot.
+    b = B._replace(depth=3, slots=3, max_tokens=3)
+    s = run(*LOADED, ("arrive", 1), ("schedule", (0, 1)), b=b)
+    assert newest_token_in_newest_step(s, b)
+    skipped = s._replace(queue=(*s.queue, s.queue[0]._replace(
+        slot=1, rows=tuple(r._replace(live=r.req == 1) for r in s.queue[0].rows))))
+    assert A.eligible(skipped, b) == [0, 1]
+    assert not newest_token_in_newest_step(skipped, b)
+    assert newest_token_in_newest_step(skipped, b._replace(guard=False))  # no mirror: no claim
+    # Reached the ordinary way, r0 is in every step after its first: the invariant holds.
+    s = run(*LOADED, ("arrive", 1), ("schedule", (0, 1)), ("combine", 0), ("launch", 0),
+            ("schedule", (1, 0)), b=b)
+    assert len(s.queue) == 2 and newest_token_in_newest_step(s, b)

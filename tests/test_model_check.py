@@ -6,7 +6,7 @@ from collections.abc import Callable
 
 import pytest
 
-from ttmirror import report
+from ttmirror import manifest, report
 from ttmirror.model.explore import Exploration
 from ttmirror.model.invariants import INVARIANTS, SOMETIMES
 from ttmirror.model.state import Bounds
@@ -14,9 +14,9 @@ from ttmirror.model.state import Bounds
 Explored = Callable[[Bounds], Exploration]
 
 OPTION_ONLY = {"partial_prefill_beside_mirror", "host_sync_skipped", "fault_spares_bystander",
-               "fault_after_launch"}
+               "fault_after_launch", "mirror_read_three_in_flight"}
 """Sometimes checks of options that are off at the default bounds (chunking, host sync,
-faults)."""
+faults, depth 3)."""
 
 
 def test_default_bounds_hold_and_every_situation_occurs(default_run: Exploration) -> None:
@@ -44,29 +44,21 @@ def test_depth_1_is_the_oracle_and_passes(explored: Explored) -> None:
     assert report.passed(ex)
 
 
-@pytest.mark.parametrize(
-    ("variant", "invariant", "length"),
-    [
-        (Bounds(guard=False), "StaleHostIdsGuard", 7),
-        (Bounds(slots=1), "NoRewriteWhileReaderOutstanding", 8),
-        (Bounds(release_at="issue"), "NoReadOfReleasedOrOverwrittenSlot", 8),
-        (Bounds(variant="resume-with-placeholder"), "StaleHostIdsGuard", 9),
-        (Bounds(prefill_chunks=2, variant="partial-prefill-feeds-mirror"), "StaleHostIdsGuard", 7),
-        (Bounds(host_sync=True, variant="host-sync-unguarded"), "StaleHostIdsGuard", 7),
-        (Bounds(faults=True, variant="fault-spares-later-rows"), "FailedRequestsQuiet", 5),
-    ],
-    ids=["guard-off", "one-slot", "release-at-issue", "resume-with-placeholder",
-         "partial-prefill-feeds-mirror", "host-sync-unguarded", "fault-spares-later-rows"],
-)
+KNOWN_BAD = [e for e in manifest.load() if e.size == "default" and e.violated is not None]
+
+
+@pytest.mark.parametrize("entry", KNOWN_BAD, ids=[e.name for e in KNOWN_BAD])
 def test_known_bad_variants_fail_with_minimal_counterexample(
-    variant: Bounds, invariant: str, length: int, explored: Explored
+    entry: manifest.Entry, explored: Explored
 ) -> None:
+    variant, invariant = entry.bounds, entry.violated
+    assert invariant is not None
     ex = explored(variant)
     cex = report.counterexample(ex)
     assert cex is not None
     name, steps = cex
     assert name == invariant
-    assert len(steps) == length
+    assert len(steps) == entry.length  # the manifest's figure, and a shortest path (BFS)
     assert not report.passed(ex)
     # The last step is where the rule breaks; the state before it is still clean.
     path = ex.path_to(ex.violations[invariant])
@@ -82,8 +74,9 @@ def test_known_bad_variants_fail_with_minimal_counterexample(
         (Bounds(prefill_chunks=2), {"partial_prefill_beside_mirror"}),
         (Bounds(host_sync=True), {"host_sync_skipped"}),
         (Bounds(faults=True), {"fault_spares_bystander", "fault_after_launch"}),
+        (Bounds(depth=3, slots=3), {"mirror_read_three_in_flight"}),
     ],
-    ids=["preempt-drop", "prefill-chunks-2", "host-sync", "faults"],
+    ids=["preempt-drop", "prefill-chunks-2", "host-sync", "faults", "depth-3"],
 )
 def test_each_option_holds_at_the_default_bounds_and_its_situations_occur(
     option: Bounds, checks: set[str], explored: Explored
@@ -93,33 +86,6 @@ def test_each_option_holds_at_the_default_bounds_and_its_situations_occur(
     assert checks <= set(ex.sometimes) and all(ex.sometimes.values())
     keep_only = {"preempted_token_delivered", "resume_waited_for_placeholder"}
     assert (keep_only <= set(ex.sometimes)) == (option.preempt_policy == "keep")
-
-
-COUNTS = {
-    Bounds(): (40_667, 137_869),
-    Bounds(preempt_policy="drop"): (141_033, 534_610),
-    Bounds(prefill_chunks=2): (136_661, 525_320),
-    Bounds(host_sync=True): (28_377, 96_531),
-    Bounds(depth=1): (10_413, 32_887),
-    Bounds(faults=True): (65_350, 266_096),
-}
-"""States and transitions per bound: the spec's "Bounds and results" table quotes these."""
-
-
-@pytest.mark.parametrize("bounds", list(COUNTS), ids=["default", "preempt-drop",
-                                                      "prefill-chunks-2", "host-sync", "depth-1",
-                                                      "faults"])
-def test_state_counts_are_pinned(bounds: Bounds, explored: Explored) -> None:
-    ex = explored(bounds)
-    assert (len(ex.states), ex.transitions) == COUNTS[bounds]
-
-
-def test_the_spec_quotes_the_pinned_counts() -> None:
-    from ttmirror.specdoc import SPEC
-
-    text = SPEC.read_text()
-    for states, transitions in COUNTS.values():
-        assert f"| {states:,} | {transitions:,} |" in text
 
 
 def test_one_slot_is_safe_when_only_one_step_is_in_flight(explored: Explored) -> None:

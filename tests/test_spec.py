@@ -1,8 +1,8 @@
-"""The spec's generated slot-lifecycle diagram matches the model."""
+"""The spec's and README's generated blocks match the model and the manifest."""
 
 from __future__ import annotations
 
-from ttmirror import specdoc
+from ttmirror import manifest, specdoc
 from ttmirror.model.explore import Exploration
 
 
@@ -11,6 +11,23 @@ def test_spec_slot_lifecycle_is_up_to_date(default_run: Exploration) -> None:
     assert committed == specdoc.block(default_run), (
         "specs/mirrored-sampled-ids.md is out of date: run `make spec`"
     )
+
+
+def test_every_generated_table_is_up_to_date(default_run: Exploration) -> None:
+    entries = manifest.load()
+    for path, blocks in ((specdoc.SPEC, specdoc.spec_blocks(default_run, entries)),
+                         (specdoc.README, specdoc.readme_blocks(entries))):
+        text = path.read_text()
+        for name, fresh in blocks.items():
+            assert specdoc.current(text, name) == fresh, f"{path.name}: {name}: run `make spec`"
+
+
+def test_the_tables_quote_the_manifest() -> None:
+    text = specdoc.SPEC.read_text()
+    default = manifest.entry("default")
+    assert f"| {default.states:,} | {default.transitions:,} |" in text
+    bad = manifest.entry("depth-3-two-slots")
+    assert f"| `{bad.violated}` | {bad.length} |" in text
 
 
 def test_spec_names_every_action_and_invariant() -> None:

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from ttmirror import tlc
+from ttmirror import manifest, tlc
 from ttmirror.model.explore import Exploration
 from ttmirror.model.state import Bounds
 
@@ -32,13 +32,13 @@ def test_tla_values_parse() -> None:
 
 def test_small_bound_agrees_on_everything(explored: Explored) -> None:
     result = tlc.cross_check(SMALL, explored(SMALL))
-    assert result["python_states"] == result["tlc_states"] == 277
+    assert result["python_states"] == result["tlc_states"] == manifest.entry("small").states
     assert result["graph"]["same_nodes"] and result["graph"]["same_edges"]
     assert result["graph"]["tlc_edges"] == result["graph"]["python_edges"] > 0
     assert result["verdicts"]["agree"] and result["verdicts"]["tlc"]["violated"] is None
     off = result["guard_off"]
     assert off["tlc_violated"] == off["python_violated"] == "StaleHostIdsGuard"
-    assert off["tlc_length"] == off["python_length"] == 7
+    assert off["tlc_length"] == off["python_length"] == manifest.entry("small-guard-off").length
     assert result["agree"]
 
 
@@ -56,13 +56,12 @@ def test_each_option_agrees_state_for_state(option: Bounds, explored: Explored) 
 
 
 @pytest.mark.parametrize(
-    ("bounds", "states"),
-    [(SMALL._replace(faults=True), 436),
-     # Two requests, one row each: a fault can spare the other request's row in flight.
-     (Bounds(faults=True, max_tokens=1, preempt=False, abort=False), 220)],
-    ids=["one-request", "two-requests"],
+    "name", ["small-faults",
+             # Two requests, one row each: a fault can spare the other request's row in flight.
+             "small-faults-two-requests"],
 )
-def test_faults_agree_state_for_state(bounds: Bounds, states: int, explored: Explored) -> None:
+def test_faults_agree_state_for_state(name: str, explored: Explored) -> None:
+    bounds, states = manifest.entry(name).bounds, manifest.entry(name).states
     ex = explored(bounds)
     assert any(name == "fault" for _, _, name in tlc.python_edges(ex))
     result = tlc.cross_check(bounds, ex)
@@ -70,26 +69,6 @@ def test_faults_agree_state_for_state(bounds: Bounds, states: int, explored: Exp
     assert result["graph"]["same_nodes"] and result["graph"]["same_edges"]
     assert result["verdicts"]["agree"] and result["verdicts"]["tlc"]["violated"] is None
     assert result["agree"]
-
-
-@pytest.mark.parametrize(
-    ("variant", "invariant", "length"),
-    [(SMALL._replace(slots=1), "NoRewriteWhileReaderOutstanding", 8),
-     (SMALL._replace(release_at="issue"), "NoReadOfReleasedOrOverwrittenSlot", 8),
-     (SMALL._replace(variant="resume-with-placeholder"), "StaleHostIdsGuard", 9),
-     (SMALL._replace(prefill_chunks=2, variant="partial-prefill-feeds-mirror"),
-      "StaleHostIdsGuard", 7),
-     (SMALL._replace(host_sync=True, variant="host-sync-unguarded"), "StaleHostIdsGuard", 7),
-     (SMALL._replace(faults=True, variant="fault-spares-later-rows"), "FailedRequestsQuiet", 5)],
-    ids=["one-slot", "release-at-issue", "resume-with-placeholder",
-         "partial-prefill-feeds-mirror", "host-sync-unguarded", "fault-spares-later-rows"],
-)
-def test_bad_variants_fail_in_tlc_too(
-    variant: Bounds, invariant: str, length: int, tmp_path: Path, explored: Explored
-) -> None:
-    run = tlc.run_tlc(variant, tmp_path)
-    assert run.violated == invariant and run.trace_len == length
-    assert tlc.python_verdict(explored(variant)) == (invariant, length)
 
 
 def test_graph_comparison_can_disagree(explored: Explored, tmp_path: Path) -> None:

@@ -35,7 +35,8 @@ def add_bounds(p: argparse.ArgumentParser) -> None:
     """The model's bounds and feature switches, as options of `p`."""
     g = p.add_argument_group("bounds")
     g.add_argument("--depth", type=int, default=DEFAULTS.depth,
-                   help="max_concurrent_batches D: 1 (sync) or 2 (async) (default %(default)s)")
+                   help="max_concurrent_batches D: 1 (sync), 2 (async) or 3 (pipeline "
+                   "parallelism of 3) (default %(default)s)")
     g.add_argument("--slots", type=int, default=DEFAULTS.slots,
                    help="mirror slots K in the ring (default %(default)s)")
     g.add_argument("--requests", type=int, default=DEFAULTS.requests,

@@ -98,15 +98,20 @@ class TlcRun:
     output: str = field(repr=False, default="")
 
 
-def run_tlc(b: Bounds, workdir: Path, dump: bool = False, timeout: float = 1800) -> TlcRun:
-    """Run TLC (one worker) at bounds ``b`` in ``workdir``; dump the state graph if asked."""
+def run_tlc(b: Bounds, workdir: Path, dump: bool = False, timeout: float = 1800,
+            workers: int = 1) -> TlcRun:
+    """Run TLC at bounds ``b`` in ``workdir``; dump the state graph if asked.
+
+    One worker (the default) searches breadth-first, so a counterexample is a shortest one;
+    more workers are for speed on bounds that pass."""
     java = shutil.which("java")
     if java is None:
         raise TlcError("java not found: TLC needs a Java runtime (17 is known to work)")
     workdir.mkdir(parents=True, exist_ok=True)
     shutil.copy(SPEC, workdir / SPEC.name)
     (workdir / "MC.cfg").write_text(cfg_text(b))
-    cmd = [java, "-XX:+UseParallelGC", "-cp", str(jar_path()), "tlc2.TLC", "-workers", "1",
+    cmd = [java, "-XX:+UseParallelGC", "-cp", str(jar_path()), "tlc2.TLC",
+           "-workers", str(workers),
            "-config", "MC.cfg", "-metadir", str(workdir / "states"), "-cleanup"]
     dot = workdir / "graph.dot" if dump else None
     if dot is not None:
@@ -289,6 +294,8 @@ CONFIGS: dict[str, Bounds] = {
     "MC_host_sync_unguarded.cfg": Bounds(host_sync=True, variant="host-sync-unguarded"),
     "MC_faults.cfg": Bounds(faults=True),
     "MC_fault_spares_later_rows.cfg": Bounds(faults=True, variant="fault-spares-later-rows"),
+    "MC_depth3.cfg": Bounds(depth=3, slots=3),
+    "MC_depth3_two_slots.cfg": Bounds(depth=3, slots=2),
 }
 """The committed model configurations in specs/, one per bound or variant."""
 
