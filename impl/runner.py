@@ -251,6 +251,9 @@ class Runner:
         self.queue: list[_Step] = []
         self.slots = [_Slot() for _ in range(self.config.slots)]
         self.requests: dict[int, _Request] = {}
+        self._open: set[int] = set()
+        """Requests that may not be closed yet: what per-step scans look at, so a step costs the
+        same after a million requests as after ten (closed ones leave it as scans meet them)."""
         self.steps = 0  # steps scheduled since load
         self._applied_rows: dict[int, int] = {}  # for the planted prev-row-two-back bug
         self.events = EventLog(self.config.record_events)
@@ -290,13 +293,21 @@ class Runner:
         """Position of `req`'s newest token: delivered ones plus those still in flight."""
         return len(self.requests[req].delivered) + self.live_rows(req)
 
+    def open_requests(self) -> list[int]:
+        """Requests not closed, in id order (a closed one leaves the index here: closing is
+        final)."""
+        closed = [r for r in self._open if self.requests[r].status in CLOSED]
+        self._open.difference_update(closed)
+        return sorted(self._open)
+
     def eligible(self) -> list[int]:
         """Requests the next step must hold: active, with budget left."""
+        requests = self.requests
         return [
             r
-            for r, req in sorted(self.requests.items())
-            if req.status in (Status.WAITING, Status.RUNNING) and self.next_pos(r) < req.max_tokens
-            and not self.held_for_host(r)
+            for r in self.open_requests()
+            if requests[r].status in (Status.WAITING, Status.RUNNING)
+            and self.next_pos(r) < requests[r].max_tokens and not self.held_for_host(r)
         ]
 
     def can_schedule(self) -> bool:
@@ -362,6 +373,7 @@ class Runner:
             raise ValueError(f"arrive(r{req}): prefill_chunks must be 1 or more, got {chunks}")
         self.requests[req] = _Request(prompt=prompt, max_tokens=budget,
                                       prefill_left=chunks - 1, host_sync=host_sync)
+        self._open.add(req)
         self.events.record("arrive", (req,), prompt=prompt, max_tokens=budget,
                            host_sync=host_sync, prefill_chunks=chunks)
 
@@ -501,8 +513,8 @@ class Runner:
         )
         # Counted before the step joins the queue: those held back from it (never eligible).
         self.stats["host_sync_held"] += sum(
-            req.status in (Status.WAITING, Status.RUNNING) and self.held_for_host(r)
-            for r, req in self.requests.items()
+            self.requests[r].status in (Status.WAITING, Status.RUNNING) and self.held_for_host(r)
+            for r in self.open_requests()
         )
         self.queue.append(step)
         self.steps += 1

@@ -222,7 +222,7 @@ class ServingEngine(Engine):
 
     def idle(self) -> bool:
         r = self.runner
-        waiting = any(x.status == Status.PREEMPTED for x in r.requests.values())
+        waiting = any(r.requests[q].status == Status.PREEMPTED for q in r.open_requests())
         return not self.queued and not waiting and not r.queue and not r.eligible()
 
     def run(self, max_iterations: int = 1_000_000) -> None:
@@ -246,7 +246,7 @@ class ServingEngine(Engine):
             self.preempt(victim)
             victims.add(victim)
         preempted = sorted(
-            (q for q, x in r.requests.items() if x.status == Status.PREEMPTED),
+            (q for q in r.open_requests() if r.requests[q].status == Status.PREEMPTED),
             key=lambda q: self.requests[q].arrival,
         )
         for req in preempted:

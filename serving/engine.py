@@ -213,7 +213,7 @@ class Engine:
         self.runner.close()
 
     def _admit(self) -> None:
-        active = sum(req.status not in CLOSED for req in self.runner.requests.values())
+        active = len(self.runner.open_requests())
         for req in list(self._waiting):
             if active >= self.config.rows:
                 return

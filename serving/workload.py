@@ -131,7 +131,8 @@ def due_for_abort(
 ) -> list[int]:
     """Open requests that have received the tokens after which their plan aborts them."""
     due = []
-    for req, r in engine.runner.requests.items():
+    for req in engine.runner.open_requests():
+        r = engine.runner.requests[req]
         after = by_req[req].abort_after
         if (
             after is not None
