@@ -277,7 +277,8 @@ SOMETIMES: tuple[Sometimes, ...] = (
     Sometimes("fault_after_launch", fault_after_launch, lambda b: b.faults),
     Sometimes(
         "mirror_read_three_in_flight", mirror_read_three_in_flight,
-        lambda b: b.depth >= 3 and _async(b) and b.requests >= 2 and b.max_tokens >= 2
-        and b.guard,
+        # Three steps in flight need three token steps: one request of three tokens, or two.
+        lambda b: b.depth >= 3 and _async(b) and b.max_tokens >= 2
+        and b.requests * b.max_tokens >= 3 and b.guard,
     ),
 )
