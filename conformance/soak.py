@@ -237,7 +237,15 @@ def run_soak(cfg: SoakConfig, trace_file: Path,
     model = load_model(cfg.model)
     report = SoakReport(seed=cfg.seed, trace_file=str(trace_file))
     say = progress or (lambda _: None)
-    run = _Run(cfg, model, report, lambda n: say(f"soak: {n:,} of {cfg.steps:,} steps"))
+    last = [time.perf_counter(), 0]
+
+    def stepped(n: int) -> None:  # the rate since the last line: a slowdown shows as it happens
+        now = time.perf_counter()
+        rate = (n - last[1]) / max(now - last[0], 1e-9)
+        last[:] = [now, n]
+        say(f"soak: {n:,} of {cfg.steps:,} steps ({rate:,.0f} steps/s)")
+
+    run = _Run(cfg, model, report, stepped)
     report.events = write_itf(run.events(), trace_file)
     say(f"soak: replaying {len(run.plan):,} requests at depth 1")
     owed = _sync_replay(cfg, model, run.plan)
