@@ -107,8 +107,8 @@ class _Search:
         self.ex.sometimes = {c.name: False for c in checks}
         self.pending = checks
         """The "sometimes" checks not reached yet."""
-        self.labels: dict[tuple[int, int], tuple[str, str]] = {}
-        """(action label, changed variables) per edge, built into the graph once at the end."""
+        self.labels: dict[tuple[int, int], str] = {}
+        """The action label per edge, built into the graph once at the end."""
 
     def visit(self, node: int) -> None:
         """Check a state's invariants, then expand it (unless it is broken)."""
@@ -140,10 +140,7 @@ class _Search:
         key = (node, target)
         label = action.label()
         labels = self.labels
-        if key in labels:
-            labels[key] = (labels[key][0] + " | " + label, labels[key][1])
-        else:
-            labels[key] = (label, changed_variables(s, t))
+        labels[key] = labels[key] + " | " + label if key in labels else label
         if self.pending:
             for check in list(self.pending):
                 if check.reached(s, action, t):
@@ -155,8 +152,7 @@ class _Search:
         ex = self.ex
         ex.graph.add_nodes_from(range(len(ex.states)))
         ex.graph.add_edges_from(
-            (u, v, {"action": label, "changed": changed})
-            for (u, v), (label, changed) in self.labels.items()
+            (u, v, {"action": label}) for (u, v), label in self.labels.items()
         )
         ex.cannot_finish = _cannot_finish(ex)
 
@@ -181,7 +177,8 @@ def _cannot_finish(ex: Exploration) -> list[int]:
 
 
 def changed_variables(before: State, after: State) -> str:
-    """The variables an action changed, e.g. ``queue[1], slots[0]``: cheap enough for every edge."""
+    """The variables an action changed, e.g. ``queue[1], slots[0]`` (the full view's edge
+    labels)."""
     out: list[str] = []
     for name, a, b in zip(State._fields, before, after, strict=True):
         if a == b:

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from enum import IntEnum
 
 from .model.actions import in_flight, writer
-from .model.explore import Exploration, changes
+from .model.explore import Exploration, changed_variables, changes
 from .model.state import Phase, State, Step
 
 FULL_VIEW_LIMIT = 3000
@@ -115,7 +115,8 @@ def _full(ex: Exploration) -> View:
         out.nodes[f"n{n}"] = summarize(s)
     out.initial = "n0"
     for u, v, data in ex.graph.edges(data=True):
-        out.edges[(f"n{u}", f"n{v}")] = {f"{data['action']} [{data['changed']}]"}
+        changed = changed_variables(ex.states[u], ex.states[v])
+        out.edges[(f"n{u}", f"n{v}")] = {f"{data['action']} [{changed}]"}
     _mark_failure(ex, out, [f"n{n}" for n in range(len(ex.states))])
     return out
 
