@@ -75,6 +75,10 @@ class SoakReport:
     """Faults the engine met (each failed one step)."""
     injected: int = 0
     """Faults the device fired (an armed fault that never met its call does not fire)."""
+    injected_by_call: dict[str, int] = field(default_factory=dict)
+    """The same by device call ("stall": a read accepted to land late). A stall fires without
+    being met when the copy lands within the deadline after all: the deadline counts from the
+    host's wait, which may begin well after the copy was issued."""
     faults_by_phase: dict[str, int] = field(default_factory=dict)
     failed_requests: int = 0
     preemptions: int = 0
@@ -189,6 +193,7 @@ class _Run:
             report.iterations, report.steps = it, engine.runner.steps
             report.hazards = device.hazards.total
             report.injected = sum(device.faults.injected.values())
+            report.injected_by_call = dict(sorted(device.faults.injected.items()))
             report.faults = engine.stats["faults"]
             report.faults_by_phase = {k.removeprefix("faults_at_"): v
                                       for k, v in sorted(engine.stats.items())
@@ -271,7 +276,9 @@ def summary(report: SoakReport) -> list[str]:
         f"steps {report.steps:,} in {report.iterations:,} iterations; {report.requests:,} "
         f"requests, {report.tokens:,} tokens; {report.preemptions:,} preemptions, "
         f"{report.aborts:,} aborts",
-        f"faults: {report.injected:,} injected, {report.faults:,} met by the engine ({phases}); "
+        f"faults: {report.injected:,} injected ("
+        + ", ".join(f"{k} {v}" for k, v in report.injected_by_call.items())
+        + f"), {report.faults:,} met by the engine ({phases}); "
         f"{report.failed_requests:,} requests failed with the device's error",
         f"hazards {report.hazards}; tokens lost {report.lost_tokens}, duplicated "
         f"{report.duplicated_tokens} (against a sync replay); device buffers leaked "
