@@ -1,24 +1,29 @@
-"""Serving throughput at depth 2 vs depth 1, and overlap under batch-layout churn vs draining.
+"""Serving throughput at depth 2 vs depth 1 across device/host time ratios, and overlap under
+batch-layout churn vs draining.
 
 All on the emulated TT device with a real worker thread per command queue (ThreadedScheduler),
-so device work runs while the host builds the next step. Each step's decoder op holds its queue
-for a calibrated time equal to the host's own per-step time (measured first, in this run), the
-regime where pipelining matters: a chip's forward and the host's scheduling cost the same.
+so device work runs while the host builds the next step. The host's own time per step, h, is
+calibrated first, in this run; at each point the decoder op then holds its queue for
+d = ratio x h, and h is measured again there as the depth-1 step time less d (the host's time
+drifts from run to run; the ideal is computed from the point's own figures).
 
-1. Tokens/s of the same workload at depth 2 (async) and depth 1 (sync), interleaved rounds,
-   medians: the pipeline hides one of the two.
-2. The same at depth 2 with every request asking for its top-3 logprobs (the logprob ring beside
+1. The sweep, at each ratio d/h in RATIOS: tokens/s of the same workload at depth 2 (async) and
+   depth 1 (sync), interleaved rounds, medians. Depth 1 takes h + d per step and depth 2 ideally
+   max(h, d), so the ideal speedup is (h + d) / max(h, d): 2 at d = h, 1.25 at d = h/4 or 4h.
+   Each point prints the measured speedup beside the ideal and their quotient. The same point
+   serves a churn workload (a request arrives every 2 steps and short ones finish, so the batch
+   layout changes at least every 3 steps; checked): the fraction of launches that overlapped a
+   step still in flight, with our design (the mirror combines across layout changes) and with
+   the TT plugin's policy (drain every in-flight step when the layout changes).
+2. At d = h, depth 2 with every request asking for its top-3 logprobs (the logprob ring beside
    the ids, its program after the sampler, its copy under the ids' event) beside without: what
    the second payload costs, and that depth 2 still overlaps with it.
-3. The same with the runner's event log (what trace validation reads) on, its default, and off.
-4. A churn workload (a request arrives every 2 steps and short ones finish, so the batch layout
-   changes at least every 3 steps; checked): the fraction of launches that overlapped a step
-   still in flight, with our design (the mirror combines across layout changes) and with the TT
-   plugin's policy (drain every in-flight step when the layout changes).
+3. At d = h, the runner's event log (what trace validation reads) on, its default, and off.
 
 Every run that records its events (all but the recording-off ones of 3) is then validated
-against the model, outside its timing; a divergence exits 1. The last line prints the ratios.
-Usage: python benchmarks/bench_engine.py [--rounds R]
+against the model, outside its timing; a divergence exits 1. The last lines print the ratios,
+and whether every point of the sweep reached 0.9 of its ideal speedup.
+Usage: python benchmarks/bench_engine.py [--rounds R] [--ratios 0.25,0.5,1,2,4]
 """
 
 from __future__ import annotations
@@ -46,6 +51,10 @@ VALIDATED = {"runs": 0, "events": 0}
 """Every run that records its events is validated against the model (a divergence exits 1)."""
 ROWS = 8
 LOGPROBS = 3
+RATIOS = (0.25, 0.5, 1.0, 2.0, 4.0)
+"""Device time per step over host time per step, d/h, at each point of the sweep."""
+TARGET = 0.9
+"""Every point's measured speedup must reach this share of its ideal."""
 
 
 def steady_plan(requests: int = 16) -> list[RequestPlan]:
@@ -110,11 +119,11 @@ def serve(
         plan = [replace(p, sampling=SamplingParams(logprobs=logprobs)) for p in plan]
     layouts: list[tuple[int, ...]] = []
 
-    def record(e: ServingEngine) -> None:
+    def note_layout(e: ServingEngine) -> None:
         if e.runner.steps > len(layouts):
             layouts.append(e.last_layout)
 
-    outcome = run_workload(engine, plan, on_step=record)
+    outcome = run_workload(engine, plan, on_step=note_layout)
     outcome.stats["device_compute_s"] = getattr(backend.context, "compute_s", 0.0)
     if engine.runner.events.enabled:  # outside the timed run: validation is not its cost
         events = engine.runner.events.events
@@ -148,8 +157,9 @@ def calibrate() -> tuple[float, float]:
     return bare.seconds / steps - compute, compute
 
 
-def steady(rounds: int, delay: float) -> tuple[float, float]:
-    """Median tokens/s at depth 2 and at depth 1, interleaved so drift hits both alike."""
+def steady(rounds: int, delay: float) -> tuple[float, float, float]:
+    """Median tokens/s at depth 2 and at depth 1, interleaved so drift hits both alike, and the
+    median seconds per step at depth 1 (h + d, measured)."""
     d2, d1 = [], []
     for _ in range(rounds):
         d2.append(serve(steady_plan(), "auto", delay))
@@ -159,6 +169,7 @@ def steady(rounds: int, delay: float) -> tuple[float, float]:
     return (
         statistics.median(m.tokens_per_s for m in d2),
         statistics.median(m.tokens_per_s for m in d1),
+        statistics.median(m.outcome.seconds / m.outcome.stats["launches"] for m in d1),
     )
 
 
@@ -201,60 +212,107 @@ def churn(delay: float) -> tuple[Measured, Measured, int]:
     return ours, drain, gap
 
 
+@dataclass
+class Point:
+    """One ratio of the sweep: device time d = ratio x h per step (h from the calibration).
+
+    The ideal is computed from this point's own measurements: a depth-1 step takes h + d, so
+    the host's share is that less d, and depth 2 at best takes the larger of the two."""
+
+    ratio: float
+    device_s: float
+    step1_s: float
+    """Seconds per step at depth 1 (median), h + d."""
+    rate2: float
+    rate1: float
+    ours: Measured
+    drain: Measured
+    gap: int
+
+    @property
+    def host_s(self) -> float:
+        return max(self.step1_s - self.device_s, 1e-9)
+
+    @property
+    def ideal(self) -> float:
+        return self.step1_s / max(self.host_s, self.device_s)
+
+    @property
+    def speedup(self) -> float:
+        return self.rate2 / self.rate1
+
+
+def sweep(rounds: int, host_step: float, compute: float, ratios: list[float]) -> list[Point]:
+    points = []
+    for ratio in ratios:
+        # The op holds its queue for d in all; its own compute is part of that.
+        delay = max(0.0, ratio * host_step - compute)
+        rate2, rate1, step1 = steady(rounds, delay)
+        ours, drain, gap = churn(delay)
+        p = Point(ratio, delay + compute, step1, rate2, rate1, ours, drain, gap)
+        print(f"  d/h {ratio:<5g} (measured: h {p.host_s * 1e3:5.2f} ms, d "
+              f"{p.device_s * 1e3:5.2f} ms) depth 2 {rate2:>6,.0f} tok/s, depth 1 "
+              f"{rate1:>6,.0f} tok/s: speedup {p.speedup:.2f}x, ideal (h+d)/max(h,d) "
+              f"{p.ideal:.2f}x ({p.speedup / p.ideal:.0%} of it); churn: overlapped ours "
+              f"{ours.overlapped:.1%}, drain {drain.overlapped:.1%}", flush=True)
+        points.append(p)
+    return points
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--ratios", default=",".join(f"{r:g}" for r in RATIOS),
+                        help="device/host time ratios of the sweep (default %(default)s)")
     parser.add_argument("--switch-interval", type=float, default=0.0002,
                         help="sys.setswitchinterval for the run (seconds)")
     args = parser.parse_args()
+    try:
+        ratios = [float(r) for r in args.ratios.split(",")]
+    except ValueError:
+        parser.error(f"--ratios must be numbers separated by commas, got {args.ratios!r}")
+    if args.rounds < 1 or not ratios or min(ratios) <= 0:
+        parser.error("--rounds must be 1 or more and every ratio above 0")
     # The emulated device's workers share the host's GIL (a chip does not): hand it over
     # quickly, or a finished command waits up to the default 5 ms to be noticed.
     sys.setswitchinterval(args.switch_interval)
 
     host_step, compute = calibrate()
-    delay = host_step
-    rate2, rate1 = steady(args.rounds, delay)
+    print(
+        f"emulated TT device, worker thread per CQ; probe model, {ROWS} rows; host step h "
+        f"{host_step * 1e3:.2f} ms (the decoder op's own compute {compute * 1e3:.2f} ms); "
+        f"median of {args.rounds} rounds per point; tokens identical at depth 2 and 1"
+    )
+    print("sweep of the device/host time ratio:")
+    points = sweep(args.rounds, host_step, compute, ratios)
+    delay = max(0.0, host_step - compute)  # d = h for the rest
     lp_rate, plain_rate, lp_overlap = with_logprobs(args.rounds, delay)
     rec_rate, bare_rate = recording(args.rounds, delay)
-    ours, drain, gap = churn(delay)
-    launches = ours.outcome.stats["launches"]
-
     print(
-        f"emulated TT device, worker thread per CQ; probe model, {ROWS} rows; host step "
-        f"{host_step * 1e3:.2f} ms, decoder op held {delay * 1e3:.2f} ms per step "
-        f"(its compute {compute * 1e3:.2f} ms)"
+        f"logprobs (top {LOGPROBS}, every request; d = h): depth 2 {lp_rate:,.0f} tok/s, "
+        f"without {plain_rate:,.0f} tok/s (tokens identical), at least {lp_overlap:.1%} of "
+        "steps overlapped"
     )
     print(
-        f"steady: depth 2 {rate2:,.0f} tok/s, depth 1 {rate1:,.0f} tok/s "
-        f"(median of {args.rounds}; tokens identical)"
+        f"event log (trace validation; d = h): depth 2 {rec_rate:,.0f} tok/s recording, "
+        f"{bare_rate:,.0f} tok/s without"
     )
-    print(
-        f"logprobs (top {LOGPROBS}, every request): depth 2 {lp_rate:,.0f} tok/s, without "
-        f"{plain_rate:,.0f} tok/s (median of {args.rounds}; tokens identical), at least "
-        f"{lp_overlap:.1%} of steps overlapped"
-    )
-    print(
-        f"event log (trace validation): depth 2 {rec_rate:,.0f} tok/s recording, "
-        f"{bare_rate:,.0f} tok/s without (median of {args.rounds})"
-    )
-    print(
-        f"churn ({launches} steps, layout never the same for more than {gap} steps): "
-        f"overlapped steps ours {ours.overlapped:.1%} ({ours.tokens_per_s:,.0f} tok/s), "
-        f"drain-on-layout-change {drain.overlapped:.1%} ({drain.tokens_per_s:,.0f} tok/s, "
-        f"{drain.outcome.stats.get('engine_drains', 0)} drains)"
-    )
+    gap = max(p.gap for p in points)
+    launches = points[0].ours.outcome.stats["launches"]
+    print(f"churn: {launches} steps per run, layout never the same for more than {gap} steps")
     print(f"validated: {VALIDATED['runs']} runs (every recording one, depth 2 and depth 1), "
           f"{VALIDATED['events']:,} events, each a transition of the model")
-    met = rate2 >= 1.3 * rate1 and ours.overlapped >= 0.95 and rec_rate >= 0.95 * bare_rate
-    print(f"targets (depth 2 >= 1.3x depth 1, >= 95% overlapped under churn, recording costs "
-          f"under 5% tokens/s): {'met' if met else 'NOT met'}")
-    print(
-        f"ratios: depth2/depth1 tokens/s = {rate2 / rate1:.2f}x; with/without logprobs "
-        f"{lp_rate / plain_rate:.2f}x; recording/not {rec_rate / bare_rate:.2f}x; "
-        f"overlapped steps under churn "
-        f"ours {ours.overlapped:.1%} vs drain {drain.overlapped:.1%} "
-        f"({ours.overlapped / max(drain.overlapped, 1e-9):.2f}x)"
-    )
+    shares = [p.speedup / p.ideal for p in points]
+    met = (min(shares) >= TARGET and all(p.ours.overlapped >= 0.95 for p in points)
+           and rec_rate >= 0.95 * bare_rate)
+    print(f"targets (every ratio's speedup >= {TARGET:.0%} of its ideal, >= 95% overlapped under "
+          f"churn at every ratio, recording costs under 5% tokens/s): "
+          f"{'met' if met else 'NOT met'}")
+    print("ratios: depth2/depth1 tokens/s over ideal: " + "; ".join(
+        f"d/h {p.ratio:g}: {p.speedup:.2f}x / {p.ideal:.2f}x" for p in points)
+        + f"; with/without logprobs {lp_rate / plain_rate:.2f}x; recording/not "
+        f"{rec_rate / bare_rate:.2f}x; overlapped under churn ours/drain " + ", ".join(
+            f"{p.ours.overlapped / max(p.drain.overlapped, 1e-9):.2f}x" for p in points))
 
 
 if __name__ == "__main__":
