@@ -83,15 +83,19 @@ def _decided(event: Event, before: State, after: State, ids: _Requests) -> str |
     return None
 
 
+NEWEST = "NewestTokenInNewestStep"
+"""Reads the queue's live rows and who is eligible: whatever adds or retires a step, drops rows
+or changes a status can falsify it."""
 CHECKED_AFTER: dict[str, tuple[str, ...]] = {
-    "schedule": ("DepthBound",),
+    "schedule": ("DepthBound", NEWEST),
     "combine": ("StaleHostIdsGuard", READ_RELEASED),
     "launch": (REWRITE_WITH_READER,),
     "readback_complete": (READ_RELEASED,),
-    "apply": ("OutputIntegrity",),
-    "finish": ("OutputIntegrity",),
-    "abort": ("OutputIntegrity",),
-    FAULT: ("FailedRequestsQuiet", "OutputIntegrity"),
+    "apply": ("OutputIntegrity", NEWEST),
+    "finish": ("OutputIntegrity", NEWEST),
+    "abort": ("OutputIntegrity", NEWEST),
+    "preempt": (NEWEST,),
+    FAULT: ("FailedRequestsQuiet", "OutputIntegrity", NEWEST),
 }
 """The invariants each action can falsify (the others read nothing it writes): checking only
 those keeps validation linear and cheap."""
