@@ -26,6 +26,7 @@ from typing import Any
 
 from .model.explore import Exploration, explore
 from .model.state import Bounds
+from .report import verdicts as report_verdicts
 
 PATH = Path(__file__).resolve().parent.parent / "specs" / "manifest.json"
 SIZES = ("small", "default", "large")
@@ -107,23 +108,20 @@ def entry(name: str, path: Path = PATH) -> Entry:
 
 def observe(ex: Exploration) -> dict[str, Any]:
     """What the explorer found, in the manifest's terms."""
+    shortest = {"NoDeadlock": ex.deadlocks, "CanAlwaysFinish": ex.cannot_finish}
     verdicts: dict[str, str | int] = {}
-    for name, node in ex.violations.items():
-        verdicts[name] = len(ex.path_to(node))
-    from .report import verdicts as report_verdicts
-
     for name, verdict in report_verdicts(ex).items():
         if verdict == "ok":
             verdicts[name] = "ok"
-        elif name == "NoDeadlock":
-            verdicts[name] = min(len(ex.path_to(n)) for n in ex.deadlocks)
-        elif name == "CanAlwaysFinish":
-            verdicts[name] = min(len(ex.path_to(n)) for n in ex.cannot_finish)
+        elif name in shortest:
+            verdicts[name] = min(len(ex.path_to(n)) for n in shortest[name])
+        else:
+            verdicts[name] = len(ex.path_to(ex.violations[name]))
     failure = ex.failure()
     return {
         "states": len(ex.states),
         "transitions": ex.transitions,
-        "verdicts": {k: verdicts[k] for k in report_verdicts(ex)},
+        "verdicts": verdicts,
         "violated": failure[0] if failure else None,
     }
 

@@ -20,8 +20,6 @@ from .views import project
 ROOT = Path(__file__).resolve().parent.parent
 SPEC = ROOT / "specs" / "mirrored-sampled-ids.md"
 README = ROOT / "README.md"
-BEGIN = "<!-- BEGIN GENERATED slot-lifecycle (python -m ttmirror.specdoc) -->"
-END = "<!-- END GENERATED slot-lifecycle -->"
 
 
 def markers(name: str) -> tuple[str, str]:
@@ -32,7 +30,7 @@ def markers(name: str) -> tuple[str, str]:
 
 def block(ex: Exploration) -> str:
     """The Mermaid block for slot 0 at the given exploration's bounds."""
-    return f"{BEGIN}\n```mermaid\n{to_mermaid(project(ex, 'slot', 0))}```\n{END}"
+    return _wrap("slot-lifecycle", f"```mermaid\n{to_mermaid(project(ex, 'slot', 0))}```\n")
 
 
 def current(text: str, name: str = "slot-lifecycle") -> str:
