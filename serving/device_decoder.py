@@ -29,14 +29,15 @@ there the TT model stacks' own decode would take its place (not shipped: never r
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Hashable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 import ttnn
 
 from ..impl.device import EmulatedMeshDevice, bind_sampling_identity
-from ..impl.device.commands import Program
+from ..impl.device.commands import Kernel, Program, register_kernel
 from ..impl.ring import LogprobSlot
 from .context import (
     BANNED,
@@ -89,6 +90,48 @@ def dram_bytes(model: DecoderModel, width: int, blocks: int) -> int:
     return logits + (blocks + width) * model.max_context * 4 + constraints
 
 
+@dataclass
+class ComputeClock:
+    """Seconds spent in the decoder's forward kernels: what a kernel's parameters may count."""
+
+    seconds: float = 0.0
+
+
+def _decoder_forward(args: list[Any], outputs: list[torch.Tensor], params: Mapping[str, Any]
+                     ) -> None:
+    """The model forward: appends to the history (args[0], written in place), writes logits."""
+    started = time.perf_counter()
+    destination = outputs[0]
+    model = params["model"]
+    logits = decode_rows(model, args[0], *args[1:])  # [W, V]
+    if params["greedy"]:
+        destination.copy_(logits.T.reshape(destination.shape))
+    else:
+        destination.fill_(float("-inf"))  # the padded vocabulary is never drawn
+        destination[0, 0, :, : model.vocab] = logits
+    params["clock"].seconds += time.perf_counter() - started
+
+
+def _sampled_logprobs(args: list[Any], outputs: list[torch.Tensor], params: Mapping[str, Any]
+                      ) -> None:
+    logits, ids = args
+    values_out, ids_out = outputs
+    vocab, width = params["vocab"], params["width"]
+    n = values_out.shape[-1] - 1
+    # Greedy logits hold one column per row, seeded ones a padded row per row.
+    if params["greedy"]:
+        rows = logits.reshape(vocab, width).T
+    else:
+        rows = logits.reshape(width, -1)[:, :vocab]
+    values, top = token_logprobs(rows, ids.reshape(-1), n)
+    values_out.copy_(values.reshape(values_out.shape))
+    ids_out.copy_(top.reshape(ids_out.shape).to(ids_out.dtype))
+
+
+register_kernel("decoder_forward", _decoder_forward)
+register_kernel("sampled_logprobs", _sampled_logprobs)
+
+
 class DeviceDecoder:
     """Persistent context tensors (allocated at load), the decoder op and the sampler."""
 
@@ -117,8 +160,15 @@ class DeviceDecoder:
         if not sampling.greedy:  # what _allocate_sampler wrote: the engine's, on every row
             self._written["sampling"] = _sampling_key(*row_sampling(NO_ROWS, sampling, width))
         self.forwards = 0
-        self.compute_s = 0.0
+        self.clock = ComputeClock()
+        """Seconds the emulated device spent computing forwards (kernels add to it)."""
         """Time the decoder op spent computing (its delay excluded), for calibration."""
+
+
+    @property
+    def compute_s(self) -> float:
+        """Seconds the emulated device spent in this decoder's forwards."""
+        return self.clock.seconds
 
     def _allocate_context(self, blocks: int) -> None:
         """The KV blocks (`history`), the per-row context inputs and the logits, zero-filled."""
@@ -264,26 +314,17 @@ class DeviceDecoder:
 
     def _enqueue_logprobs(self, slot: ttnn.Tensor, part: LogprobSlot) -> None:
         """The sampled id's logprob and the top n, from this step's logits, into `part`."""
-        logits, ids = self.logits.data, slot.data
-        values_out, ids_out = part.values.data, part.ids.data
-        vocab, width, greedy = self.model.vocab, self.width, self.sampling.greedy
-        n = values_out.shape[-1] - 1
-
-        def body() -> None:
-            # Greedy logits hold one column per row, seeded ones a padded row per row.
-            if greedy:
-                rows = logits.reshape(vocab, width).T
-            else:
-                rows = logits.reshape(width, -1)[:, :vocab]
-            values, top = token_logprobs(rows, ids.reshape(-1), n)
-            values_out.copy_(values.reshape(values_out.shape))
-            ids_out.copy_(top.reshape(ids_out.shape).to(ids_out.dtype))
-
+        kernel = Kernel(
+            "sampled_logprobs",
+            (self.logits.operand, slot.operand),
+            (part.values.operand, part.ids.operand),
+            {"vocab": self.model.vocab, "width": self.width, "greedy": self.sampling.greedy},
+        )
         program = Program(
             "sampled_logprobs",
             reads=(self.logits.buffer, slot.buffer),
             writes=(part.values.buffer, part.ids.buffer),
-            body=body,
+            kernel=kernel,
             cache_key=("sampled_logprobs", id(self)),
         )
         self.device.launch(program, self.cq)
@@ -301,26 +342,18 @@ class DeviceDecoder:
             self.banned,
             self.allowed,
         ]
-        # Views at fixed addresses, as every emulated op: a trace replays the same bytes.
-        views = [t.data for t in inputs]
-        history, destination = self.history.data, self.logits.data
-        model, greedy = self.model, self.sampling.greedy
-
-        def body() -> None:
-            started = time.perf_counter()
-            logits = decode_rows(model, history, *views)  # [W, V]
-            if greedy:
-                destination.copy_(logits.T.reshape(destination.shape))
-            else:
-                destination.fill_(float("-inf"))  # the padded vocabulary is never drawn
-                destination[0, 0, :, : model.vocab] = logits
-            self.compute_s += time.perf_counter() - started
-
+        # Operands at fixed addresses, as every emulated op: a trace replays the same bytes.
+        kernel = Kernel(
+            "decoder_forward",
+            (self.history.operand, *(t.operand for t in inputs)),
+            (self.logits.operand,),
+            {"model": self.model, "greedy": self.sampling.greedy, "clock": self.clock},
+        )
         program = Program(
             "decoder_forward",
             reads=tuple(t.buffer for t in (*inputs, self.history)),
             writes=(self.history.buffer, self.logits.buffer),
-            body=body,
+            kernel=kernel,
             cache_key=("decoder_forward", id(self)),
         )
         self.device.launch(program, self.cq)

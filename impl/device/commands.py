@@ -1,16 +1,102 @@
-"""What a command queue holds: commands, the events that order queues, and trace ids."""
+"""What a command queue holds: commands as data, the events that order queues, and trace ids.
+
+A command's effect is data, never a closure: a host write (the values, taken at enqueue, and
+where they go), a host read (which DRAM elements, into which host tensor) or a kernel (a
+registered kernel's name, its operands as DRAM regions or plain values, its outputs, its
+parameters). Completing a command reads and writes DRAM at those addresses then. Held as data,
+a queue can be printed, compared and copied with the device it belongs to (`snapshot.py`).
+"""
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+import weakref
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+import torch
+import ttnn
+
 from .allocator import Buffer
 from .ordering import Clock
+from .tensors import Region
 
-Body = Callable[[], None]
+
+@dataclass(frozen=True)
+class Operand:
+    """A tensor's elements in DRAM, by value: where they are stored, and the shape read there
+    (the logical shape; for a TILE tensor's padding included, its stored shape)."""
+
+    region: Region
+    shape: tuple[int, ...]
+
+    def __repr__(self) -> str:
+        return f"[0x{self.region.address:x} {list(self.shape)} {self.region.dtype}]"
+
+
+@dataclass(frozen=True, eq=False)
+class HostWrite:
+    """A host-to-device copy: `values` (copied from the host at enqueue) into `destination`."""
+
+    destination: Operand
+    values: torch.Tensor
+
+    def __repr__(self) -> str:
+        return f"HostWrite({self.values.tolist()} -> {self.destination})"
+
+
+@dataclass(frozen=True, eq=False)
+class HostRead:
+    """A device-to-host copy: `source`'s elements into the storage of a host tensor.
+
+    `host` holds a weak-referenceable host tensor (a non-blocking readback's) weakly: the host
+    dropping it before the copy lands must stay observable (a hazard); a plain one strongly."""
+
+    source: Operand
+    host: ttnn.Tensor | weakref.ref[ttnn.Tensor]
+
+    def target(self) -> ttnn.Tensor | None:
+        """The host tensor the copy lands in; None once the host dropped it."""
+        host = self.host
+        return host() if isinstance(host, weakref.ref) else host
+
+    def __repr__(self) -> str:
+        return f"HostRead({self.source} -> host tensor {id(self.target()):#x})"
+
+
+KernelFn = Callable[[list[Any], list[torch.Tensor], Mapping[str, Any]], None]
+"""A kernel's effect: (its arguments, DRAM operands as views; its output views; its parameters)."""
+KERNELS: dict[str, KernelFn] = {}
+"""Every kernel the emulated device can run, by name (registered by the modules defining ops)."""
+
+
+def register_kernel(name: str, fn: KernelFn) -> None:
+    """Make `name` runnable by a `Kernel` command (code, registered once at import: not state)."""
+    KERNELS[name] = fn
+
+
+@dataclass(frozen=True, eq=False)
+class Kernel:
+    """A device op's effect as data: the registered kernel `name` run on `args` (an `Operand`
+    is read from DRAM when the command completes; any other value is passed as it is), writing
+    `outputs`, with `params`."""
+
+    name: str
+    args: tuple[Any, ...]
+    outputs: tuple[Operand, ...]
+    params: Mapping[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.name not in KERNELS:
+            raise KeyError(f"no kernel named {self.name!r} is registered")
+
+    def __repr__(self) -> str:
+        params = "".join(f", {k}={v!r}" for k, v in self.params.items())
+        return f"{self.name}({', '.join(map(repr, self.args))}{params}) -> {self.outputs}"
+
+
+type Effect = HostWrite | HostRead | Kernel
 
 
 @dataclass(eq=False)
@@ -22,7 +108,8 @@ class Command:
     cq: int
     index: int  # 1-based position on its CQ
     clock: Clock
-    body: Body | None = None
+    effect: Effect | None = None
+    """What completing it does to DRAM or a host tensor; None for events and barriers."""
     event: MeshEvent | None = None  # recorded by this command, or awaited by it
     waits: bool = False  # a wait_for_event barrier: ready only once `event` completed
     trace: int | None = None  # replayed from this trace
@@ -78,6 +165,6 @@ class Program:
     name: str
     reads: tuple[Buffer, ...]
     writes: tuple[Buffer, ...]
-    body: Body
+    kernel: Kernel
     cache_key: object = None
     trace: int | None = field(default=None)

@@ -8,9 +8,9 @@ completes, at the addresses it was given, so timing bugs produce real wrong data
 
 from __future__ import annotations
 
-import itertools
 import threading
 import time
+import weakref
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
@@ -20,7 +20,18 @@ import ttnn
 
 from . import readbacks
 from .allocator import Buffer, DramAllocator
-from .commands import Body, Command, MeshEvent, MeshTraceId, Program
+from .commands import (
+    KERNELS,
+    Command,
+    Effect,
+    HostRead,
+    HostWrite,
+    Kernel,
+    MeshEvent,
+    MeshTraceId,
+    Operand,
+    Program,
+)
 from .hazards import Hazard, HazardKind, HazardLog, HazardMode
 from .injection import FaultInjector
 from .ordering import OrderingTracker
@@ -31,8 +42,10 @@ from .tensors import (
     HostReadback,
     Region,
     host_bytes,
+    host_operand,
     host_values,
     new_host_tensor,
+    region_view,
     storage_bytes,
 )
 from .traces import Trace
@@ -87,8 +100,8 @@ class EmulatedMeshDevice:
         sees device data the moment it exists, without a command of its own (emulated only)."""
         """Called once the device has closed (the routing detaches it)."""
         self.sampling_identity: tuple[DeviceTensor, DeviceTensor] | None = None
-        self._ids = itertools.count(1)
-        self._trace_ids = itertools.count(0)
+        self._last_id = 0  # plain ints, not itertools counters: the state must copy as data
+        self._last_trace_id = -1
         self._traces: dict[int, Trace] = {}
         self._capturing: dict[int, Trace] = {}
         self.faults = FaultInjector()
@@ -123,15 +136,29 @@ class EmulatedMeshDevice:
             if not head.ready():
                 raise RuntimeError(f"CQ{cq_id}: {head.label} waits for {head.event} to complete")
             queue.popleft()
-            if head.body is not None:
-                head.body()
-                head.body = None  # release the views it captured
+            if head.effect is not None:
+                self._complete(head.effect)
+                head.effect = None  # done: a host tensor it wrote is the host's alone now
             head.done = True
             self.completion_log.append(head.label)
             for observer in self.observers:
                 observer(head)
             self.condition.notify_all()
             return head
+
+    def _complete(self, effect: Effect) -> None:
+        """Do what a command's effect says, on DRAM (and a host tensor) as they are now."""
+        memory = self.allocator.memory
+        if isinstance(effect, Kernel):
+            args = [region_view(memory, a) if isinstance(a, Operand) else a for a in effect.args]
+            outputs = [region_view(memory, o) for o in effect.outputs]
+            KERNELS[effect.name](args, outputs, effect.params)
+        elif isinstance(effect, HostWrite):
+            region_view(memory, effect.destination).copy_(effect.values)
+        else:
+            host = effect.target()
+            if host is not None:  # else dropped: a hazard already, the copy lands nowhere
+                host_operand(host, effect.source).copy_(region_view(memory, effect.source))
 
     def ready_commands(self) -> list[Command]:
         """The head command of each queue that can complete now."""
@@ -177,7 +204,7 @@ class EmulatedMeshDevice:
         *,
         reads: Iterable[Buffer] = (),
         writes: Iterable[Buffer] = (),
-        body: Body | None = None,
+        effect: Effect | None = None,
         event: MeshEvent | None = None,
         waits: bool = False,
         trace: int | None = None,
@@ -189,7 +216,7 @@ class EmulatedMeshDevice:
         index, clock = self.ordering.stamp(cq)
         writes = tuple(writes)
         command = Command(
-            next(self._ids), name, cq, index, clock, body, event, waits, trace, writes
+            self._next_id(), name, cq, index, clock, effect, event, waits, trace, writes
         )
         hazards: list[Hazard] = []
         for buffers, write in ((reads, False), (writes, True)):
@@ -209,6 +236,10 @@ class EmulatedMeshDevice:
                 hazards += self.ordering.access(buffer, command, cq, index, clock, write=write)
         self.queues[cq].append(command)
         return command, hazards
+
+    def _next_id(self) -> int:
+        self._last_id += 1
+        return self._last_id
 
     def _fault_point(self, call: str, name: str) -> float | None:
         """Raise the fault armed for this call, if any; a stalled read's delay in seconds."""
@@ -304,12 +335,8 @@ class EmulatedMeshDevice:
 
     def _write_host(self, tensor: DeviceTensor, source: torch.Tensor, cq: int, name: str) -> None:
         """Enqueue a host-to-device copy of `source` (the logical elements, taken at enqueue)."""
-        destination = tensor.data
-
-        def body() -> None:
-            destination.copy_(source)
-
-        _, hazards = self._enqueue(cq, name, writes=(tensor.buffer,), body=body)
+        effect = HostWrite(tensor.operand, source)
+        _, hazards = self._enqueue(cq, name, writes=(tensor.buffer,), effect=effect)
         self.scheduler.enqueued(self)
         self._report(hazards)
 
@@ -335,16 +362,13 @@ class EmulatedMeshDevice:
                 )
             else:
                 _check_same_spec(into, tensor, "copy_device_to_host_tensor")
-            source = tensor.data
             if not blocking:
                 host_bytes(into).fill_(GARBAGE_BYTE)
-            destination = host_values(into, tensor)
             target: Any = into
-
-            def body() -> None:
-                destination.copy_(source)
-
-            command, hazards = self._enqueue(cq, name, reads=(tensor.buffer,), body=body)
+            # Weakly held where it can be: the host dropping it early must stay observable.
+            held = weakref.ref(into) if isinstance(into, HostReadback) else into
+            effect = HostRead(tensor.operand, held)
+            command, hazards = self._enqueue(cq, name, reads=(tensor.buffer,), effect=effect)
             if stall is not None:
                 command.not_before = time.monotonic() + stall
             if blocking:
@@ -455,7 +479,8 @@ class EmulatedMeshDevice:
                 return
             self.program_cache.add(program.cache_key)
             _, hazards = self._enqueue(
-                cq, program.name, reads=program.reads, writes=program.writes, body=program.body
+                cq, program.name, reads=program.reads, writes=program.writes,
+                effect=program.kernel,
             )
             self.scheduler.enqueued(self)
             self._report(hazards)
@@ -469,7 +494,8 @@ class EmulatedMeshDevice:
         with self.condition:
             if self._capture_on(cq):
                 raise RuntimeError(f"CQ{cq} is already capturing {self._capturing[cq].label()}")
-            trace = Trace(next(self._trace_ids), cq, first_serial=self.allocator.next_serial)
+            self._last_trace_id += 1
+            trace = Trace(self._last_trace_id, cq, first_serial=self.allocator.next_serial)
             self._traces[trace.id] = trace
             self._capturing[cq] = trace
             return MeshTraceId(trace.id)
@@ -510,7 +536,7 @@ class EmulatedMeshDevice:
                     program.name,
                     reads=[self._at_address(b) for b in program.reads],
                     writes=[self._at_address(b) for b in program.writes],
-                    body=program.body,
+                    effect=program.kernel,
                     trace=trace.id,
                 )
                 hazards += found

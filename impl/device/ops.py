@@ -1,6 +1,7 @@
 """Device ops of the emulated device. Numerics come from ttnn's own golden functions.
 
-Each op is planned at call time (output allocated, addresses fixed) and its effect runs when its
+Each op is planned at call time (output allocated, addresses fixed) and enqueued as a `Kernel`
+(data: a registered kernel's name, its operands' DRAM regions, its parameters), which runs when its
 command completes, reading and writing DRAM at those addresses. `sampling` is the exception to the
 goldens: its golden is a stub, so it uses the seeded sampler in `sampling.py`. Goldens return
 values; in-place and `output_tensor=` semantics are applied here, as the runtime notes require.
@@ -8,18 +9,17 @@ values; in-place and `output_tensor=` semantics are applied here, as the runtime
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import torch
 import ttnn
 
-from .commands import Program
+from .commands import Kernel, KernelFn, Program, register_kernel
 from .device import EmulatedMeshDevice
 from .sampling import sample_rows
 from .tensors import DeviceTensor, torch_dtype
 
-Compute = Callable[[list[torch.Tensor]], torch.Tensor]
 Bound = dict[str, Any]
 
 # Captured at import: routing replaces the module attributes only while an emulated device is open.
@@ -63,21 +63,27 @@ def _launch(
     cq: int,
     name: str,
     *,
-    inputs: Sequence[DeviceTensor],
-    compute: Compute,
+    args: Sequence[Any],
+    params: dict[str, Any],
     out_dtype: ttnn.DataType,
     out_layout: ttnn.Layout,
     output: DeviceTensor | None,
     key: tuple[object, ...],
     device: EmulatedMeshDevice | None = None,
 ) -> DeviceTensor:
+    """Plan op `name` on `args` (device tensors and plain values): allocate its output, and
+    enqueue its kernel, which computes `COMPUTE[name](args, **params)` when it completes."""
+    inputs = [a for a in args if isinstance(a, DeviceTensor)]
     device = device or _device_of(inputs if inputs else [output])  # type: ignore[list-item]
     cache_key = (name, tuple(t.spec_key for t in inputs), key, out_dtype.value, out_layout.value)
     shape = _output_shapes.get(cache_key)
     if shape is None:
         # The output spec is what compiling the program decides; values do not matter.
-        probe = [torch.zeros(t._shape, dtype=torch_dtype(t.dtype)) for t in inputs]
-        shape = _output_shapes[cache_key] = tuple(compute(probe).shape)
+        probe = [
+            torch.zeros(a._shape, dtype=torch_dtype(a.dtype)) if isinstance(a, DeviceTensor) else a
+            for a in args
+        ]
+        shape = _output_shapes[cache_key] = tuple(COMPUTE[name](probe, **params).shape)
     if output is None:
         output = device.allocate(shape, out_dtype, out_layout)
     elif output.dims != tuple(shape):
@@ -85,27 +91,140 @@ def _launch(
             f"TT_FATAL @ ttnn.{name} (emulated device): output_tensor has shape "
             f"{list(output.shape)}, the op produces {list(shape)}"
         )
-    # Addresses are fixed now (a trace replays them): the body works on views of those bytes.
-    views = [t.data for t in inputs]
-    destination = output.data
-
-    def body() -> None:
-        destination.copy_(compute(views).reshape(destination.shape))  # copy_ casts the dtype
-
+    # Addresses are fixed now (a trace replays them): the kernel holds them, not views.
+    kernel = Kernel(
+        name,
+        tuple(a.operand if isinstance(a, DeviceTensor) else a for a in args),
+        (output.operand,),
+        params,
+    )
     reads = tuple(t.buffer for t in inputs)
-    device.launch(Program(name, reads, (output.buffer,), body, cache_key), cq)
+    device.launch(Program(name, reads, (output.buffer,), kernel, cache_key), cq)
     return output
+
+
+# --- what each op computes: golden references, on the operands' values at completion ------------
+
+
+def _argmax(v: list[Any], dim: int | None, keepdim: bool) -> torch.Tensor:
+    return GOLDEN["argmax"](v[0], dim=dim, keepdim=keepdim)
+
+
+def _sampling(v: list[Any], seed: int) -> torch.Tensor:
+    return sample_rows(v[0], v[1], v[2], v[3], v[4], seed=seed, requests=v[5], positions=v[6])
+
+
+def _gather(v: list[Any], dim: int) -> torch.Tensor:
+    # "The value produced at any output position whose index falls outside that range is
+    # unspecified": such positions get garbage, as on a chip, not an exception.
+    size = v[0].shape[dim]
+    wide = v[1].to(torch.int64) & 0xFFFFFFFF
+    outside = wide >= size
+    out = GOLDEN["gather"](v[0], dim, torch.where(outside, 0, wide))
+    return torch.where(outside, torch.full_like(out, GARBAGE_ID), out)
+
+
+def _where(v: list[Any]) -> torch.Tensor:
+    return GOLDEN["where"](*v)
+
+
+def _embedding(v: list[Any]) -> torch.Tensor:
+    return GOLDEN["embedding"](v[0], v[1])
+
+
+def _typecast(v: list[Any], dtype: ttnn.DataType, input_dtype: ttnn.DataType) -> torch.Tensor:
+    return GOLDEN["typecast"](
+        v[0], dtype=dtype, _ttnn_input_dtype=input_dtype, _ttnn_is_host=False,
+        _ttnn_arch_name=_ARCH,
+    )
+
+
+def _copy(v: list[Any], dtype: ttnn.DataType) -> torch.Tensor:
+    return GOLDEN["copy"](v[0], _empty_like_dtype(dtype))
+
+
+def _fill(v: list[Any], shape: tuple[int, ...], dtype: torch.dtype, value: Any) -> torch.Tensor:
+    return GOLDEN["fill"](torch.empty(shape, dtype=dtype), value)
+
+
+def _add(v: list[Any], dtype: ttnn.DataType | None, extra: dict[str, Any]) -> torch.Tensor:
+    return GOLDEN["add"](*v, dtype=dtype, **extra)
+
+
+def _slice(v: list[Any], start: tuple[int, ...], end: tuple[int, ...],
+           step: tuple[int, ...] | None) -> torch.Tensor:
+    return GOLDEN["slice"](v[0], start, end, step)
+
+
+def _concat(v: list[Any], dim: int, groups: int) -> torch.Tensor:
+    return GOLDEN["concat"](v, dim, groups)
+
+
+def _eq(v: list[Any]) -> torch.Tensor:
+    # The mask is 1 for true and 0 for false, carried in the output dtype (no bool dtype).
+    return torch.eq(v[0], v[1]).to(torch.int32)
+
+
+def _matmul(v: list[Any], ta: bool, tb: bool) -> torch.Tensor:
+    x = v[0].transpose(-1, -2) if ta else v[0]
+    y = v[1].transpose(-1, -2) if tb else v[1]
+    return x.float() @ y.float()  # copy_ casts to the output dtype
+
+
+COMPUTE: dict[str, Callable[..., torch.Tensor]] = {
+    "argmax": _argmax,
+    "sampling": _sampling,
+    "gather": _gather,
+    "where": _where,
+    "embedding": _embedding,
+    "typecast": _typecast,
+    "copy": _copy,
+    "fill": _fill,
+    "add": _add,
+    "slice": _slice,
+    "concat": _concat,
+    "eq": _eq,
+    "matmul": _matmul,
+}
+
+
+def _writes_result(compute: Callable[..., torch.Tensor]) -> KernelFn:
+    def kernel(args: list[Any], outputs: list[torch.Tensor], params: Mapping[str, Any]) -> None:
+        out = outputs[0]
+        out.copy_(compute(args, **params).reshape(out.shape))  # copy_ casts the dtype
+
+    return kernel
+
+
+def _plus_one(args: list[Any], outputs: list[torch.Tensor], params: Mapping[str, Any]) -> None:
+    GOLDEN["plus_one"](outputs[0], skip_negative_entries=params["skip"])  # in place
+
+
+def _convert(args: list[Any], outputs: list[torch.Tensor], params: Mapping[str, Any]) -> None:
+    """A layout conversion into an output given with its padding: the padding gets `pad`."""
+    stored, source = outputs[0], args[0]
+    if params["tiled"]:
+        stored.fill_(params["pad"])
+    stored[tuple(slice(0, d) for d in source.shape)].copy_(source)
+
+
+for _name, _compute in COMPUTE.items():
+    register_kernel(_name, _writes_result(_compute))
+register_kernel("plus_one", _plus_one)
+register_kernel("convert", _convert)
+
+
+# --- the ops: each binds its arguments, plans its output and enqueues its kernel ------------------
 
 
 def argmax(bound: Bound, cq: int) -> DeviceTensor:
     x = bound["input_tensor"]
     dim, keepdim = bound.get("dim"), bool(bound.get("keepdim", False))
-    golden = GOLDEN["argmax"]
     return _launch(
         cq,
         "argmax",
-        inputs=[x],
-        compute=lambda v: golden(v[0], dim=dim, keepdim=keepdim),
+        args=[x],
+        params={"dim": dim, "keepdim": keepdim},
         out_dtype=ttnn.uint32,
         out_layout=ttnn.ROW_MAJOR_LAYOUT,
         output=bound.get("output_tensor"),
@@ -125,7 +244,7 @@ def sampling(bound: Bound, cq: int) -> DeviceTensor:
     requests, positions = device.sampling_identity
     seed = int(bound.get("seed") or 0)
     output = bound.get("output_tensor")
-    inputs = [
+    args = [
         values,
         bound["input_indices_tensor"],
         bound["k"],
@@ -134,15 +253,11 @@ def sampling(bound: Bound, cq: int) -> DeviceTensor:
         requests,
         positions,
     ]
-
-    def compute(v: list[torch.Tensor]) -> torch.Tensor:
-        return sample_rows(v[0], v[1], v[2], v[3], v[4], seed=seed, requests=v[5], positions=v[6])
-
     return _launch(
         cq,
         "sampling",
-        inputs=inputs,
-        compute=compute,
+        args=args,
+        params={"seed": seed},
         out_dtype=output.dtype if output is not None else ttnn.uint32,
         out_layout=ttnn.ROW_MAJOR_LAYOUT,
         output=output,
@@ -152,22 +267,11 @@ def sampling(bound: Bound, cq: int) -> DeviceTensor:
 
 def gather(bound: Bound, cq: int) -> DeviceTensor:
     x, dim, index = bound["input"], int(bound["dim"]), bound["index"]
-    golden = GOLDEN["gather"]
-
-    def compute(v: list[torch.Tensor]) -> torch.Tensor:
-        # "The value produced at any output position whose index falls outside that range is
-        # unspecified": such positions get garbage, as on a chip, not an exception.
-        size = v[0].shape[dim]
-        wide = v[1].to(torch.int64) & 0xFFFFFFFF
-        outside = wide >= size
-        out = golden(v[0], dim, torch.where(outside, 0, wide))
-        return torch.where(outside, torch.full_like(out, GARBAGE_ID), out)
-
     return _launch(
         cq,
         "gather",
-        inputs=[x, index],
-        compute=compute,
+        args=[x, index],
+        params={"dim": dim},
         out_dtype=x.dtype,
         out_layout=x.layout,
         output=bound.get("out"),
@@ -179,19 +283,12 @@ def where(bound: Bound, cq: int) -> DeviceTensor:
     operands = [bound["predicate"], bound["true_value"], bound["false_value"]]
     tensors = [o for o in operands if isinstance(o, DeviceTensor)]
     branches = [o for o in operands[1:] if isinstance(o, DeviceTensor)]
-    golden = GOLDEN["where"]
-
-    def compute(v: list[torch.Tensor]) -> torch.Tensor:
-        it = iter(v)
-        args = [next(it) if isinstance(o, DeviceTensor) else o for o in operands]
-        return golden(*args)
-
     scalars = tuple(o for o in operands if not isinstance(o, DeviceTensor))
     return _launch(
         cq,
         "where",
-        inputs=tensors,
-        compute=compute,
+        args=operands,
+        params={},
         out_dtype=(branches or tensors)[0].dtype,
         out_layout=operands[0].layout,
         output=bound.get("output_tensor"),
@@ -203,12 +300,11 @@ def embedding(bound: Bound, cq: int) -> DeviceTensor:
     ids, weight = bound["input_tensor"], bound["weight"]
     dtype = bound.get("dtype") or weight.dtype
     layout = bound.get("layout") or ttnn.ROW_MAJOR_LAYOUT
-    golden = GOLDEN["embedding"]
     return _launch(
         cq,
         "embedding",
-        inputs=[ids, weight],
-        compute=lambda v: golden(v[0], v[1]),
+        args=[ids, weight],
+        params={},
         out_dtype=dtype,
         out_layout=layout,
         output=bound.get("output_tensor"),
@@ -219,22 +315,11 @@ def embedding(bound: Bound, cq: int) -> DeviceTensor:
 def typecast(bound: Bound, cq: int) -> DeviceTensor:
     x = bound["input_tensor"]
     out_dtype = bound.get("output_dtype") or bound["dtype"]
-    golden = GOLDEN["typecast"]
-
-    def compute(v: list[torch.Tensor]) -> torch.Tensor:
-        return golden(
-            v[0],
-            dtype=out_dtype,
-            _ttnn_input_dtype=x.dtype,
-            _ttnn_is_host=False,
-            _ttnn_arch_name=_ARCH,
-        )
-
     return _launch(
         cq,
         "typecast",
-        inputs=[x],
-        compute=compute,
+        args=[x],
+        params={"dtype": out_dtype, "input_dtype": x.dtype},
         out_dtype=out_dtype,
         out_layout=x.layout,
         output=bound.get("output_tensor"),
@@ -244,13 +329,11 @@ def typecast(bound: Bound, cq: int) -> DeviceTensor:
 
 def copy(bound: Bound, cq: int) -> DeviceTensor:
     source, target = bound["input_a"], bound["input_b"]
-    like = _empty_like_dtype(target.dtype)
-    golden = GOLDEN["copy"]
     return _launch(
         cq,
         "copy",
-        inputs=[source],
-        compute=lambda v: golden(v[0], like),
+        args=[source],
+        params={"dtype": target.dtype},
         out_dtype=target.dtype,
         out_layout=target.layout,
         output=target,
@@ -261,27 +344,21 @@ def copy(bound: Bound, cq: int) -> DeviceTensor:
 def plus_one(bound: Bound, cq: int) -> DeviceTensor:
     x = bound["input_tensor"]
     skip = bool(bound.get("skip_negative_entries", False))
-    golden = GOLDEN["plus_one"]
-    view = x.data
-
-    def body() -> None:
-        golden(view, skip_negative_entries=skip)  # the golden works in place
-
+    kernel = Kernel("plus_one", (x.operand,), (x.operand,), {"skip": skip})
     key = ("plus_one", (x.spec_key,), skip)
-    x.device().launch(Program("plus_one", (x.buffer,), (x.buffer,), body, key), cq)
+    x.device().launch(Program("plus_one", (x.buffer,), (x.buffer,), kernel, key), cq)
     return x
 
 
 def fill(bound: Bound, cq: int) -> DeviceTensor:
     x, value = bound["input_tensor"], bound["fill_value"]
     shape, dtype = x._shape, torch_dtype(x.dtype)
-    golden = GOLDEN["fill"]
     # fill reads only its input's spec, not its values: no read of the input buffer.
     return _launch(
         cq,
         "fill",
-        inputs=[],
-        compute=lambda v: golden(torch.empty(shape, dtype=dtype), value),
+        args=[],
+        params={"shape": shape, "dtype": dtype, "value": value},
         out_dtype=x.dtype,
         out_layout=x.layout,
         output=bound.get("output_tensor"),
@@ -295,24 +372,17 @@ def add(bound: Bound, cq: int) -> DeviceTensor:
     tensors = [o for o in (a, b) if isinstance(o, DeviceTensor)]
     output = bound.get("output_tensor")
     dtype = bound.get("dtype")
-    golden = GOLDEN["add"]
     extra = {
         "_ttnn_input_tensor_a_dtype": getattr(a, "dtype", None),
         "_ttnn_input_tensor_b_dtype": getattr(b, "dtype", None),
         "_ttnn_output_tensor_dtype": getattr(output, "dtype", None),
     }
-
-    def compute(v: list[torch.Tensor]) -> torch.Tensor:
-        it = iter(v)
-        args = [next(it) if isinstance(o, DeviceTensor) else o for o in (a, b)]
-        return golden(*args, dtype=dtype, **extra)
-
     scalars = tuple(o for o in (a, b) if not isinstance(o, DeviceTensor))
     return _launch(
         cq,
         "add",
-        inputs=tensors,
-        compute=compute,
+        args=[a, b],
+        params={"dtype": dtype, "extra": extra},
         out_dtype=dtype or tensors[0].dtype,
         out_layout=tensors[0].layout,
         output=output,
@@ -327,12 +397,11 @@ def slice_(bound: Bound, cq: int) -> DeviceTensor:
     end = tuple(bound["slice_end"] if "slice_end" in bound else bound["ends"])
     step_arg = bound.get("slice_step", bound.get("steps"))
     step = tuple(step_arg) if step_arg is not None else None
-    golden = GOLDEN["slice"]
     return _launch(
         cq,
         "slice",
-        inputs=[x],
-        compute=lambda v: golden(v[0], start, end, step),
+        args=[x],
+        params={"start": start, "end": end, "step": step},
         out_dtype=x.dtype,
         out_layout=x.layout,
         output=bound.get("output_tensor"),
@@ -343,12 +412,11 @@ def slice_(bound: Bound, cq: int) -> DeviceTensor:
 def concat(bound: Bound, cq: int) -> DeviceTensor:
     tensors = list(bound["tensors"])
     dim, groups = int(bound.get("dim", 0)), int(bound.get("groups", 1))
-    golden = GOLDEN["concat"]
     return _launch(
         cq,
         "concat",
-        inputs=tensors,
-        compute=lambda v: golden(v, dim, groups),
+        args=tensors,
+        params={"dim": dim, "groups": groups},
         out_dtype=tensors[0].dtype,
         out_layout=tensors[0].layout,
         output=bound.get("output_tensor"),
@@ -361,15 +429,8 @@ def eq(bound: Bound, cq: int) -> DeviceTensor:
     tensors = [o for o in (a, b) if isinstance(o, DeviceTensor)]
     output = bound.get("output_tensor")
     dtype = bound.get("dtype") or (output.dtype if output is not None else tensors[0].dtype)
-
-    def compute(v: list[torch.Tensor]) -> torch.Tensor:
-        # The mask is 1 for true and 0 for false, carried in the output dtype (no bool dtype).
-        it = iter(v)
-        x, y = (next(it) if isinstance(o, DeviceTensor) else o for o in (a, b))
-        return torch.eq(x, y).to(torch.int32)
-
     scalars = tuple(o for o in (a, b) if not isinstance(o, DeviceTensor))
-    return _launch(cq, "eq", inputs=tensors, compute=compute, out_dtype=dtype,
+    return _launch(cq, "eq", args=[a, b], params={}, out_dtype=dtype,
                    out_layout=tensors[0].layout, output=output, key=(scalars, dtype.value))
 
 
@@ -378,49 +439,38 @@ def matmul(bound: Bound, cq: int) -> DeviceTensor:
     ta, tb = bool(bound.get("transpose_a", False)), bool(bound.get("transpose_b", False))
     output = bound.get("optional_output_tensor")
     dtype = bound.get("dtype") or (output.dtype if output is not None else a.dtype)
-
-    def compute(v: list[torch.Tensor]) -> torch.Tensor:
-        x = v[0].transpose(-1, -2) if ta else v[0]
-        y = v[1].transpose(-1, -2) if tb else v[1]
-        return x.float() @ y.float()  # copy_ casts to the output dtype
-
-    return _launch(cq, "matmul", inputs=[a, b], compute=compute, out_dtype=dtype,
+    return _launch(cq, "matmul", args=[a, b], params={"ta": ta, "tb": tb}, out_dtype=dtype,
                    out_layout=ttnn.TILE_LAYOUT, output=output, key=(ta, tb, dtype.value))
 
 
-def _convert(
+def _layout_op(
     cq: int, name: str, x: DeviceTensor, layout: ttnn.Layout, dtype: ttnn.DataType, pad: float
 ) -> DeviceTensor:
     """A layout conversion: one device command into a new tensor of the same logical shape. A TILE
     output's padding gets `pad`; its logical elements are the input's, cast to `dtype`."""
     device = x.device()
     output = device.allocate(tuple(x._shape), dtype, layout)
-    source, stored, destination = x.data, output.stored, output.data
-
-    def body() -> None:
-        if output.tiled:
-            stored.fill_(pad)
-        destination.copy_(source)
-
+    kernel = Kernel("convert", (x.operand,), (output.stored_operand,),
+                    {"tiled": output.tiled, "pad": pad})
     key = (name, (x.spec_key,), dtype.value, layout.value, pad)
-    device.launch(Program(name, (x.buffer,), (output.buffer,), body, key), cq)
+    device.launch(Program(name, (x.buffer,), (output.buffer,), kernel, key), cq)
     return output
 
 
 def to_layout(bound: Bound, cq: int) -> DeviceTensor:
     x = bound["tensor"]
     pad = float(bound.get("pad_value") or 0.0)
-    return _convert(cq, "to_layout", x, bound["layout"], bound.get("dtype") or x.dtype, pad)
+    return _layout_op(cq, "to_layout", x, bound["layout"], bound.get("dtype") or x.dtype, pad)
 
 
 def tilize(bound: Bound, cq: int) -> DeviceTensor:
     x = bound["input_tensor"]
-    return _convert(cq, "tilize", x, ttnn.TILE_LAYOUT, bound.get("dtype") or x.dtype, 0.0)
+    return _layout_op(cq, "tilize", x, ttnn.TILE_LAYOUT, bound.get("dtype") or x.dtype, 0.0)
 
 
 def untilize(bound: Bound, cq: int) -> DeviceTensor:
     x = bound["input_tensor"]
-    return _convert(cq, "untilize", x, ttnn.ROW_MAJOR_LAYOUT, x.dtype, 0.0)
+    return _layout_op(cq, "untilize", x, ttnn.ROW_MAJOR_LAYOUT, x.dtype, 0.0)
 
 
 OPS: dict[str, Callable[[Bound, int], DeviceTensor]] = {

@@ -24,6 +24,7 @@ import ttnn
 from .allocator import Buffer
 
 if TYPE_CHECKING:
+    from .commands import Operand
     from .device import EmulatedMeshDevice
 
 TILE = 32
@@ -175,6 +176,20 @@ class DeviceTensor:
         return self._view
 
     @property
+    def operand(self) -> Operand:
+        """Its logical elements in DRAM, as a command holds them (data, not a view)."""
+        from .commands import Operand
+
+        return Operand(self.region, self.dims)
+
+    @property
+    def stored_operand(self) -> Operand:
+        """Every stored element, padding included, as a command holds them."""
+        from .commands import Operand
+
+        return Operand(self.region, self.region.shape)
+
+    @property
     def tiled(self) -> bool:
         return self._layout == ttnn.TILE_LAYOUT
 
@@ -218,6 +233,23 @@ def host_values(host: ttnn.Tensor, like: DeviceTensor) -> torch.Tensor:
     element = torch_dtype(like.dtype)
     nbytes = like.volume() * element.itemsize
     return host_bytes(host)[:nbytes].view(element).reshape(like.data.shape)
+
+
+def host_operand(host: ttnn.Tensor, operand: Operand) -> torch.Tensor:
+    """A writable typed view of a ROW_MAJOR host tensor's elements, shaped as `operand`."""
+    element = operand.region.dtype
+    nbytes = math.prod(operand.shape) * element.itemsize
+    return host_bytes(host)[:nbytes].view(element).reshape(operand.shape)
+
+
+def region_view(memory: torch.Tensor, operand: Operand) -> torch.Tensor:
+    """A typed view of `operand`'s elements in the DRAM bytes `memory` (no copy)."""
+    region = operand.region
+    stored = memory[region.address : region.address + region.nbytes].view(region.dtype)
+    stored = stored.view(region.shape)
+    if operand.shape != region.shape:
+        stored = stored[tuple(slice(0, d) for d in operand.shape)]
+    return stored
 
 
 def new_host_tensor(
