@@ -229,6 +229,41 @@ class Lockstep:
                 ttnn.close_mesh_device(self.device)
                 self.device = None
 
+    # --- saving and restoring (the emulated device and the cpu backend) --------------------------
+    def snapshot(self) -> bytes:
+        """Everything this run is now, the implementation included (runner, mirror, emulated
+        memory, queues, events, traces, moves so far), as bytes `restore` makes a run of."""
+        if self.device is not None and not self.emulated():
+            raise RuntimeError("a chip's state cannot be saved: snapshots need the emulated device")
+        if self.failure is not None:
+            raise RuntimeError("a failed run is not a state to go on from")
+        from ..impl.device.snapshot import snapshot
+
+        return snapshot(self)
+
+    @staticmethod
+    def restore(data: bytes, refused: set[State] | None = None) -> Lockstep:
+        """A run in the state `snapshot` saved, independent of it and of every other copy;
+        `refused` is the process's set of states whose refusals were tried (shared, not copied)."""
+        from ..impl.device.snapshot import restore
+
+        ls: Lockstep = restore(data)
+        ls.refused = refused
+        return ls
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        state["refused"] = None  # shared by the runs of a process: `restore` hands it back
+        return state
+
+    def discard(self) -> None:
+        """Drop a run nobody will go on with: its device closes without completing its queues."""
+        if self.observer is not None:
+            self.observer.close()
+        if self.device is not None:
+            self.device.discard()
+            self.device = None
+
     # --- what may happen next --------------------------------------------------------------------
     def successors(self) -> list[tuple[Action, State]]:
         if self._succ is None or self._succ[0] is not self.state:

@@ -20,7 +20,6 @@ logprob part (`Ring`) is written by the same forward and copied by the same read
 
 from __future__ import annotations
 
-import itertools
 from concurrent.futures import ThreadPoolExecutor
 from concurrent.futures import TimeoutError as WaitTimeout
 from dataclasses import dataclass
@@ -78,7 +77,7 @@ class TtMirror:
         )
         self._launched: list[Any] = [None] * spec.slots  # CQ0 event after the slot's writer
         self._read: list[Any] = [None] * spec.slots  # readback_cq event after the slot's copy
-        self._issued = itertools.count(1)
+        self._issued = 0  # a plain int: the backend's state copies as data
         self._abandoned: list[PendingReadback] = []  # copies that may still land
         self._unfenced: set[int] = set()  # slots copied by a readback that recorded no event
         self._waiter: ThreadPoolExecutor | None = None  # waits with a deadline, in order
@@ -92,6 +91,10 @@ class TtMirror:
         # Load is complete before the first step: every zero-fill, table upload and warm-up
         # has run, so no step's work ever queues behind load.
         ttnn.synchronize_device(device)
+
+    def _next_issue(self) -> int:
+        self._issued += 1
+        return self._issued
 
     def _decode_step(self, slot: int) -> None:
         """The device work of one step: combine from the previous slot, forward, sample."""
@@ -138,7 +141,7 @@ class TtMirror:
 
     def readback_issue(self, slot: int) -> PendingReadback:
         cq = self.readback_cq
-        pending = PendingReadback(slot, None, None, issued=next(self._issued))
+        pending = PendingReadback(slot, None, None, issued=self._next_issue())
         try:
             if cq != COMPUTE_CQ and not faults.active("readback-cq1-no-wait"):
                 ttnn.wait_for_event(cq, self._launched[slot])  # the copy starts after the sampler

@@ -52,6 +52,8 @@ class DramAllocator:
         self._free: list[tuple[int, int]] = [(0, size)]  # (address, size), sorted by address
         self._live: dict[int, Buffer] = {}  # address -> buffer
         self.next_serial = 1
+        self.high_water = 0
+        """The end of the highest byte ever allocated: DRAM above it was never written."""
 
     @property
     def live(self) -> list[Buffer]:
@@ -70,6 +72,7 @@ class DramAllocator:
                 else:
                     self._free[i] = (address + size, free_size - size)
                 buffer = Buffer(self.next_serial, address, size)
+                self.high_water = max(self.high_water, address + size)
                 self.next_serial += 1
                 self._live[address] = buffer
                 return buffer
@@ -92,6 +95,19 @@ class DramAllocator:
         if i > 0 and self._free[i - 1][0] + self._free[i - 1][1] == self._free[i][0]:
             self._free[i - 1] = (self._free[i - 1][0], self._free[i - 1][1] + self._free[i][1])
             del self._free[i]
+
+    def __getstate__(self) -> dict[str, Any]:
+        """The books and the bytes below the high-water mark (above it all are `FILL_BYTE`)."""
+        state = self.__dict__.copy()
+        state["memory"] = self.memory[: self.high_water].numpy().tobytes()
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        written = state.pop("memory")
+        self.__dict__.update(state)
+        self.memory = torch.full((self.size,), FILL_BYTE, dtype=torch.uint8)
+        if written:
+            self.memory[: len(written)] = torch.frombuffer(bytearray(written), dtype=torch.uint8)
 
     def overlapping(self, address: int, size: int) -> list[Buffer]:
         """Live buffers that share bytes with [address, address + size)."""

@@ -62,7 +62,8 @@ class HostRead:
         return host() if isinstance(host, weakref.ref) else host
 
     def __repr__(self) -> str:
-        return f"HostRead({self.source} -> host tensor {id(self.target()):#x})"
+        held = "a host tensor" if self.target() is not None else "a dropped host tensor"
+        return f"HostRead({self.source} -> {held})"
 
 
 KernelFn = Callable[[list[Any], list[torch.Tensor], Mapping[str, Any]], None]

@@ -8,6 +8,7 @@ completes, at the addresses it was given, so timing bugs produce real wrong data
 
 from __future__ import annotations
 
+import pickle
 import threading
 import time
 import weakref
@@ -610,6 +611,43 @@ class EmulatedMeshDevice:
         self.hazards.raise_deferred()
         bound = _TENSOR_DEALLOCATE.bind(args, kwargs)
         self.deallocate(tensor, force=bool(bound.get("force", False)))
+
+    # --- copying (snapshot.py) -------------------------------------------------------------------
+    def __getstate__(self) -> dict[str, Any]:
+        """The device as data: the lock and the close hooks are not state (restore makes its own),
+        and the pending readbacks, registered outside the device, travel with it."""
+        if not isinstance(self.scheduler, ManualScheduler) or self.closed:
+            raise pickle.PicklingError(
+                f"cannot snapshot a {'closed ' if self.closed else ''}device under "
+                f"{type(self.scheduler).__name__}: only an open device that advances when told "
+                "(ManualScheduler and its seeded subclasses) has a state to copy")
+        state = self.__dict__.copy()
+        del state["condition"]
+        state["on_close"] = []
+        state["_pending_readbacks"] = [(r.command, r.host()) for r in readbacks.pending_for(self)]
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        from . import routing
+
+        pending = state.pop("_pending_readbacks")
+        self.__dict__.update(state)
+        self.condition = threading.Condition(threading.RLock())
+        for command, host in pending:
+            if host is not None:
+                on_drop = self._readback_dropped if isinstance(host, HostReadback) else None
+                readbacks.register(self, command, host, on_drop=on_drop)
+        routing.attach(self)  # a copy is an open device: ttnn routes to it until it closes
+
+    def discard(self) -> None:
+        """Close a copy nobody will use again, without completing its queues (emulated only)."""
+        if self.closed:
+            return
+        with self.condition:
+            self.closed = True
+        readbacks.forget_all(self)
+        for hook in self.on_close:
+            hook(self)
 
     # --- lifetime --------------------------------------------------------------------------------
     def close(self) -> None:

@@ -11,7 +11,7 @@ import threading
 from collections import Counter
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Literal
+from typing import Any, Literal
 
 HazardMode = Literal["raise", "count"]
 
@@ -84,6 +84,15 @@ class HazardLog:
                 self._deferred.append(hazard)
         if self.mode == "raise" and can_raise:
             raise HazardError(hazard)
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        del state["_lock"]  # a lock is not state: a copy gets its own
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._lock = threading.Lock()
 
     def raise_deferred(self) -> None:
         """Raise the first hazard found where it could not be raised, if any."""

@@ -193,6 +193,11 @@ class DeviceTensor:
     def tiled(self) -> bool:
         return self._layout == ttnn.TILE_LAYOUT
 
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        state["_view"] = None  # a cached view of DRAM: a copy makes its own, of its own DRAM
+        return state
+
     def release_handle(self) -> bool:
         """Drop this handle's reference; True when it was the buffer's last one."""
         if self._released:

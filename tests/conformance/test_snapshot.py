@@ -1,0 +1,145 @@
+"""Snapshot and restore of a run in lockstep: a restored run is the saved one, exactly.
+
+A run is walked at random (acts and device completions), saved at several points; each saved
+point is restored and the rest of the walk performed again. After every move the restored run
+must show what the original showed: the abstraction (what `check` compares with the model),
+every byte of emulated DRAM, the queued commands (their effects as data), the completion log,
+the hazard counts, the pending readbacks. Copies are independent of each other and of the
+original.
+"""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+import pytest
+
+from ttmirror.conformance.lockstep import DROPS, Lockstep, Move
+from ttmirror.impl.device import readbacks
+from ttmirror.model.actions import Action
+from ttmirror.model.state import Bounds
+
+BOUNDS = Bounds(requests=2, max_tokens=3)
+
+
+def device_data(ls: Lockstep) -> tuple[Any, ...]:
+    """What the device holds, as data: DRAM bytes, queued effects, what completed, hazards."""
+    if ls.device is None:
+        return ()
+    d = ls.device
+    return (
+        bytes(d.allocator.memory.numpy()),
+        tuple(tuple(f"{c!r} {c.effect!r}" for c in q) for q in d.queues),
+        tuple(d.completion_log),
+        tuple(sorted(d.hazards.counts.items())),
+        tuple(sorted(b.label for b in d.allocator.live)),
+        len(readbacks.pending_for(d)),
+    )
+
+
+def seen(ls: Lockstep) -> tuple[Any, ...]:
+    return ls.observe(), ls.state, device_data(ls)
+
+
+def random_moves(ls: Lockstep, rng: random.Random, count: int,
+                 views: list[tuple[Any, ...]] | None = None) -> list[Move]:
+    """Perform up to `count` random moves (acts and device completions); return them, and add
+    what the run shows after each to `views`."""
+    done: list[Move] = []
+    for _ in range(count):
+        ready = [cq for cq in (0, 1) if ls.device_ready(cq)]
+        if ready and rng.random() < 0.4:
+            move = Move("device", Action("device", (rng.choice(ready),)))
+        else:
+            enabled = ls.enabled()
+            if not enabled:
+                break
+            # Mostly keep requests alive: a walk of aborts ends before it tests much.
+            going = [a for a in enabled if a.name not in DROPS]
+            move = Move("act", rng.choice(going if going and rng.random() < 0.9 else enabled))
+        ls.perform(move)
+        done.append(move)
+        if views is not None:
+            views.append(seen(ls))
+    return done
+
+
+@pytest.mark.parametrize(("backend", "config"), [
+    ("tt", "eager-2cq"), ("tt", "eager-1cq"), ("tt", "traced"), ("cpu", "host"),
+])
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_restoring_and_walking_on_sees_what_the_original_saw(backend: str, config: str,
+                                                             seed: int) -> None:
+    rng = random.Random(seed)
+    ls = Lockstep(BOUNDS, backend, config=config, refused=set())
+    saved: list[tuple[int, bytes]] = []
+    moves: list[Move] = []
+    views: list[tuple[Any, ...]] = []
+    try:
+        for _ in range(4):
+            saved.append((len(moves), ls.snapshot()))
+            moves += random_moves(ls, rng, 8, views)
+        assert len(moves) >= 16, "the walk ended too soon to test anything"
+        assert backend == "cpu" or any(m.kind == "device" for m in moves)
+        for at, data in saved:
+            copy = Lockstep.restore(data, set())
+            try:
+                assert copy.moves == ls.moves[: len(copy.moves)]
+                for i in range(at, len(moves)):
+                    copy.perform(moves[i])
+                    assert seen(copy) == views[i], f"move {i} ({moves[i].label()}) differs"
+            finally:
+                copy.close()
+    finally:
+        ls.close()
+
+
+def test_copies_are_independent() -> None:
+    ls = Lockstep(BOUNDS, "tt", refused=set())
+    try:
+        random_moves(ls, random.Random(5), 10)
+        data = ls.snapshot()
+        before = seen(ls)
+        first, second = Lockstep.restore(data), Lockstep.restore(data)
+        try:
+            assert first.device is not second.device is not ls.device
+            random_moves(first, random.Random(6), 10)
+            assert seen(first) != before  # it moved on
+            assert seen(second) == seen(ls) == before  # and nobody else did
+        finally:
+            first.close()
+            second.discard()
+    finally:
+        ls.close()
+
+
+def test_a_discarded_copy_leaves_routing_to_the_open_devices() -> None:
+    from ttmirror.impl.device import routing
+
+    ls = Lockstep(BOUNDS, "tt", refused=set())
+    try:
+        random_moves(ls, random.Random(7), 6)
+        copy = Lockstep.restore(ls.snapshot())
+        device = copy.device
+        assert device in routing.open_devices()
+        copy.discard()
+        assert device not in routing.open_devices() and ls.device in routing.open_devices()
+        assert routing.active()
+    finally:
+        ls.close()
+    assert not routing.active()
+
+
+def test_a_threaded_device_refuses_a_snapshot_in_one_line() -> None:
+    import pickle
+
+    from ttmirror.impl.device import EmulatedMeshDevice, ThreadedScheduler
+    from ttmirror.impl.device.snapshot import snapshot
+
+    device = EmulatedMeshDevice(scheduler=ThreadedScheduler())
+    try:
+        with pytest.raises(pickle.PicklingError, match="ManualScheduler"):
+            snapshot(device)
+    finally:
+        device.close()
