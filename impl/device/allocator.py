@@ -18,6 +18,18 @@ ALIGNMENT = 32  # DRAM buffers start on 32-byte boundaries (also keeps typed vie
 FILL_BYTE = 0xA5  # never-written DRAM reads as 0xA5A5…, visibly not a token id
 
 
+_SPARES = 4
+_SPARE: list[tuple[torch.Tensor, int]] = []
+"""DRAM of discarded copies, and each one's high-water mark, for restored copies to reuse."""
+
+
+def _take_spare(size: int) -> tuple[torch.Tensor, int] | None:
+    for i, (memory, _) in enumerate(_SPARE):
+        if memory.numel() == size:
+            return _SPARE.pop(i)
+    return None
+
+
 @dataclass(eq=False)
 class Buffer:
     """One allocation. `history` and `traces` belong to the hazard and trace bookkeeping."""
@@ -105,9 +117,22 @@ class DramAllocator:
     def __setstate__(self, state: dict[str, Any]) -> None:
         written = state.pop("memory")
         self.__dict__.update(state)
-        self.memory = torch.full((self.size,), FILL_BYTE, dtype=torch.uint8)
+        spare = _take_spare(self.size)
+        if spare is None:
+            memory = torch.full((self.size,), FILL_BYTE, dtype=torch.uint8)
+        else:
+            memory, dirty = spare  # above `dirty` it holds FILL_BYTE still
+            memory[len(written) : dirty].fill_(FILL_BYTE)
         if written:
-            self.memory[: len(written)] = torch.frombuffer(bytearray(written), dtype=torch.uint8)
+            memory[: len(written)] = torch.frombuffer(bytearray(written), dtype=torch.uint8)
+        self.memory = memory
+
+    def recycle(self) -> None:
+        """This DRAM will never be read again (its device was discarded): let a restored copy
+        reuse the bytes (fresh memory costs page faults; reused memory only a fill)."""
+        if len(_SPARE) < _SPARES:
+            _SPARE.append((self.memory, self.high_water))
+        self.memory = torch.empty(0, dtype=torch.uint8)
 
     def overlapping(self, address: int, size: int) -> list[Buffer]:
         """Live buffers that share bytes with [address, address + size)."""

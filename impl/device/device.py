@@ -645,7 +645,9 @@ class EmulatedMeshDevice:
             return
         with self.condition:
             self.closed = True
+            self.queues = [deque() for _ in self.queues]  # never to complete: nothing may
         readbacks.forget_all(self)
+        self.allocator.recycle()
         for hook in self.on_close:
             hook(self)
 

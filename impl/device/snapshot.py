@@ -5,7 +5,7 @@ device: DRAM bytes, queues of commands held as data, events, traces, hazard and 
 pending readbacks, host tensors) into bytes; `restore(data)` builds a fresh, independent copy,
 as often as asked. Sharing inside the copy is kept (a command queued and awaited by an event is
 one object in the copy too). It is `pickle` with reducers for what pickle cannot take as is:
-torch tensors (owned, contiguous: a view is refused), ttnn host tensors (their bytes, garbage
+torch tensors (each the whole of its storage: a view of part of one is refused), ttnn host tensors (their bytes, garbage
 included), memory configs and weak references. A restored device is open and routed, like the
 one it copies; `discard` closes one without completing its queues.
 
@@ -15,6 +15,7 @@ A chip's state cannot be copied: this works on the emulated device only.
 from __future__ import annotations
 
 import copyreg
+import enum
 import io
 import pickle
 import weakref
@@ -32,7 +33,8 @@ def _tensor(data: bytes, dtype: torch.dtype, shape: tuple[int, ...]) -> torch.Te
 
 
 def _reduce_tensor(t: torch.Tensor) -> tuple[Any, ...]:
-    if t._base is not None or not t.is_contiguous() or t.storage_offset():
+    whole = t.untyped_storage().nbytes() == t.numel() * t.element_size()
+    if not whole or not t.is_contiguous() or t.storage_offset():
         raise pickle.PicklingError(
             f"cannot snapshot a view of another tensor (shape {list(t.shape)}): keep the owner, "
             "or drop the view when the state is copied (a cache)")
@@ -91,14 +93,40 @@ _REDUCERS: dict[type, Any] = {
 }
 
 
-_DISPATCH = {**copyreg.dispatch_table, **_REDUCERS}
+def _reduce_enum(member: enum.Enum) -> Any:
+    # By name, as a global (no call when loading); the default reduce calls the class.
+    cls = type(member)
+    if "<" in cls.__qualname__ or getattr(cls, member.name, None) is not member:
+        return member.__reduce_ex__(pickle.HIGHEST_PROTOCOL)
+    return f"{cls.__qualname__}.{member.name}"
+
+
+def _enum_classes(root: type = enum.Enum) -> list[type]:
+    out: list[type] = []
+    for sub in root.__subclasses__():
+        out.append(sub)
+        out += _enum_classes(sub)
+    return out
+
+
+_DISPATCH: dict[type, Any] = {}
+
+
+def _dispatch() -> dict[type, Any]:
+    """The reducers, enum classes included: those defined once the first snapshot is taken
+    (an enum class defined later is saved the default way: correct, a little slower)."""
+    if not _DISPATCH:
+        _DISPATCH.update(copyreg.dispatch_table)
+        _DISPATCH.update({cls: _reduce_enum for cls in _enum_classes()})
+        _DISPATCH.update(_REDUCERS)
+    return _DISPATCH
 
 
 def snapshot(obj: object) -> bytes:
     """`obj` and everything it reaches, as bytes that `restore` turns into a copy."""
     out = io.BytesIO()
     pickler = pickle.Pickler(out, protocol=pickle.HIGHEST_PROTOCOL)
-    pickler.dispatch_table = _DISPATCH
+    pickler.dispatch_table = _dispatch()
     pickler.dump(obj)
     return out.getvalue()
 
