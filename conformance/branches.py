@@ -4,15 +4,23 @@ A depth-first search over the graph drives one run in lockstep. On reaching a mo
 first time with more than one edge still to walk from it, it saves the run (`Lockstep.snapshot`:
 model side, runner, mirror, emulated memory, queues, events, traces); the first edge goes on with
 the live run, every other one with a run restored from the save. So each edge is walked once and
-each state expanded once, and the moves total about the number of edges (each walk from the
-initial state, as `walks.py` plans them, repeats a prefix: about 40 times more moves at the
-default bounds).
+each state expanded once, and the moves total about the number of edges (walks from the initial
+state, as `walks.py` plans them, repeat their prefixes: about 40 times more moves at the default
+bounds).
 
 Before each act the device may complete commands, as in the planned walks: each ready queue's
-head, with chance `walks.DEVICE_MOVES`, drawn from one generator seeded by the seed (the search's
-order is fixed by the graph, so a seed replays the search). A failure is reported with the run's
-whole history from the initial state (restored runs carry their moves), so its trace replays
-from the start like any other.
+head, with chance `walks.DEVICE_MOVES`, drawn from one generator seeded by the seed. A failure
+is reported with the run's whole history from the initial state (restored runs carry their
+moves), so its trace replays from the start like any other.
+
+With `jobs` > 1 the search runs in that many worker processes. A saved state is bytes, so a
+branch point is a unit of work that can cross a process boundary: the first worker starts at the
+initial state, and whenever a worker is idle, a busy one gives away the deepest-rooted branch
+point it has not started (the oldest frame of its stack, with the edges left there). Which
+states are expanded is one shared byte per state, so a state is expanded once whichever worker
+reaches it first (a rare race expands it twice; both walks are checked). With one job the
+search's order is fixed by the graph and the seed replays it; with several, who reaches a state
+first varies, and a failure is its trace.
 
 Saving needs the implementation's state as data: the emulated device or the cpu backend; a chip
 cannot be saved, and there the planned walks from the initial state remain.
@@ -21,19 +29,37 @@ cannot be saved, and there the planned walks from the initial state remain.
 from __future__ import annotations
 
 import gc
+import multiprocessing
 import random
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, MutableSequence
 from dataclasses import dataclass
+from multiprocessing.connection import Connection, wait
+from multiprocessing.shared_memory import SharedMemory
+from typing import Any
 
+from ..impl import faults
 from ..model.actions import Action, successors
-from ..model.state import State
+from ..model.state import Bounds, State
 from .coverage import Coverage
 from .lockstep import SAMPLERS, Divergence, Lockstep, prompts_from
 from .walk_bound import require_acyclic
 from .walks import DEVICE_MOVES, FailedWalk, Report
 
 type Progress = Callable[[Report, Coverage], None]
+type Edge = tuple[int, int, str]
+"""(source state, target state, the action's name): an edge walked and checked."""
+POLL_EVERY = 64
+"""Edges between two looks at the master's messages (a worker's)."""
+
+
+@dataclass
+class Item:
+    """A branch point: a state, the run that reached it (saved), the edges left to walk there."""
+
+    node: int
+    saved: bytes
+    todo: list[tuple[Action, State, int]]
 
 
 @dataclass
@@ -48,43 +74,66 @@ class _Frame:
 
 
 class Search:
-    """The depth-first search of one process over `cov`'s graph."""
+    """The depth-first search of one process: expands states, walks their edges, reports them.
 
-    def __init__(self, cov: Coverage, backend: str, *, seed: int, config: str | None = None
-                 ) -> None:
-        require_acyclic(cov.ex.graph)  # a state is expanded once: a cycle would never return
-        self.cov, self.backend, self.seed, self.config = cov, backend, seed, config
+    `expanded` has one byte per state (shared between processes when several search); `covered`
+    are edges walked before (by Hypothesis): one of those is walked again only if its target
+    has not been expanded yet, since expanding a state needs a run that reached it.
+    """
+
+    def __init__(self, index: Mapping[State, int], bounds: Bounds, backend: str, *, seed: int,
+                 config: str | None = None, covered: set[tuple[int, int]] | None = None,
+                 expanded: MutableSequence[int] | None = None) -> None:
+        self.index, self.bounds, self.backend, self.config = index, bounds, backend, config
+        self.covered = covered if covered is not None else set()
+        self.expanded = expanded if expanded is not None else bytearray(len(index))
         self.rng = random.Random(f"branches/{seed}")
-        self.base = self.rng.randrange(64)
-        self.sampling = self.rng.choice(SAMPLERS)
+        rng = random.Random(f"branches/{seed}/prompts")  # the same in every worker
+        self.base = rng.randrange(64)
+        self.sampling = rng.choice(SAMPLERS)
         self.refused: set[State] = set()
-        self.expanded = bytearray(len(cov.ex.states))
-        self.report = Report()
+        self.walked: list[Edge] = []
+        """Edges walked and checked, not yet handed over (`take_walked`)."""
+        self.steps = 0
         self.saves = 0
         """Runs saved (at states with more than one edge to walk)."""
         self.restores = 0
+        self.failure: FailedWalk | None = None
+        self.stack: list[_Frame] = []
         self.retired: Lockstep | None = None
 
-    def run(self, *, seconds: float, progress: Progress | None = None, every: float = 5.0
-            ) -> Report:
-        """Walk every edge not yet covered, until done, `seconds` pass, or a run fails."""
-        start = time.perf_counter()
-        deadline, next_report = start + seconds, start + every
-        report, cov = self.report, self.cov
-        first = Lockstep(cov.ex.bounds, self.backend, prompts_from(self.base, cov.ex.bounds.requests),
+    # --- starting points -------------------------------------------------------------------------
+    def start_at_initial_state(self) -> None:
+        first = Lockstep(self.bounds, self.backend, prompts_from(self.base, self.bounds.requests),
                          refused=self.refused, config=self.config, sampling=self.sampling,
                          sampling_seed=self.base)
-        stack = [self._frame(0, first)]
+        self.stack.append(self._frame(0, first))
+
+    def start_at(self, item: Item) -> None:
+        self.stack.append(_Frame(item.node, item.todo, None, item.saved))
+
+    def give_away(self) -> Item | None:
+        """The oldest branch point with edges left that this search has not started, taken off
+        its stack for another process; None if it has none."""
+        for frame in self.stack[:-1]:  # the top one is being walked
+            if frame.todo and frame.saved is not None:
+                item = Item(frame.node, frame.saved, frame.todo)
+                frame.todo = []
+                return item
+        return None
+
+    # --- the search ------------------------------------------------------------------------------
+    def walk(self, deadline: float, poll: Callable[[], bool] | None = None) -> bool:
+        """Walk until the stack is empty (True), a run fails, time is up or `poll` (called
+        every `POLL_EVERY` edges) says stop (False)."""
+        stack = self.stack
+        count = 0
         try:
             while stack:
-                now = time.perf_counter()
-                if now >= deadline:
-                    report.stopped = "budget"
-                    break
-                if progress is not None and now >= next_report:
-                    report.seconds = now - start
-                    progress(report, cov)
-                    next_report = now + every
+                count += 1
+                if count % POLL_EVERY == 0 and (
+                        time.perf_counter() >= deadline or (poll is not None and not poll())):
+                    return False
                 frame = stack[-1]
                 if not frame.todo:
                     stack.pop()
@@ -101,35 +150,35 @@ class Search:
                 try:
                     self._take(ls, action, target)
                 except Divergence as d:
-                    report.failure = FailedWalk(
-                        report.walks, ls.prompts, list(ls.moves), list(ls.states), d.kind,
+                    self.failure = FailedWalk(
+                        len(self.walked), ls.prompts, list(ls.moves), list(ls.states), d.kind,
                         d.message, d.step, self.sampling, self.base)
-                    report.steps += len(ls.moves) - before
+                    self.steps += len(ls.moves) - before
                     self._retire(ls)
-                    break
-                report.steps += len(ls.moves) - before
-                report.walks += 1
-                cov.steps += len(ls.moves) - before
-                cov.mark(frame.node, v, action.name)
+                    return False
+                self.steps += len(ls.moves) - before
+                self.walked.append((frame.node, v, action.name))
                 if self.expanded[v]:
                     self._retire(ls)
                 else:
                     stack.append(self._frame(v, ls))
+            return True
         finally:
-            for frame in stack:
-                if frame.live is not None:
-                    frame.live.discard()
-            stack.clear()
-            self._retire(None)
-            gc.collect()  # discarded runs are cycles: their ttnn host tensors go now, not at exit
-        report.seconds = time.perf_counter() - start
-        if report.failure is not None:
-            report.stopped = "failure"
-        elif not report.stopped:
-            report.stopped = "covered" if len(cov.edges) == cov.total_edges else "exhausted"
-        if progress is not None:
-            progress(report, cov)
-        return report
+            if not stack or self.failure is not None:
+                self.close()
+
+    def close(self) -> None:
+        """Discard every run still held (the search is over)."""
+        for frame in self.stack:
+            if frame.live is not None:
+                frame.live.discard()
+        self.stack.clear()
+        self._retire(None)
+        gc.collect()  # discarded runs are cycles: their ttnn host tensors go now, not at exit
+
+    def take_walked(self) -> list[Edge]:
+        walked, self.walked = self.walked, []
+        return walked
 
     def _retire(self, ls: Lockstep | None) -> None:
         """Discard the run retired last time, and keep `ls` until the next retirement: the
@@ -143,16 +192,15 @@ class Search:
         """Expand state `u`, reached by `ls`: its edges still to walk (those not covered, and
         those leading to a state not expanded yet), saving `ls` if there is more than one."""
         self.expanded[u] = 1
-        cov = self.cov
-        index, edges, expanded = cov.index, cov.edges, self.expanded
+        index, covered, expanded = self.index, self.covered, self.expanded
         todo: list[tuple[Action, State, int]] = []
         seen: set[int] = set()
-        for action, target in successors(ls.state, cov.ex.bounds):
+        for action, target in successors(ls.state, self.bounds):
             v = index[target]
             if v in seen:  # another action to the same state: the edge is one
                 continue
             seen.add(v)
-            if (u, v) not in edges or not expanded[v]:
+            if (u, v) not in covered or not expanded[v]:
                 todo.append((action, target, v))
         todo.reverse()  # popped from the end: walked in the model's order
         saved = None
@@ -170,3 +218,233 @@ class Search:
                 break
             ls.advance_device(rng.choice(ready))
         ls.act(action, target)
+
+
+def run(cov: Coverage, backend: str, *, seed: int, seconds: float, until: float = 1.0,
+        jobs: int = 1, progress: Progress | None = None, every: float = 5.0,
+        config: str | None = None) -> Report:
+    """Walk the edges of `cov`'s graph not walked yet, in `jobs` processes, until
+    edges_covered reaches `until`, `seconds` pass or a run fails; marks each edge walked (and
+    checked) in `cov`."""
+    require_acyclic(cov.ex.graph)  # a state is expanded once: the search must end
+    start = time.perf_counter()
+    goal = int(until * cov.total_edges + 0.999999)
+    if jobs == 1:
+        report = _run_here(cov, backend, seed=seed, deadline=start + seconds, goal=goal,
+                           progress=progress, every=every, config=config)
+    else:
+        report = _Master(cov, backend, seed=seed, jobs=jobs, config=config).run(
+            start + seconds, goal, progress, every)
+    report.seconds = time.perf_counter() - start
+    if report.failure is not None:
+        report.stopped = "failure"
+    elif not report.stopped:
+        report.stopped = "covered" if len(cov.edges) >= goal else "exhausted"
+    if progress is not None:
+        progress(report, cov)
+    return report
+
+
+def _mark(cov: Coverage, report: Report, walked: list[Edge]) -> None:
+    for u, v, name in walked:
+        cov.mark(u, v, name)
+    report.walks += len(walked)
+
+
+def _run_here(cov: Coverage, backend: str, *, seed: int, deadline: float, goal: int,
+              progress: Progress | None, every: float, config: str | None) -> Report:
+    report = Report(jobs=1)
+    search = Search(cov.index, cov.ex.bounds, backend, seed=seed, config=config,
+                    covered=set(cov.edges))
+    start = time.perf_counter()
+    next_report = start + every
+
+    def poll() -> bool:
+        nonlocal next_report
+        _mark(cov, report, search.take_walked())
+        now = time.perf_counter()
+        if progress is not None and now >= next_report:
+            report.steps, report.seconds = search.steps, now - start
+            progress(report, cov)
+            next_report = now + every
+        return len(cov.edges) < goal
+
+    search.start_at_initial_state()
+    done = search.walk(deadline, poll)
+    _mark(cov, report, search.take_walked())
+    report.steps = search.steps
+    cov.steps += search.steps
+    report.failure = search.failure
+    if not done and report.failure is None:
+        report.stopped = "covered" if len(cov.edges) >= goal else "budget"
+        search.close()
+    return report
+
+
+class _Master:
+    """Hands branch points to worker processes and collects the edges they walked."""
+
+    def __init__(self, cov: Coverage, backend: str, *, seed: int, jobs: int,
+                 config: str | None) -> None:
+        self.cov, self.jobs = cov, jobs
+        self.report = Report(jobs=jobs)
+        self.shared = SharedMemory(create=True, size=max(1, len(cov.ex.states)))
+        ctx = multiprocessing.get_context("spawn")  # fresh interpreters: torch and fork do not mix
+        self.conns: list[Connection] = []
+        self.procs: list[Any] = []
+        args = (cov.ex.states, cov.ex.bounds, backend, seed, config, faults.current(),
+                set(cov.edges), self.shared.name)
+        for w in range(jobs):
+            parent, child = ctx.Pipe()
+            proc = ctx.Process(target=_serve, args=(w, *args, child), daemon=True)
+            proc.start()
+            child.close()
+            self.conns.append(parent)
+            self.procs.append(proc)
+        self.busy: set[Connection] = set()
+        self.asked: set[Connection] = set()
+        self.queue: list[Item] = []
+
+    def run(self, deadline: float, goal: int, progress: Progress | None, every: float
+            ) -> Report:
+        report, cov = self.report, self.cov
+        start = time.perf_counter()
+        next_report = start + every
+        idle = list(self.conns)
+        try:
+            first = idle.pop(0)
+            first.send(("initial", deadline - time.perf_counter()))
+            self.busy.add(first)
+            while self.busy and report.failure is None:
+                if len(cov.edges) >= goal:
+                    report.stopped = "covered"
+                    break
+                now = time.perf_counter()
+                if now >= deadline:
+                    report.stopped = "budget"
+                    break
+                if progress is not None and now >= next_report:
+                    report.seconds = now - start
+                    progress(report, cov)
+                    next_report = now + every
+                while idle and self.queue:
+                    conn = idle.pop()
+                    conn.send(("item", self.queue.pop(), deadline - time.perf_counter()))
+                    self.busy.add(conn)
+                if idle:  # still hungry: ask a busy worker that has not been asked to share
+                    for asked in self.busy - self.asked:
+                        asked.send(("give",))
+                        self.asked.add(asked)
+                        break
+                for ready in wait(list(self.busy), timeout=0.5):
+                    assert isinstance(ready, Connection)
+                    conn = ready
+                    kind, *rest = self._receive(conn)
+                    if kind == "edges":
+                        self._count(*rest)
+                    elif kind == "item":
+                        self.asked.discard(conn)
+                        if rest[0] is not None:
+                            self.queue.append(rest[0])
+                    elif kind == "idle":
+                        self._count(*rest)
+                        self.busy.discard(conn)
+                        self.asked.discard(conn)
+                        idle.append(conn)
+                    elif kind == "failure":
+                        self._count(*rest[1:])
+                        report.failure = rest[0]
+        finally:
+            self.close(kill=report.failure is not None or bool(self.busy))
+        return report
+
+    def _count(self, walked: list[Edge], steps: int) -> None:
+        _mark(self.cov, self.report, walked)
+        self.report.steps += steps
+        self.cov.steps += steps
+
+    def _receive(self, conn: Connection) -> tuple[Any, ...]:
+        try:
+            message = conn.recv()
+        except (EOFError, OSError):
+            raise RuntimeError("a branch-walk worker process died; rerun with --jobs 1 to see "
+                               "why") from None
+        if message[0] == "error":
+            raise RuntimeError(f"a branch-walk worker failed: {message[1]}")
+        return message  # type: ignore[no-any-return]
+
+    def close(self, kill: bool) -> None:
+        for conn, proc in zip(self.conns, self.procs, strict=True):
+            if kill:
+                proc.terminate()
+            else:
+                try:
+                    conn.send(("stop",))
+                except (BrokenPipeError, OSError):
+                    proc.terminate()
+        for proc in self.procs:
+            proc.join(timeout=10)
+            if proc.is_alive():
+                proc.kill()
+        for conn in self.conns:
+            conn.close()
+        self.shared.close()
+        self.shared.unlink()
+
+
+def _serve(worker: int, states: list[State], bounds: Bounds, backend: str, seed: int,
+           config: str | None, bug: str | None, covered: set[tuple[int, int]], shared: str,
+           conn: Connection) -> None:
+    """A worker: search from each branch point it is given; share one when asked."""
+    import os
+
+    os.environ.setdefault("LOGURU_LEVEL", "WARNING")
+    import torch
+
+    torch.set_num_threads(1)  # one core per worker: the workers are the parallelism
+    memory = SharedMemory(name=shared)
+    search: Search | None = None
+    try:
+        index = {s: i for i, s in enumerate(states)}
+        del states
+        search = here = Search(index, bounds, backend, seed=seed * 1000 + worker, config=config,
+                               covered=covered, expanded=memory.buf)  # type: ignore[arg-type]
+        sent_steps = 0
+
+        def report() -> tuple[list[Edge], int]:
+            nonlocal sent_steps
+            steps, sent_steps = here.steps - sent_steps, here.steps
+            return here.take_walked(), steps
+
+        def poll() -> bool:
+            conn.send(("edges", *report()))
+            while conn.poll():
+                message = conn.recv()
+                if message[0] == "give":
+                    conn.send(("item", here.give_away()))
+                elif message[0] == "stop":
+                    return False
+            return True
+
+        with faults.planted(bug):
+            while (message := conn.recv())[0] != "stop":
+                if message[0] == "give":
+                    conn.send(("item", None))
+                    continue
+                if message[0] == "initial":
+                    search.start_at_initial_state()
+                else:
+                    search.start_at(message[1])
+                search.walk(time.perf_counter() + message[-1], poll)
+                if search.failure is not None:
+                    conn.send(("failure", search.failure, *report()))
+                    return
+                search.close()
+                conn.send(("idle", *report()))
+    except Exception as e:  # a harness error, not a divergence: say it in one line
+        conn.send(("error", f"{type(e).__name__}: {e}"))
+    finally:
+        if search is not None:
+            search.close()
+            search.expanded = bytearray()  # the shared bytes may close only once unreferenced
+        memory.close()

@@ -200,12 +200,19 @@ def _walk(ns: argparse.Namespace, bounds: Bounds, cov: Coverage, seconds: float
           ) -> tuple[Report, _Failure | None]:
     """The guided walks, for at most `seconds`; a failing walk is written as an ITF trace named
     after seed and walk."""
-    from .conformance import itf, walks
+    from .conformance import branches, itf, walks
     from .impl import faults
+    from .impl.device.detect import chip_present
 
-    walked = walks.run(cov, ns.backend, seed=ns.seed, until=ns.min_edges, seconds=seconds,
-                       jobs=ns.jobs, progress=_walk_progress,
-                       every=10.0 if sys.stderr.isatty() else 30.0, config=ns.config)
+    every = 10.0 if sys.stderr.isatty() else 30.0
+    if ns.backend == "cpu" or not chip_present():
+        # The implementation's state can be saved: each edge is walked once, from a saved state.
+        walked = branches.run(cov, ns.backend, seed=ns.seed, until=ns.min_edges, seconds=seconds,
+                              jobs=ns.jobs, progress=_walk_progress, every=every,
+                              config=ns.config)
+    else:  # a chip cannot be saved: every walk starts at the initial state
+        walked = walks.run(cov, ns.backend, seed=ns.seed, until=ns.min_edges, seconds=seconds,
+                           jobs=ns.jobs, progress=_walk_progress, every=every, config=ns.config)
     failed = walked.failure
     if failed is None:
         return walked, None
