@@ -128,12 +128,20 @@ class Search:
         every `POLL_EVERY` edges) says stop (False)."""
         stack = self.stack
         count = 0
+        # Every restore allocates a run and every discard leaves one as cyclic garbage: collect
+        # the young generations here, between edges, instead of letting allocation counts
+        # trigger full collections that rescan everything the process holds.
+        automatic = gc.isenabled()
+        gc.disable()
         try:
             while stack:
                 count += 1
-                if count % POLL_EVERY == 0 and (
-                        time.perf_counter() >= deadline or (poll is not None and not poll())):
-                    return False
+                if count % POLL_EVERY == 0:
+                    # Now and then all generations: a run kept long enough to grow old (a
+                    # deep branch point's) is garbage in the oldest one once discarded.
+                    gc.collect(2 if count % (POLL_EVERY * 64) == 0 else 1)
+                    if time.perf_counter() >= deadline or (poll is not None and not poll()):
+                        return False
                 frame = stack[-1]
                 if not frame.todo:
                     stack.pop()
@@ -164,6 +172,8 @@ class Search:
                     stack.append(self._frame(v, ls))
             return True
         finally:
+            if automatic:
+                gc.enable()
             if not stack or self.failure is not None:
                 self.close()
 
@@ -407,6 +417,7 @@ def _serve(worker: int, states: list[State], bounds: Bounds, backend: str, seed:
     try:
         index = {s: i for i, s in enumerate(states)}
         del states
+        gc.freeze()  # the index lives to the end: keep full collections from rescanning it
         search = here = Search(index, bounds, backend, seed=seed * 1000 + worker, config=config,
                                covered=covered, expanded=memory.buf)  # type: ignore[arg-type]
         sent_steps = 0
@@ -447,4 +458,5 @@ def _serve(worker: int, states: list[State], bounds: Bounds, backend: str, seed:
         if search is not None:
             search.close()
             search.expanded = bytearray()  # the shared bytes may close only once unreferenced
+        gc.unfreeze()  # frozen objects are never collected: ttnn ones would outlive exit
         memory.close()

@@ -44,8 +44,10 @@ def register(add_parser: AddParser) -> None:
                    help="most seconds of the whole run (exploration, Hypothesis and its shrinking, "
                    "guided walks); the walks stop sooner once --min-edges is "
                    "reached (default %(default)s)")
-    f.add_argument("--min-edges", type=float, default=0.95,
-                   help="walk until this edges_covered; fail below it (default %(default)s)")
+    f.add_argument("--min-edges", type=float, default=None,
+                   help="walk until this edges_covered; fail below it (default 1.0 where the "
+                   "implementation's state can be saved: the emulated device and the cpu "
+                   "backend; 0.95 on a chip, where every walk starts at the initial state)")
     f.add_argument("--jobs", type=int, default=os.cpu_count() or 1,
                    help="worker processes replaying the walks (default: the cores, %(default)s)")
     f.add_argument("--profile", choices=("ci", "dev", "nightly"), default=None,
@@ -141,6 +143,7 @@ def cmd_fuzz(ns: argparse.Namespace) -> int:
             **_coverage_figures(cov, time.perf_counter() - explored),
             "explore_seconds": round(explored - start, 2),
             "hypothesis_examples": result.examples,
+            "walk_mode": _walk_mode(ns.backend),
             "walks": walked.walks if walked else 0,
             "walks_lower_bound": lower_bound,
             "jobs": ns.jobs,
@@ -148,6 +151,7 @@ def cmd_fuzz(ns: argparse.Namespace) -> int:
             "min_edges": ns.min_edges,
             "failure": failure.message if failure else None,
             "trace": str(failure.path) if failure and failure.path else None,
+            "total_seconds": round(time.perf_counter() - started, 1),
         }
         ok = failure is None and cov.actions_covered == 1.0 and cov.edges_covered >= ns.min_edges
         _print_report(report, ns.json)
@@ -172,11 +176,24 @@ def _fuzz_bounds(ns: argparse.Namespace) -> Bounds:
     if bounds.variant:
         raise UsageError(f"--variant {bounds.variant} is a model variant with no implementation "
                          f"switch; use `ttmirror mutants --bug {bounds.variant}`")
-    if ns.examples < 0 or ns.seconds < 0 or not 0 <= ns.min_edges <= 1 or ns.jobs < 1:
+    if (ns.examples < 0 or ns.seconds < 0 or ns.jobs < 1
+            or (ns.min_edges is not None and not 0 <= ns.min_edges <= 1)):
         raise UsageError("--examples and --seconds must be >= 0, --jobs >= 1, --min-edges in "
                          "[0, 1]")
     ns.config = _config(ns.backend, ns.config)
+    if ns.min_edges is None:
+        ns.min_edges = 1.0 if _walk_mode(ns.backend) == "branches" else 0.95
     return bounds
+
+
+def _walk_mode(backend: str) -> str:
+    """branches: each edge walked once from a saved state (the implementation's state can be
+    saved); from-initial: every walk starts at the initial state (a chip)."""
+    if backend == "cpu":
+        return "branches"
+    from .impl.device.detect import chip_present
+
+    return "from-initial" if chip_present() else "branches"
 
 
 def _config(backend: str, config: str | None) -> str:
@@ -202,10 +219,9 @@ def _walk(ns: argparse.Namespace, bounds: Bounds, cov: Coverage, seconds: float
     after seed and walk."""
     from .conformance import branches, itf, walks
     from .impl import faults
-    from .impl.device.detect import chip_present
 
     every = 10.0 if sys.stderr.isatty() else 30.0
-    if ns.backend == "cpu" or not chip_present():
+    if _walk_mode(ns.backend) == "branches":
         # The implementation's state can be saved: each edge is walked once, from a saved state.
         walked = branches.run(cov, ns.backend, seed=ns.seed, until=ns.min_edges, seconds=seconds,
                               jobs=ns.jobs, progress=_walk_progress, every=every,

@@ -12,6 +12,7 @@ import bisect
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import torch
 
 ALIGNMENT = 32  # DRAM buffers start on 32-byte boundaries (also keeps typed views aligned)
@@ -124,7 +125,7 @@ class DramAllocator:
             memory, dirty = spare  # above `dirty` it holds FILL_BYTE still
             memory[len(written) : dirty].fill_(FILL_BYTE)
         if written:
-            memory[: len(written)] = torch.frombuffer(bytearray(written), dtype=torch.uint8)
+            memory.numpy()[: len(written)] = np.frombuffer(written, dtype=np.uint8)
         self.memory = memory
 
     def recycle(self) -> None:

@@ -56,16 +56,16 @@ def _reduce_host(t: ttnn.Tensor) -> tuple[Any, ...]:
     return _host, (type(t), host_bytes(t).numpy().tobytes(), shape, t.dtype)
 
 
-_MEMORY_CONFIGS = ("DRAM_MEMORY_CONFIG", "L1_MEMORY_CONFIG")
+_MEMORY_CONFIGS = {name: getattr(ttnn, name) for name in ("DRAM_MEMORY_CONFIG", "L1_MEMORY_CONFIG")}
 
 
 def _memory_config(name: str) -> ttnn.MemoryConfig:
-    return getattr(ttnn, name)
+    return _MEMORY_CONFIGS[name]  # a value: copies may share it
 
 
 def _reduce_memory_config(config: ttnn.MemoryConfig) -> tuple[Any, ...]:
-    for name in _MEMORY_CONFIGS:
-        if config == getattr(ttnn, name):
+    for name, known in _MEMORY_CONFIGS.items():
+        if config == known:
             return _memory_config, (name,)
     raise pickle.PicklingError(f"cannot snapshot memory config {config}")
 
@@ -101,6 +101,20 @@ def _reduce_enum(member: enum.Enum) -> Any:
     return f"{cls.__qualname__}.{member.name}"
 
 
+def _reduce_namedtuple(value: tuple[Any, ...]) -> tuple[Any, ...]:
+    # Built by tuple.__new__ when loading (C), not by the class's generated Python __new__.
+    return tuple.__new__, (type(value), tuple(value))
+
+
+def _namedtuple_classes(root: type = tuple) -> list[type]:
+    out: list[type] = []
+    for sub in root.__subclasses__():
+        if hasattr(sub, "_fields") and "<" not in sub.__qualname__:
+            out.append(sub)
+        out += _namedtuple_classes(sub)
+    return out
+
+
 def _enum_classes(root: type = enum.Enum) -> list[type]:
     out: list[type] = []
     for sub in root.__subclasses__():
@@ -113,11 +127,12 @@ _DISPATCH: dict[type, Any] = {}
 
 
 def _dispatch() -> dict[type, Any]:
-    """The reducers, enum classes included: those defined once the first snapshot is taken
-    (an enum class defined later is saved the default way: correct, a little slower)."""
+    """The reducers, enum and named-tuple classes included: those defined once the first
+    snapshot is taken (one defined later is saved the default way: correct, a little slower)."""
     if not _DISPATCH:
         _DISPATCH.update(copyreg.dispatch_table)
         _DISPATCH.update({cls: _reduce_enum for cls in _enum_classes()})
+        _DISPATCH.update({cls: _reduce_namedtuple for cls in _namedtuple_classes()})
         _DISPATCH.update(_REDUCERS)
     return _DISPATCH
 
