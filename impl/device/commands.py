@@ -20,19 +20,7 @@ import ttnn
 
 from .allocator import Buffer
 from .ordering import Clock
-from .tensors import Region
-
-
-@dataclass(frozen=True)
-class Operand:
-    """A tensor's elements in DRAM, by value: where they are stored, and the shape read there
-    (the logical shape; for a TILE tensor's padding included, its stored shape)."""
-
-    region: Region
-    shape: tuple[int, ...]
-
-    def __repr__(self) -> str:
-        return f"[0x{self.region.address:x} {list(self.shape)} {self.region.dtype}]"
+from .tensors import Operand
 
 
 @dataclass(frozen=True, eq=False)

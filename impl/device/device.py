@@ -61,6 +61,9 @@ READS_IN_CAPTURE = "Reads are not supported during trace capture"
 WRITES_IN_CAPTURE = "Writes are not supported during trace capture"
 EVENTS_IN_CAPTURE = "Event Synchronization is not supported during trace capture"
 
+ON_RESTORE: list[Callable[[EmulatedMeshDevice], None]] = []
+"""Called with each device built from a snapshot (routing registers its attach here)."""
+
 _TENSOR_CPU = introspect_method(ttnn.Tensor, "cpu")
 _TENSOR_DEALLOCATE = introspect_method(ttnn.Tensor, "deallocate")
 
@@ -628,8 +631,6 @@ class EmulatedMeshDevice:
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        from . import routing
-
         pending = state.pop("_pending_readbacks")
         self.__dict__.update(state)
         self.condition = threading.Condition(threading.RLock())
@@ -637,7 +638,8 @@ class EmulatedMeshDevice:
             if host is not None:
                 on_drop = self._readback_dropped if isinstance(host, HostReadback) else None
                 readbacks.register(self, command, host, on_drop=on_drop)
-        routing.attach(self)  # a copy is an open device: ttnn routes to it until it closes
+        for hook in ON_RESTORE:  # routing's attach: a copy is an open device, routed until closed
+            hook(self)
 
     def discard(self) -> None:
         """Close a copy nobody will use again, without completing its queues (emulated only)."""

@@ -24,6 +24,7 @@ from typing import Any
 
 import ttnn
 
+from . import device as device_module
 from . import ops, readbacks, support
 from .commands import MeshEvent
 from .detect import chip_present
@@ -383,6 +384,9 @@ def detach(device: EmulatedMeshDevice) -> None:
             _attached.remove(device)
         if not _attached:
             _restore()
+
+
+device_module.ON_RESTORE.append(attach)
 
 
 def _patch() -> None:

@@ -5,9 +5,9 @@ device: DRAM bytes, queues of commands held as data, events, traces, hazard and 
 pending readbacks, host tensors) into bytes; `restore(data)` builds a fresh, independent copy,
 as often as asked. Sharing inside the copy is kept (a command queued and awaited by an event is
 one object in the copy too). It is `pickle` with reducers for what pickle cannot take as is:
-torch tensors (each the whole of its storage: a view of part of one is refused), ttnn host tensors (their bytes, garbage
-included), memory configs and weak references. A restored device is open and routed, like the
-one it copies; `discard` closes one without completing its queues.
+torch tensors (each the whole of its storage: a view of part of one is refused), ttnn host
+tensors (their bytes, garbage included), memory configs and weak references. A restored device
+is open and routed, like the one it copies; `discard` closes one without completing its queues.
 
 A chip's state cannot be copied: this works on the emulated device only.
 """
@@ -24,6 +24,7 @@ from typing import Any
 import torch
 import ttnn
 
+from . import routing  # noqa: F401  (registers the attach that routes a restored device)
 from .tensors import HostReadback, host_bytes, new_host_tensor
 
 
@@ -108,7 +109,8 @@ def _reduce_namedtuple(value: tuple[Any, ...]) -> tuple[Any, ...]:
 
 def _namedtuple_classes(root: type = tuple) -> list[type]:
     out: list[type] = []
-    for sub in root.__subclasses__():
+    subclasses: list[type] = root.__subclasses__()
+    for sub in subclasses:
         if hasattr(sub, "_fields") and "<" not in sub.__qualname__:
             out.append(sub)
         out += _namedtuple_classes(sub)
@@ -117,7 +119,8 @@ def _namedtuple_classes(root: type = tuple) -> list[type]:
 
 def _enum_classes(root: type = enum.Enum) -> list[type]:
     out: list[type] = []
-    for sub in root.__subclasses__():
+    subclasses: list[type] = root.__subclasses__()
+    for sub in subclasses:
         out.append(sub)
         out += _enum_classes(sub)
     return out

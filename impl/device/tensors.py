@@ -24,7 +24,6 @@ import ttnn
 from .allocator import Buffer
 
 if TYPE_CHECKING:
-    from .commands import Operand
     from .device import EmulatedMeshDevice
 
 TILE = 32
@@ -49,6 +48,19 @@ class Region:
     nbytes: int
     dtype: torch.dtype
     shape: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class Operand:
+    """A tensor's elements in DRAM, by value: where they are stored, and the shape read there
+    (the logical shape; for a TILE tensor's padding included, its stored shape)."""
+
+    region: Region
+    shape: tuple[int, ...]
+
+    def __repr__(self) -> str:
+        return f"[0x{self.region.address:x} {list(self.shape)} {self.region.dtype}]"
+
 
 
 def storage_bytes(shape: tuple[int, ...], dtype: ttnn.DataType, layout: ttnn.Layout) -> int:
@@ -178,15 +190,11 @@ class DeviceTensor:
     @property
     def operand(self) -> Operand:
         """Its logical elements in DRAM, as a command holds them (data, not a view)."""
-        from .commands import Operand
-
         return Operand(self.region, self.dims)
 
     @property
     def stored_operand(self) -> Operand:
         """Every stored element, padding included, as a command holds them."""
-        from .commands import Operand
-
         return Operand(self.region, self.region.shape)
 
     @property

@@ -134,12 +134,14 @@ def test_a_discarded_copy_leaves_routing_to_the_open_devices() -> None:
 def test_a_threaded_device_refuses_a_snapshot_in_one_line() -> None:
     import pickle
 
-    from ttmirror.impl.device import EmulatedMeshDevice, ThreadedScheduler
+    import ttnn
+
+    from ttmirror.impl.device import Emulator, ThreadedScheduler, open_device
     from ttmirror.impl.device.snapshot import snapshot
 
-    device = EmulatedMeshDevice(scheduler=ThreadedScheduler())
+    device = open_device(emulator=Emulator(scheduler=ThreadedScheduler), emulated=True)
     try:
         with pytest.raises(pickle.PicklingError, match="ManualScheduler"):
             snapshot(device)
     finally:
-        device.close()
+        ttnn.close_mesh_device(device)
