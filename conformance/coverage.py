@@ -7,9 +7,9 @@ each walk on the graph, from the initial state along the path with the most edge
 walked yet (a longest-path value per node over the DAG), and `walks` replays it against the
 implementation in lockstep.
 
-The graph is a DAG (every action makes progress or closes something), and the implementation
-cannot be put into an arbitrary state, so every walk starts at the initial state: at the default
-bounds, covering most edges is a campaign of minutes over all cores rather than a unit test.
+The graph is a DAG (every action makes progress or closes something). These planned walks each
+start at the initial state: what a chip allows, since its state cannot be saved. On the emulated
+device and the cpu backend, `branches.py` walks every edge once from saved states instead.
 """
 
 from __future__ import annotations
