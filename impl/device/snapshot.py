@@ -71,12 +71,12 @@ def _reduce_memory_config(config: ttnn.MemoryConfig) -> tuple[Any, ...]:
     raise pickle.PicklingError(f"cannot snapshot memory config {config}")
 
 
-def _dead() -> None:
-    return None
+class _Gone:
+    """Something to hold a weak reference to for an instant: what a dead reference pointed at."""
 
 
-def _dead_ref() -> Any:
-    return _dead
+def _dead_ref() -> weakref.ref[Any]:
+    return weakref.ref(_Gone())  # its referent is freed at once: a dead weak reference
 
 
 def _reduce_weakref(ref: weakref.ref[Any]) -> tuple[Any, ...]:

@@ -131,6 +131,25 @@ def test_a_discarded_copy_leaves_routing_to_the_open_devices() -> None:
     assert not routing.active()
 
 
+class Referent:
+    """A weak-referenceable object that pickles (a test's local class does not)."""
+
+
+def test_weak_references_copy_as_weak_references() -> None:
+    """A live one points at the copy of its referent; a dead one is a dead weak reference (what
+    a readback's `HostRead.target()` and the readback registry call), not some other object."""
+    import weakref
+
+    from ttmirror.impl.device.snapshot import restore, snapshot
+
+    held = Referent()
+    gone = weakref.ref(Referent())
+    assert gone() is None
+    copied, live, dead = restore(snapshot(([held], weakref.ref(held), gone)))
+    assert isinstance(dead, weakref.ref) and dead() is None
+    assert isinstance(live, weakref.ref) and live() is copied[0] and live() is not held
+
+
 def test_a_threaded_device_refuses_a_snapshot_in_one_line() -> None:
     import pickle
 
