@@ -41,10 +41,8 @@ from .signatures import introspect_method
 from .tensors import (
     DeviceTensor,
     HostReadback,
-    Region,
     host_bytes,
     host_operand,
-    host_values,
     new_host_tensor,
     region_view,
     storage_bytes,
@@ -276,9 +274,6 @@ class EmulatedMeshDevice:
             self.ordering.adopt(buffer)
             return DeviceTensor(self, buffer, shape, dtype, layout, memory_config)
 
-    def view(self, region: Region) -> torch.Tensor:
-        return self.allocator.view(region.address, region.nbytes, region.dtype, region.shape)
-
     def deallocate(self, tensor: DeviceTensor, *, force: bool) -> None:
         """`force` frees even while other handles share the buffer (ttnn.deallocate's default)."""
         with self.condition:
@@ -317,7 +312,7 @@ class EmulatedMeshDevice:
             if self._capture_on(cq):
                 raise RuntimeError(WRITES_IN_CAPTURE)
             self._fault_point("write", "copy_host_to_device_tensor")
-            self._write_host(tensor, host_values(host, tensor).clone(), cq,
+            self._write_host(tensor, host_operand(host, tensor.operand).clone(), cq,
                              "copy_host_to_device_tensor")
 
     def upload(
@@ -334,7 +329,7 @@ class EmulatedMeshDevice:
             self._fault_point("write", "to_device")
             shape = tuple(int(d) for d in host.shape)
             tensor = self.allocate(shape, host.dtype, layout, memory_config)
-            self._write_host(tensor, host_values(host, tensor).clone(), cq, "to_device")
+            self._write_host(tensor, host_operand(host, tensor.operand).clone(), cq, "to_device")
             return tensor
 
     def _write_host(self, tensor: DeviceTensor, source: torch.Tensor, cq: int, name: str) -> None:

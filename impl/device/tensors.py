@@ -62,7 +62,6 @@ class Operand:
         return f"[0x{self.region.address:x} {list(self.shape)} {self.region.dtype}]"
 
 
-
 def storage_bytes(shape: tuple[int, ...], dtype: ttnn.DataType, layout: ttnn.Layout) -> int:
     """Bytes a tensor occupies on the chip: TILE pads the last two dimensions to 32."""
     return math.prod(padded(shape, layout)) * torch_dtype(dtype).itemsize
@@ -175,16 +174,13 @@ class DeviceTensor:
     @property
     def stored(self) -> torch.Tensor:
         """A typed view of every stored element, padding included (DRAM never moves)."""
-        return self._device.view(self.region)
+        return region_view(self._device.allocator.memory, self.stored_operand)
 
     @property
     def data(self) -> torch.Tensor:
         """A typed view of the logical elements (for TILE, the padded storage less its padding)."""
         if self._view is None:
-            stored = self.stored
-            if stored.shape != torch.Size(self._shape):
-                stored = stored[tuple(slice(0, d) for d in self._shape)]
-            self._view = stored
+            self._view = region_view(self._device.allocator.memory, self.operand)
         return self._view
 
     @property
@@ -239,13 +235,6 @@ def host_bytes(tensor: ttnn.Tensor) -> torch.Tensor:
     """A writable uint8 view of a ROW_MAJOR host tensor's storage (shared through DLPack)."""
     shard = tensor.host_buffer().get_shard(_COORD)
     return torch.from_dlpack(shard)
-
-
-def host_values(host: ttnn.Tensor, like: DeviceTensor) -> torch.Tensor:
-    """A writable typed view of a ROW_MAJOR host tensor's elements, shaped as `like` (logical)."""
-    element = torch_dtype(like.dtype)
-    nbytes = like.volume() * element.itemsize
-    return host_bytes(host)[:nbytes].view(element).reshape(like.data.shape)
 
 
 def host_operand(host: ttnn.Tensor, operand: Operand) -> torch.Tensor:
