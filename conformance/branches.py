@@ -29,7 +29,6 @@ cannot be saved, and there the planned walks from the initial state remain.
 from __future__ import annotations
 
 import gc
-import multiprocessing
 import random
 import time
 from collections.abc import Callable, Mapping, MutableSequence
@@ -45,6 +44,7 @@ from .coverage import Coverage
 from .lockstep import SAMPLERS, Divergence, Lockstep, prompts_from
 from .walk_bound import require_acyclic
 from .walks import DEVICE_MOVES, FailedWalk, Report
+from .workers import Workers, one_core
 
 type Progress = Callable[[Report, Coverage], None]
 type Edge = tuple[int, int, str]
@@ -299,18 +299,10 @@ class _Master:
         self.cov, self.jobs = cov, jobs
         self.report = Report(jobs=jobs)
         self.shared = SharedMemory(create=True, size=max(1, len(cov.ex.states)))
-        ctx = multiprocessing.get_context("spawn")  # fresh interpreters: torch and fork do not mix
-        self.conns: list[Connection] = []
-        self.procs: list[Any] = []
         args = (cov.ex.states, cov.ex.bounds, backend, seed, config, faults.current(),
                 set(cov.edges), self.shared.name)
-        for w in range(jobs):
-            parent, child = ctx.Pipe()
-            proc = ctx.Process(target=_serve, args=(w, *args, child), daemon=True)
-            proc.start()
-            child.close()
-            self.conns.append(parent)
-            self.procs.append(proc)
+        self.workers = Workers.start(_serve, [(w, *args) for w in range(jobs)])
+        self.conns = self.workers.conns
         self.busy: set[Connection] = set()
         self.asked: set[Connection] = set()
         self.queue: list[Item] = []
@@ -384,20 +376,7 @@ class _Master:
         return message  # type: ignore[no-any-return]
 
     def close(self, kill: bool) -> None:
-        for conn, proc in zip(self.conns, self.procs, strict=True):
-            if kill:
-                proc.terminate()
-            else:
-                try:
-                    conn.send(("stop",))
-                except (BrokenPipeError, OSError):
-                    proc.terminate()
-        for proc in self.procs:
-            proc.join(timeout=10)
-            if proc.is_alive():
-                proc.kill()
-        for conn in self.conns:
-            conn.close()
+        self.workers.stop(kill=kill, goodbye=("stop",))
         self.shared.close()
         self.shared.unlink()
 
@@ -406,12 +385,7 @@ def _serve(worker: int, states: list[State], bounds: Bounds, backend: str, seed:
            config: str | None, bug: str | None, covered: set[tuple[int, int]], shared: str,
            conn: Connection) -> None:
     """A worker: search from each branch point it is given; share one when asked."""
-    import os
-
-    os.environ.setdefault("LOGURU_LEVEL", "WARNING")
-    import torch
-
-    torch.set_num_threads(1)  # one core per worker: the workers are the parallelism
+    one_core()
     memory = SharedMemory(name=shared)
     search: Search | None = None
     try:

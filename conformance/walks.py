@@ -12,19 +12,18 @@ process rather than after every act: a walk's prefix revisits states that earlie
 
 from __future__ import annotations
 
-import multiprocessing
 import random
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from multiprocessing.connection import Connection, wait
-from typing import Any
 
 from ..impl import faults
 from ..model.actions import Action
 from ..model.state import Bounds, State
 from .coverage import Coverage, Planner
 from .lockstep import SAMPLERS, Divergence, Lockstep, Move, prompts_from
+from .workers import Workers, one_core
 
 DEVICE_MOVES = 0.35
 """Chance of completing one more device command before each act (the device lags the host)."""
@@ -231,21 +230,10 @@ class _Pool:
 
     def __init__(self, bounds: Bounds, backend: str, seed: int, jobs: int, config: str | None
                  ) -> None:
-        ctx = multiprocessing.get_context("spawn")  # fresh interpreters: torch and fork do not mix
-        self.conns: list[Connection] = []
-        self.procs: list[Any] = []
-        self.inflight: dict[Connection, int] = {}
-        for _ in range(jobs):
-            parent, child = ctx.Pipe()
-            proc = ctx.Process(
-                target=_serve, args=(bounds, backend, seed, faults.current(), config, child),
-                daemon=True,
-            )
-            proc.start()
-            child.close()
-            self.conns.append(parent)
-            self.procs.append(proc)
-            self.inflight[parent] = 0
+        self.workers = Workers.start(
+            _serve, [(bounds, backend, seed, faults.current(), config)] * jobs)
+        self.conns = self.workers.conns
+        self.inflight: dict[Connection, int] = dict.fromkeys(self.conns, 0)
 
     def hungry(self) -> bool:
         return min(self.inflight.values()) < 2
@@ -274,31 +262,13 @@ class _Pool:
         return out
 
     def close(self, kill: bool) -> None:
-        for conn, proc in zip(self.conns, self.procs, strict=True):
-            if kill:
-                proc.terminate()
-            else:
-                try:
-                    conn.send(None)
-                except (BrokenPipeError, OSError):
-                    proc.terminate()
-        for proc in self.procs:
-            proc.join(timeout=10)
-            if proc.is_alive():
-                proc.kill()
-        for conn in self.conns:
-            conn.close()
+        self.workers.stop(kill=kill, goodbye=None)
 
 
 def _serve(bounds: Bounds, backend: str, seed: int, bug: str | None, config: str | None,
            conn: Connection) -> None:
     """A worker: replay each batch it receives, answer with the results; None ends it."""
-    import os
-
-    os.environ.setdefault("LOGURU_LEVEL", "WARNING")
-    import torch
-
-    torch.set_num_threads(1)  # one core per worker: the workers are the parallelism
+    one_core()
     executor = Executor(bounds, backend, seed, config)
     with faults.planted(bug):
         while (batch := conn.recv()) is not None:
