@@ -7,9 +7,11 @@ break an invariant are recorded and not expanded further.
 
 from __future__ import annotations
 
+import gc
 import time
+from array import array
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -23,14 +25,76 @@ type Progress = Callable[[int, int, int], None]
 """Called now and then with (states, transitions, frontier size)."""
 
 
+class Edges:
+    """The transitions, compactly: three parallel integer arrays and a table of action labels.
+
+    A million-state graph has millions of edges; as networkx dictionaries they would cost more
+    time and memory than the search. `Exploration.graph` builds the networkx graph from these
+    only when something asks for it (views, coverage); the checks run on the arrays.
+    """
+
+    def __init__(self) -> None:
+        self.src = array("i")
+        self.dst = array("i")
+        self.label = array("i")
+        """Index into `labels` per edge."""
+        self.labels: list[str] = []
+        self._label_ids: dict[str, int] = {}
+
+    def __len__(self) -> int:
+        return len(self.src)
+
+    def add(self, u: int, v: int, label: str) -> None:
+        """Record the transition u -label-> v."""
+        lid = self._label_ids.get(label)
+        if lid is None:
+            lid = self._label_ids[label] = len(self.labels)
+            self.labels.append(label)
+        self.src.append(u)
+        self.dst.append(v)
+        self.label.append(lid)
+
+    def __iter__(self) -> Iterator[tuple[int, int, str]]:
+        labels = self.labels
+        for u, v, lid in zip(self.src, self.dst, self.label, strict=True):
+            yield u, v, labels[lid]
+
+    def predecessors(self, nodes: int) -> tuple[array[int], array[int]]:
+        """The reverse adjacency in compressed form: node v's predecessors are
+        ``preds[start[v]:start[v + 1]]``."""
+        start = array("i", bytes(4 * (nodes + 1)))
+        for v in self.dst:
+            start[v + 1] += 1
+        for n in range(nodes):
+            start[n + 1] += start[n]
+        fill = array("i", start)
+        preds = array("i", bytes(4 * len(self.dst)))
+        for u, v in zip(self.src, self.dst, strict=True):
+            preds[fill[v]] = u
+            fill[v] += 1
+        return start, preds
+
+    def to_graph(self, nodes: int) -> nx.DiGraph:
+        """The networkx graph: one edge per (source, target), parallel actions' labels joined
+        by " | " in the order they were found."""
+        labels: dict[tuple[int, int], str] = {}
+        for u, v, label in self:
+            key = (u, v)
+            labels[key] = labels[key] + " | " + label if key in labels else label
+        graph = nx.DiGraph()
+        graph.add_nodes_from(range(nodes))
+        graph.add_edges_from((u, v, {"action": label}) for (u, v), label in labels.items())
+        return graph
+
+
 @dataclass
 class Exploration:
     """Everything the search found."""
 
     bounds: Bounds
-    graph: nx.DiGraph
     states: list[State]
     parent: list[tuple[int, Action] | None]
+    edges: Edges = field(default_factory=Edges)
     violations: dict[str, int] = field(default_factory=dict)
     """Invariant name -> id of the first (shallowest) state that breaks it."""
     sometimes: dict[str, bool] = field(default_factory=dict)
@@ -41,6 +105,15 @@ class Exploration:
     broken_nodes: set[int] = field(default_factory=set)
     transitions: int = 0
     seconds: float = 0.0
+    _graph: nx.DiGraph | None = field(default=None, repr=False)
+
+    @property
+    def graph(self) -> nx.DiGraph:
+        """The state graph as networkx: nodes are state ids, each edge's "action" its label(s).
+        Built on first use, then kept."""
+        if self._graph is None:
+            self._graph = self.edges.to_graph(len(self.states))
+        return self._graph
 
     @property
     def ok(self) -> bool:
@@ -82,12 +155,20 @@ def explore(bounds: Bounds, progress: Progress | None = None, every: int = 5000)
     start = time.perf_counter()
     search = _Search(bounds)
     ex, frontier = search.ex, search.frontier
-    while frontier:
-        node = frontier.popleft()
-        search.visit(node)
-        if progress is not None and node % every == 0:  # node ids count the expansions
-            progress(len(ex.states), ex.transitions, len(frontier))
-    search.finish()
+    # Every state found lives until the end: the cycle collector would only walk the growing
+    # heap again and again (a third of the time at a million states) and find nothing.
+    collecting = gc.isenabled()
+    gc.disable()
+    try:
+        while frontier:
+            node = frontier.popleft()
+            search.visit(node)
+            if progress is not None and node % every == 0:  # node ids count the expansions
+                progress(len(ex.states), ex.transitions, len(frontier))
+        search.finish()
+    finally:
+        if collecting:
+            gc.enable()
     ex.seconds = time.perf_counter() - start
     if progress is not None:
         progress(len(ex.states), ex.transitions, 0)
@@ -100,30 +181,29 @@ class _Search:
     def __init__(self, bounds: Bounds) -> None:
         init = initial_state(bounds)
         self.bounds = bounds
-        self.ex = Exploration(bounds=bounds, graph=nx.DiGraph(), states=[init], parent=[None])
+        self.ex = Exploration(bounds=bounds, states=[init], parent=[None])
         self.index: dict[State, int] = {init: 0}
         self.frontier: deque[int] = deque([0])
         checks = [c for c in SOMETIMES if c.applies(bounds)]
         self.ex.sometimes = {c.name: False for c in checks}
         self.pending = checks
         """The "sometimes" checks not reached yet."""
-        self.labels: dict[tuple[int, int], str] = {}
-        """The action label per edge, built into the graph once at the end."""
+        self.label_of: dict[Action, str] = {}
 
     def visit(self, node: int) -> None:
         """Check a state's invariants, then expand it (unless it is broken)."""
-        ex, s = self.ex, self.ex.states[node]
-        broken = [inv.name for inv in INVARIANTS if not inv.holds(s, self.bounds)]
+        ex, s, bounds = self.ex, self.ex.states[node], self.bounds
+        broken = [inv.name for inv in INVARIANTS if not inv.holds(s, bounds)]
         if broken:
             ex.broken_nodes.add(node)
             for name in broken:
                 ex.violations.setdefault(name, node)
             return  # a broken state is a counterexample's end: nothing beyond it matters
-        moved = False
-        for action, t in successors(s, self.bounds):
-            moved = True
-            ex.transitions += 1
+        moved = 0
+        for action, t in successors(s, bounds):
+            moved += 1
             self.edge(node, s, action, t)
+        ex.transitions += moved
         if not moved:
             (ex.finals if is_final(s) else ex.deadlocks).append(node)
 
@@ -137,10 +217,10 @@ class _Search:
             ex.states.append(t)
             ex.parent.append((node, action))
             self.frontier.append(target)
-        key = (node, target)
-        label = action.label()
-        labels = self.labels
-        labels[key] = labels[key] + " | " + label if key in labels else label
+        label = self.label_of.get(action)
+        if label is None:
+            label = self.label_of[action] = action.label()
+        ex.edges.add(node, target, label)
         if self.pending:
             for check in list(self.pending):
                 if check.reached(s, action, t):
@@ -148,13 +228,8 @@ class _Search:
                     self.pending.remove(check)
 
     def finish(self) -> None:
-        """Build the graph from the recorded edges and check that every state can finish."""
-        ex = self.ex
-        ex.graph.add_nodes_from(range(len(ex.states)))
-        ex.graph.add_edges_from(
-            (u, v, {"action": label}) for (u, v), label in self.labels.items()
-        )
-        ex.cannot_finish = _cannot_finish(ex)
+        """Check that every state can finish."""
+        self.ex.cannot_finish = _cannot_finish(self.ex)
 
 
 def _cannot_finish(ex: Exploration) -> list[int]:
@@ -163,17 +238,19 @@ def _cannot_finish(ex: Exploration) -> list[int]:
     A broken state is not expanded, so states whose every way out runs through one are
     excused: they are that invariant's counterexample, not a liveness failure of their own.
     """
-    ends = set(ex.finals) | ex.broken_nodes
-    can: set[int] = set(ends)
-    todo = list(ends)
-    pred = ex.graph.pred
+    nodes = len(ex.states)
+    start, preds = ex.edges.predecessors(nodes)
+    can = bytearray(nodes)
+    todo = [*ex.finals, *ex.broken_nodes]
+    for n in todo:
+        can[n] = 1
     while todo:
         node = todo.pop()
-        for p in pred[node]:
-            if p not in can:
-                can.add(p)
+        for p in preds[start[node]:start[node + 1]]:
+            if not can[p]:
+                can[p] = 1
                 todo.append(p)
-    return [n for n in range(len(ex.states)) if n not in can]
+    return [n for n in range(nodes) if not can[n]]
 
 
 def changed_variables(before: State, after: State) -> str:

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from ttmirror.conformance.coverage import Coverage, Planner
 from ttmirror.conformance.walk_bound import CycleError, walks_lower_bound
-from ttmirror.model.explore import Exploration, explore
+from ttmirror.model.explore import Edges, Exploration, explore
 from ttmirror.model.state import Bounds, initial_state
 
 
@@ -86,6 +86,9 @@ def test_a_cycle_is_refused_by_name() -> None:
     with pytest.raises(CycleError, match=r"cycle: 1 -\[combine\(q=0\)\] -> 2 -\[uncombine"):
         walks_lower_bound(graph)
     state = initial_state(Bounds())
-    ex = Exploration(bounds=Bounds(), graph=graph, states=[state] * 3, parent=[None] * 3)
+    edges = Edges()
+    for u, v, label in graph.edges(data="action"):
+        edges.add(u, v, label)
+    ex = Exploration(bounds=Bounds(), states=[state] * 3, parent=[None] * 3, edges=edges)
     with pytest.raises(CycleError, match="walks are planned on a DAG"):
         Planner(Coverage(ex), random.Random(0))
