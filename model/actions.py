@@ -12,7 +12,7 @@ broken rule in the ghost variable ``broken`` (a history variable, as a TLA+ spec
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from itertools import permutations
 from typing import NamedTuple
 
@@ -502,6 +502,21 @@ _STEP_FNS = (
     ("readback_complete", readback_complete),
 )
 _REQUEST_FNS = (("finish", finish), ("abort", abort), ("preempt", preempt), ("resume", resume))
+
+
+def take(s: State, b: Bounds, action: Action) -> State | None:
+    """The state ``action`` leads to from ``s`` (what `successors` pairs it with), or None
+    when it is disabled."""
+    fn = ACTION_FNS[action.name]
+    return fn(s, b, action.args) if action.name == "schedule" else fn(s, b, *action.args)
+
+
+ACTION_FNS: dict[str, Callable[..., State | None]] = {
+    "allocate": allocate, "arrive": arrive, "schedule": schedule, **dict(_STEP_FNS),
+    "apply": apply, "release": release, **dict(_REQUEST_FNS), FAULT: fault,
+    "chunk_prefill": chunk_prefill,
+}
+"""Each action's function by name."""
 
 
 def is_final(s: State) -> bool:

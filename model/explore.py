@@ -10,14 +10,13 @@ from __future__ import annotations
 import gc
 import time
 from array import array
-from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 import networkx as nx
 
-from .actions import Action, is_final, successors
+from .actions import Action, is_final, successors, take
 from .invariants import INVARIANTS, SOMETIMES
 from .state import Bounds, State, initial_state, validate_bounds
 
@@ -44,15 +43,19 @@ class Edges:
     def __len__(self) -> int:
         return len(self.src)
 
-    def add(self, u: int, v: int, label: str) -> None:
-        """Record the transition u -label-> v."""
+    def intern(self, label: str) -> int:
+        """The index of ``label`` in `labels`, added if new."""
         lid = self._label_ids.get(label)
         if lid is None:
             lid = self._label_ids[label] = len(self.labels)
             self.labels.append(label)
+        return lid
+
+    def add(self, u: int, v: int, label: str) -> None:
+        """Record the transition u -label-> v."""
         self.src.append(u)
         self.dst.append(v)
-        self.label.append(lid)
+        self.label.append(self.intern(label))
 
     def __iter__(self) -> Iterator[tuple[int, int, str]]:
         labels = self.labels
@@ -149,83 +152,186 @@ class Exploration:
         return None
 
 
-def explore(bounds: Bounds, progress: Progress | None = None, every: int = 5000) -> Exploration:
-    """Visit every reachable state within ``bounds`` and check every property."""
+type Level = Callable[["Search", int, int], tuple[list["Chunk"], int, list[State]]]
+"""Expands one level, the node range lo..hi-1: its chunks in level order, which of them this
+process expanded, and that chunk's new states (`Search.expand`'s result). The default expands
+it whole here; `ttmirror.explore_jobs` spreads it over processes."""
+
+
+def explore(bounds: Bounds, progress: Progress | None = None,
+            level: Level | None = None) -> Exploration:
+    """Visit every reachable state within ``bounds`` and check every property.
+
+    Breadth-first, a level at a time: a level's states are a range of ids (ids are given in
+    the order states are found); each run of it is expanded against the states known when the
+    level began, and the runs are merged in order, so that however a level is split, ids,
+    parents and edges are the serial search's.
+    """
     validate_bounds(bounds)
     start = time.perf_counter()
-    search = _Search(bounds)
-    ex, frontier = search.ex, search.frontier
+    search = Search(bounds)
+    ex = search.ex
+    expand_level = level or _whole_level
     # Every state found lives until the end: the cycle collector would only walk the growing
     # heap again and again (a third of the time at a million states) and find nothing.
     collecting = gc.isenabled()
     gc.disable()
     try:
-        while frontier:
-            node = frontier.popleft()
-            search.visit(node)
-            if progress is not None and node % every == 0:  # node ids count the expansions
-                progress(len(ex.states), ex.transitions, len(frontier))
+        lo, hi = 0, 1
+        while lo < hi:
+            chunks, own, own_new = expand_level(search, lo, hi)
+            lo, hi = search.merge(chunks, own, own_new)
+            if progress is not None:
+                progress(len(ex.states), ex.transitions, hi - lo)
         search.finish()
     finally:
         if collecting:
             gc.enable()
     ex.seconds = time.perf_counter() - start
-    if progress is not None:
-        progress(len(ex.states), ex.transitions, 0)
     return ex
 
 
-class _Search:
-    """One breadth-first search: the states seen, the frontier, and each edge's label."""
+def _whole_level(search: Search, lo: int, hi: int) -> tuple[list[Chunk], int, list[State]]:
+    chunk, new = search.expand(lo, hi)
+    return [chunk], 0, new
+
+
+@dataclass
+class Chunk:
+    """What expanding one run of a level's states found, told apart from what was known when
+    the level began, so that runs expanded apart (in other processes) merge into exactly the
+    serial search's result.
+
+    A target ``v < 0`` is the run's own new state ``-1 - v``; each new state comes with the
+    edge that found it first (its recipe: parent and action), from which any process holding
+    the parent computes it again.
+    """
+
+    src: array[int] = field(default_factory=lambda: array("i"))
+    dst: array[int] = field(default_factory=lambda: array("i"))
+    action: array[int] = field(default_factory=lambda: array("i"))
+    """Index into `actions` per edge."""
+    actions: list[Action] = field(default_factory=list)
+    new_parent: array[int] = field(default_factory=lambda: array("i"))
+    new_action: array[int] = field(default_factory=lambda: array("i"))
+    broken: list[tuple[int, list[str]]] = field(default_factory=list)
+    finals: list[int] = field(default_factory=list)
+    deadlocks: list[int] = field(default_factory=list)
+    reached: list[str] = field(default_factory=list)
+    """The "sometimes" checks this run reached."""
+
+    def recipes(self) -> Chunk:
+        """The part another process needs to keep its copy of the states: the new states'
+        recipes (and what was reached, so it stops checking it)."""
+        return Chunk(actions=self.actions, new_parent=self.new_parent,
+                     new_action=self.new_action, reached=self.reached)
+
+
+class Search:
+    """One breadth-first search: the states seen (ids, parents), the edges, the verdicts, and
+    the "sometimes" checks not reached yet."""
 
     def __init__(self, bounds: Bounds) -> None:
         init = initial_state(bounds)
         self.bounds = bounds
         self.ex = Exploration(bounds=bounds, states=[init], parent=[None])
         self.index: dict[State, int] = {init: 0}
-        self.frontier: deque[int] = deque([0])
         checks = [c for c in SOMETIMES if c.applies(bounds)]
         self.ex.sometimes = {c.name: False for c in checks}
         self.pending = checks
-        """The "sometimes" checks not reached yet."""
-        self.label_of: dict[Action, str] = {}
+        """The "sometimes" checks not reached yet (as far as this process knows)."""
 
-    def visit(self, node: int) -> None:
-        """Check a state's invariants, then expand it (unless it is broken)."""
-        ex, s, bounds = self.ex, self.ex.states[node], self.bounds
-        broken = [inv.name for inv in INVARIANTS if not inv.holds(s, bounds)]
-        if broken:
+    def expand(self, lo: int, hi: int) -> tuple[Chunk, list[State]]:
+        """Check and expand the states lo..hi-1 of the current level against the states known
+        so far, changing nothing: the run's chunk and its new states."""
+        bounds, states, index = self.bounds, self.ex.states, self.index
+        chunk, new = Chunk(), list[State]()
+        local: dict[State, int] = {}
+        action_ids: dict[Action, int] = {}
+        src, dst, act = chunk.src, chunk.dst, chunk.action
+        for node in range(lo, hi):
+            s = states[node]
+            broken = [inv.name for inv in INVARIANTS if not inv.holds(s, bounds)]
+            if broken:
+                chunk.broken.append((node, broken))
+                continue  # a broken state is a counterexample's end
+            moved = False
+            for action, t in successors(s, bounds):
+                moved = True
+                target = index.get(t)
+                if target is None:
+                    target = local.setdefault(t, -1 - len(new))
+                    if target == -1 - len(new):
+                        new.append(t)
+                        chunk.new_parent.append(node)
+                        chunk.new_action.append(self._action_id(action, action_ids, chunk))
+                aid = action_ids.get(action)
+                if aid is None:
+                    aid = self._action_id(action, action_ids, chunk)
+                src.append(node)
+                dst.append(target)
+                act.append(aid)
+                if self.pending:
+                    for check in list(self.pending):
+                        if check.reached(s, action, t):
+                            chunk.reached.append(check.name)
+                            self.pending.remove(check)
+            if not moved:
+                (chunk.finals if is_final(s) else chunk.deadlocks).append(node)
+        return chunk, new
+
+    @staticmethod
+    def _action_id(action: Action, ids: dict[Action, int], chunk: Chunk) -> int:
+        aid = ids.get(action)
+        if aid is None:
+            aid = ids[action] = len(chunk.actions)
+            chunk.actions.append(action)
+        return aid
+
+    def merge(self, chunks: list[Chunk], own: int, own_new: list[State],
+              record: bool = True) -> tuple[int, int]:
+        """Add the level's chunks, in level order, as the serial search would have found them:
+        ``chunks[own]``'s new states are ``own_new``, the others' are computed again from
+        their recipes. With ``record``, the edges and verdicts too (one process keeps them).
+        Returns the next level's node range."""
+        ex, index, states, bounds = self.ex, self.index, self.ex.states, self.bounds
+        first = len(states)
+        reached = {name for chunk in chunks for name in chunk.reached}
+        if reached:
+            self.pending = [c for c in self.pending if c.name not in reached]
+        for c, chunk in enumerate(chunks):
+            ids = array("i")
+            for local, (node, aid) in enumerate(zip(chunk.new_parent, chunk.new_action,
+                                                    strict=True)):
+                action = chunk.actions[aid]
+                t = own_new[local] if c == own else take(states[node], bounds, action)
+                assert t is not None, f"{action.label()} is not enabled where it was taken"
+                gid = index.setdefault(t, len(states))
+                if gid == len(states):
+                    states.append(t)
+                    if record:
+                        ex.parent.append((node, action))
+                ids.append(gid)
+            if record:
+                self._record(chunk, ids)
+        return first, len(states)
+
+    def _record(self, chunk: Chunk, ids: array[int]) -> None:
+        """Keep one chunk's edges and verdicts, its new states numbered ``ids``."""
+        ex, edges = self.ex, self.ex.edges
+        for node, names in chunk.broken:
             ex.broken_nodes.add(node)
-            for name in broken:
+            for name in names:
                 ex.violations.setdefault(name, node)
-            return  # a broken state is a counterexample's end: nothing beyond it matters
-        moved = 0
-        for action, t in successors(s, bounds):
-            moved += 1
-            self.edge(node, s, action, t)
-        ex.transitions += moved
-        if not moved:
-            (ex.finals if is_final(s) else ex.deadlocks).append(node)
-
-    def edge(self, node: int, s: State, action: Action, t: State) -> None:
-        """Record the transition s -action-> t, discovering t if it is new."""
-        ex = self.ex
-        target = self.index.get(t)
-        if target is None:
-            target = len(ex.states)
-            self.index[t] = target
-            ex.states.append(t)
-            ex.parent.append((node, action))
-            self.frontier.append(target)
-        label = self.label_of.get(action)
-        if label is None:
-            label = self.label_of[action] = action.label()
-        ex.edges.add(node, target, label)
-        if self.pending:
-            for check in list(self.pending):
-                if check.reached(s, action, t):
-                    ex.sometimes[check.name] = True
-                    self.pending.remove(check)
+        ex.finals += chunk.finals
+        ex.deadlocks += chunk.deadlocks
+        for name in chunk.reached:
+            ex.sometimes[name] = True
+        labels = [edges.intern(a.label()) for a in chunk.actions]
+        edges.src.extend(chunk.src)
+        edges.dst.extend(array("i", [v if v >= 0 else ids[-1 - v] for v in chunk.dst]))
+        edges.label.extend(array("i", [labels[a] for a in chunk.action]))
+        ex.transitions += len(chunk.src)
 
     def finish(self) -> None:
         """Check that every state can finish."""

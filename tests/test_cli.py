@@ -36,6 +36,7 @@ def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
         ["check", "--no-host-sync", "--variant", "host-sync-unguarded"],
         ["fuzz", "--variant", "resume-with-placeholder"],
         ["check", "--frobnicate"],
+        ["check", "--jobs", "0"],
         ["graph", "--view", "sideways"],
         ["graph", "--format", "png"],
         ["graph", "--view", "slot", "--slot", "7", *SMALL],

@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 from typing import NoReturn
 
-from . import cli_conformance, cli_serving, cli_soak, report
+from . import cli_conformance, cli_serving, cli_soak, explore_jobs, report
 from .arguments import (
     DEFAULTS,
     Parser,
@@ -27,7 +27,7 @@ from .arguments import (
     mkdir,
     writable,
 )
-from .model.explore import Exploration, explore
+from .model.explore import Exploration
 from .model.state import Bounds
 from .render import FORMATS, render
 from .views import counterexample_view, project
@@ -70,22 +70,29 @@ _KEPT: list[Exploration] = []
 that the OS spends on nothing at exit."""
 
 
-def _explore(b: Bounds) -> Exploration:
+def _explore(b: Bounds, jobs: int | None = None) -> Exploration:
+    """Explore ``b`` with ``jobs`` processes (default one per core), showing progress."""
+    jobs = explore_jobs.default_jobs() if jobs is None else jobs
+    if jobs < 1:
+        raise UsageError(f"--jobs must be 1 or more, got {jobs}")
     progress = _Progress()
+    if _ENDS_PROCESS:
+        # The states live to the end of the process: kept out of the cycle collector's sight,
+        # or its next full pass walks all of them (seconds at a million states), frees nothing.
+        gc.disable()
     try:
-        ex = explore(b, progress=progress, every=2000)
+        ex = explore_jobs.explore(b, jobs, progress=progress)
     finally:
         progress.close()
     if _ENDS_PROCESS:
         _KEPT.append(ex)
-        # The states live to the end of the process: out of the cycle collector's sight, or
-        # its next full pass walks all of them (seconds at a million states) and frees nothing.
         gc.freeze()
+        gc.enable()
     return ex
 
 
 def cmd_check(ns: argparse.Namespace) -> int:
-    ex = _explore(bounds_from(ns))
+    ex = _explore(bounds_from(ns), ns.jobs)
     if ns.json:
         print(json.dumps(report.as_json(ex), indent=1))
     else:
@@ -103,7 +110,7 @@ def cmd_graph(ns: argparse.Namespace) -> int:
         raise UsageError(f"--request {ns.request}: the bounds have {bounds.requests} requests "
                          f"(0 to {bounds.requests - 1}; raise --requests for more)")
     writable(ns.output)
-    ex = _explore(bounds)
+    ex = _explore(bounds, ns.jobs)
     try:
         if ns.view == "counterexample":
             view = counterexample_view(ex)
@@ -202,6 +209,12 @@ def cmd_info(ns: argparse.Namespace) -> int:
     return 0
 
 
+def add_jobs(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--jobs", type=int, default=None,
+                   help="processes exploring (default: one per core, "
+                   f"{explore_jobs.default_jobs()}); the result is the same for any number")
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = Parser(prog="ttmirror", description=__doc__.splitlines()[0])
     sub = p.add_subparsers(dest="command", metavar="COMMAND", parser_class=Parser)
@@ -210,10 +223,12 @@ def build_parser() -> argparse.ArgumentParser:
     c = sub.add_parser("check", help="explore every interleaving and check every property")
     add_bounds(c)
     c.add_argument("--json", action="store_true", help="print one JSON object")
+    add_jobs(c)
     c.set_defaults(func=cmd_check)
 
     g = sub.add_parser("graph", help="draw a state graph (full, or one slot's / request's view)")
     add_bounds(g)
+    add_jobs(g)
     g.add_argument("--view", choices=("full", "slot", "request", "counterexample"),
                    default="slot", help="which projection (default %(default)s)")
     g.add_argument("--slot", type=int, default=0, help="slot for --view slot")

@@ -1,0 +1,96 @@
+"""The exploration spread over processes finds exactly what the serial search finds: the same
+states under the same ids, the same parents, edges, verdicts and checks reached."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from ttmirror import explore_jobs
+from ttmirror.model.explore import Exploration, Search, explore
+from ttmirror.model.state import Bounds
+
+BOUNDS = {
+    "default": Bounds(),
+    "guard-off": Bounds(guard=False),
+    "depth-3-two-slots": Bounds(depth=3, slots=2),
+    "faults": Bounds(faults=True),
+    "release-at-issue": Bounds(release_at="issue"),
+    "one-request": Bounds(requests=1, max_tokens=3),
+}
+FAILING = ("guard-off", "depth-3-two-slots", "release-at-issue")
+
+
+def same(a: Exploration, b: Exploration) -> None:
+    assert a.states == b.states
+    assert a.parent == b.parent
+    assert list(a.edges) == list(b.edges)
+    for name in ("violations", "sometimes", "deadlocks", "cannot_finish", "finals",
+                 "broken_nodes", "transitions"):
+        assert getattr(a, name) == getattr(b, name), name
+
+
+@pytest.mark.parametrize("name", BOUNDS)
+def test_jobs_find_what_the_serial_search_finds(name: str) -> None:
+    serial = explore(BOUNDS[name])
+    for jobs in (2, 3):
+        same(serial, explore_jobs.explore(BOUNDS[name], jobs))
+    # Not vacuous: big enough that levels really split, and the failing bounds do fail.
+    assert len(serial.states) > 500
+    assert bool(serial.violations) == (name in FAILING)
+
+
+def test_levels_are_split_and_merged_in_order() -> None:
+    """Expanding a level in runs, and merging runs computed again from their recipes, gives
+    the serial ids (in one process, so a failure is easy to read)."""
+    b = Bounds(depth=3, slots=2)
+    serial, search = explore(b), Search(b)
+    lo, hi, split = 0, 1, 0
+    while lo < hi:
+        out = [search.expand(r_lo, r_hi) for r_lo, r_hi in explore_jobs.runs(lo, hi, 3)]
+        split += sum(1 for chunk, new in out[1:] if new)
+        lo, hi = search.merge([chunk for chunk, _ in out], 0, out[0][1])
+    search.finish()
+    same(serial, search.ex)
+    assert split > 10  # later runs really found new states that had to be computed again
+
+
+def test_a_worker_that_dies_ends_the_search_with_an_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    parent = os.getpid()
+    expand = Search.expand
+
+    def dies_in_a_worker(self: Search, lo: int, hi: int):  # type: ignore[no-untyped-def]
+        if os.getpid() != parent:
+            os._exit(3)
+        return expand(self, lo, hi)
+
+    monkeypatch.setattr(Search, "expand", dies_in_a_worker)
+    with pytest.raises(explore_jobs.WorkerFailed, match="ended early"):
+        explore_jobs.explore(Bounds(requests=1), 2)
+
+
+def test_runs_cover_the_level_in_order() -> None:
+    for lo, hi, jobs in ((0, 1, 2), (5, 6, 3), (10, 1000, 2), (3, 10, 4)):
+        cut = explore_jobs.runs(lo, hi, jobs)
+        assert len(cut) == jobs and cut[0][0] == lo and cut[-1][1] == hi
+        assert all(a[1] == b[0] for a, b in itertools.pairwise(cut))
+        assert max(r[1] - r[0] for r in cut) - min(r[1] - r[0] for r in cut) <= 1
+
+
+def test_check_says_the_same_with_any_number_of_jobs() -> None:
+    out = []
+    for jobs in ("1", "2"):
+        done = subprocess.run([sys.executable, "-m", "ttmirror", "check", "--json", "--no-guard",
+                               "--jobs", jobs], capture_output=True, text=True, timeout=300)
+        assert done.returncode == 1, done.stderr
+        report = json.loads(done.stdout)
+        for key in ("seconds", "states_per_second"):
+            report.pop(key)
+        out.append(report)
+    assert out[0] == out[1]
+    assert out[0]["violated"] == "StaleHostIdsGuard" and out[0]["counterexample"]
