@@ -22,7 +22,7 @@ once per slot at load, replayed by every launch); the cpu backend has one, ``hos
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -46,28 +46,9 @@ SAMPLERS = ("seeded", "greedy")
 EFFECT = "device_effect"
 """A device move that completes commands through the next one a model effect stands for."""
 
-MODEL_FNS: dict[str, Callable[..., State | None]] = {
-    "allocate": A.allocate,
-    "arrive": A.arrive,
-    "schedule": A.schedule,
-    "combine": A.combine,
-    "launch": A.launch,
-    "readback_issue": A.readback_issue,
-    "readback_complete": A.readback_complete,
-    "apply": A.apply,
-    "release": A.release,
-    "finish": A.finish,
-    "abort": A.abort,
-    "preempt": A.preempt,
-    "resume": A.resume,
-    "fault": A.fault,
-}
-
-
 def model_step(s: State, b: Bounds, action: Action) -> State | None:
     """The model's next state for `action`, or None when it is disabled."""
-    fn = MODEL_FNS[action.name]
-    return fn(s, b, action.args) if action.name == "schedule" else fn(s, b, *action.args)
+    return A.take(s, b, action)
 
 
 @dataclass(frozen=True)
