@@ -463,9 +463,11 @@ def successors(s: State, b: Bounds) -> Iterator[tuple[Action, State]]:
         if t is not None:
             yield Action("allocate"), t
         return
+    # Actions whose precondition fails on the record's status or phase alone are not tried
+    # (the explorer's hot path); each function checks its whole precondition all the same.
     nreq = len(s.requests)
-    for r in range(nreq):
-        if (t := arrive(s, b, r)) is not None:
+    for r, req in enumerate(s.requests):
+        if req.status == Status.ABSENT and (t := arrive(s, b, r)) is not None:
             yield Action("arrive", (r,)), t
     if len(s.queue) < b.depth:
         todo = eligible(s, b)
@@ -473,16 +475,20 @@ def successors(s: State, b: Bounds) -> Iterator[tuple[Action, State]]:
         for order in orders if todo else ():
             if (t := schedule(s, b, tuple(order))) is not None:
                 yield Action("schedule", tuple(order)), t
-    for q in range(len(s.queue)):
-        for name, fn in _STEP_FNS:
+    for q, step in enumerate(s.queue):
+        if step.phase < Phase.READBACK_DONE:  # the one step action that moves it on
+            name, fn = _STEP_FNS[step.phase]
             if (t := fn(s, b, q)) is not None:
                 yield Action(name, (q,)), t
     if (t := apply(s, b)) is not None:
         yield Action("apply"), t
-    for k in range(len(s.slots)):
-        if (t := release(s, b, k)) is not None:
+    for k, slot in enumerate(s.slots):
+        held = slot.content is not None and not slot.released
+        if held and (t := release(s, b, k)) is not None:
             yield Action("release", (k,)), t
-    for r in range(nreq):
+    for r, req in enumerate(s.requests):
+        if req.status not in _HAS_REQUEST_ACTIONS:
+            continue
         for name, rfn in _REQUEST_FNS:
             if (t := rfn(s, b, r)) is not None:
                 yield Action(name, (r,)), t
@@ -495,13 +501,16 @@ def successors(s: State, b: Bounds) -> Iterator[tuple[Action, State]]:
                 yield Action("chunk_prefill", (r, partial)), t
 
 
-_STEP_FNS = (
+_STEP_FNS = (  # by the phase each moves a step on from
     ("combine", combine),
     ("launch", launch),
     ("readback_issue", readback_issue),
     ("readback_complete", readback_complete),
 )
 _REQUEST_FNS = (("finish", finish), ("abort", abort), ("preempt", preempt), ("resume", resume))
+_HAS_REQUEST_ACTIONS = frozenset({Status.WAITING, Status.RUNNING, Status.PREEMPTED})
+"""Where finish, abort, preempt or resume can be enabled: not absent (never unchecked), not
+closed."""
 
 
 def take(s: State, b: Bounds, action: Action) -> State | None:
