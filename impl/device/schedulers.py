@@ -137,6 +137,7 @@ class ThreadedScheduler:
         self.costs: Mapping[str, float] = costs or {}
         self._threads: list[threading.Thread] = []
         self._stop = False
+        self._stopping = threading.Event()
         self._device: EmulatedMeshDevice | None = None
         self.failure: BaseException | None = None
 
@@ -160,9 +161,19 @@ class ThreadedScheduler:
                     wait = 0.5 if stalled is None else min(0.5, stalled - time.monotonic() + 1e-3)
                     device.condition.wait(timeout=max(wait, 1e-3))
                     continue
-                deadline = time.perf_counter() + self.costs.get(queue[0].name, 0.0)
-                while (left := deadline - time.perf_counter()) > 0 and not self._stop:
-                    device.condition.wait(timeout=left)  # only this worker pops this queue
+                head = queue[0]
+                cost = self.costs.get(head.name, 0.0)
+                if cost > 0:
+                    # The queue is busy that long (only this worker pops it): asleep without the
+                    # device lock, and not woken by every host call's notify, each of which would
+                    # take the GIL from the host for nothing (a chip shares no GIL with it).
+                    device.condition.release()
+                    try:
+                        self._stopping.wait(cost)
+                    finally:
+                        device.condition.acquire()
+                    if not (queue and queue[0] is head):
+                        continue  # the host completed it meanwhile (a drain, a blocking read)
                 try:
                     device.step(cq)
                 except BaseException as error:
@@ -182,6 +193,7 @@ class ThreadedScheduler:
     def close(self) -> None:
         device = self._device
         self._stop = True
+        self._stopping.set()
         if device is not None:
             with device.condition:
                 device.condition.notify_all()
