@@ -52,7 +52,8 @@ def test_levels_are_split_and_merged_in_order() -> None:
     serial, search = explore(b), Search(b)
     lo, hi, split = 0, 1, 0
     while lo < hi:
-        out = [search.expand(r_lo, r_hi) for r_lo, r_hi in explore_jobs.runs(lo, hi, 3)]
+        cut = explore_jobs.runs(lo, hi, [1.0, 2.0, 1.0])
+        out = [search.expand(r_lo, r_hi) for r_lo, r_hi in cut]
         split += sum(1 for chunk, new in out[1:] if new)
         lo, hi = search.merge([chunk for chunk, _ in out], 0, out[0][1])
     search.finish()
@@ -75,11 +76,20 @@ def test_a_worker_that_dies_ends_the_search_with_an_error(monkeypatch: pytest.Mo
 
 
 def test_runs_cover_the_level_in_order() -> None:
-    for lo, hi, jobs in ((0, 1, 2), (5, 6, 3), (10, 1000, 2), (3, 10, 4)):
-        cut = explore_jobs.runs(lo, hi, jobs)
-        assert len(cut) == jobs and cut[0][0] == lo and cut[-1][1] == hi
+    for lo, hi, weights in ((0, 1, [1, 1]), (5, 6, [1, 1, 1]), (10, 1000, [1, 1]),
+                            (3, 10, [1, 1, 1, 1]), (0, 1000, [1, 3])):
+        cut = explore_jobs.runs(lo, hi, [float(w) for w in weights])
+        assert len(cut) == len(weights) and cut[0][0] == lo and cut[-1][1] == hi
         assert all(a[1] == b[0] for a, b in itertools.pairwise(cut))
-        assert max(r[1] - r[0] for r in cut) - min(r[1] - r[0] for r in cut) <= 1
+    assert explore_jobs.runs(0, 1000, [1.0, 3.0]) == [(0, 250), (250, 1000)]
+
+
+def test_runs_follow_the_measured_rates() -> None:
+    big = explore_jobs.BALANCE_MIN
+    # The second process expanded twice as fast: its next run grows (halfway, to damp noise).
+    weights = explore_jobs.rebalanced([0.5, 0.5], [(big, 2.0), (big, 1.0)])
+    assert weights[1] > weights[0] and abs(sum(weights) - 1) < 1e-9
+    assert explore_jobs.rebalanced([0.5, 0.5], [(10, 2.0), (10, 1.0)]) == [0.5, 0.5]
 
 
 def test_check_says_the_same_with_any_number_of_jobs() -> None:

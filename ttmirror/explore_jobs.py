@@ -5,8 +5,9 @@ Each process holds every state found so far. A level (a range of ids) is cut int
 process; each expands its run against the states known when the level began, then every
 process merges all runs in level order, computing the other runs' new states again from their
 recipes (parent and action), so all copies stay the same without states ever being sent.
-Only this process keeps the edges and verdicts. Workers are forked once, before the search,
-while the heap is small; a worker that dies ends the search with an error.
+Only this process keeps the edges and verdicts, so its runs are sized smaller, by each
+process's measured rate. Workers are forked once, before the search, while the heap is small;
+a worker that dies ends the search with an error.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from __future__ import annotations
 import itertools
 import multiprocessing
 import os
+import time
 from multiprocessing.connection import Connection
 from multiprocessing.context import ForkContext
 
@@ -45,10 +47,28 @@ def explore(bounds: Bounds, jobs: int = 1, progress: Progress | None = None) -> 
         spread.close()
 
 
-def runs(lo: int, hi: int, jobs: int) -> list[tuple[int, int]]:
-    """The level lo..hi-1 cut into ``jobs`` runs of nearly equal size, in order."""
-    cuts = [lo + (hi - lo) * i // jobs for i in range(jobs + 1)]
+def runs(lo: int, hi: int, weights: list[float]) -> list[tuple[int, int]]:
+    """The level lo..hi-1 cut into one run per process, sized by ``weights``, in order."""
+    total, below, cuts = sum(weights), 0.0, [lo]
+    for weight in weights[:-1]:
+        below += weight
+        cuts.append(lo + round((hi - lo) * below / total))
+    cuts.append(hi)
     return list(itertools.pairwise(cuts))
+
+
+def rebalanced(weights: list[float], done: list[tuple[int, float]]) -> list[float]:
+    """Weights for the next level from each process's (states expanded, seconds busy) in this
+    one: each run sized to the process's rate, so that all finish together (the one keeping
+    the record has more to merge). Small levels say nothing reliable and change nothing."""
+    if min(n for n, _ in done) < BALANCE_MIN or min(t for _, t in done) <= 0:
+        return weights
+    rates = [n / t for n, t in done]
+    return [(w / sum(weights) + r / sum(rates)) / 2 for w, r in zip(weights, rates, strict=True)]
+
+
+BALANCE_MIN = 2000
+"""States a run must have for its time to count in `rebalanced`."""
 
 
 class _Spread:
@@ -58,20 +78,31 @@ class _Spread:
         self.jobs = jobs
         self.pipes: list[Connection] = []
         self.workers: list[multiprocessing.process.BaseProcess] = []
+        self.weights = [1.0] * jobs
+        self.since = 0.0
+        """When this process began merging the last level (its busy time runs from there)."""
 
     def level(self, context: ForkContext) -> Level:
         def expand_level(search: Search, lo: int, hi: int) -> tuple[list[Chunk], int, list[State]]:
             if not self.workers:  # the first level: fork now, from the search as it begins
                 self._start(context, search)
-            mine, new = search.expand(*runs(lo, hi, self.jobs)[0])
+                self.since = time.perf_counter()
+            cut = runs(lo, hi, self.weights)
+            mine, new = search.expand(*cut[0])
+            done = [(cut[0][1] - cut[0][0], time.perf_counter() - self.since)]
             chunks = [mine]
-            for pipe in self.pipes:
+            for w, pipe in enumerate(self.pipes, start=1):
                 try:
-                    chunks.append(pipe.recv())
+                    chunk, busy = pipe.recv()
                 except EOFError:
                     raise WorkerFailed("a worker process of the search ended early") from None
+                chunks.append(chunk)
+                done.append((cut[w][1] - cut[w][0], busy))
+            self.weights = rebalanced(self.weights, done)
             for w, pipe in enumerate(self.pipes, start=1):
-                pipe.send([None if c == w else chunk.recipes() for c, chunk in enumerate(chunks)])
+                recipes = [None if c == w else chunk.recipes() for c, chunk in enumerate(chunks)]
+                pipe.send((recipes, self.weights))
+            self.since = time.perf_counter()
             return chunks, 0, new
         return expand_level
 
@@ -94,12 +125,14 @@ class _Spread:
 
 def _work(search: Search, w: int, jobs: int, pipe: Connection) -> None:
     """Worker w: expand run w of each level, send it, merge every run as the record does."""
-    lo, hi = 0, 1
+    lo, hi, weights = 0, 1, [1.0] * jobs
+    since = time.perf_counter()
     try:
         while lo < hi:
-            mine, new = search.expand(*runs(lo, hi, jobs)[w])
-            pipe.send(mine)
-            chunks = pipe.recv()
+            mine, new = search.expand(*runs(lo, hi, weights)[w])
+            pipe.send((mine, time.perf_counter() - since))
+            chunks, weights = pipe.recv()
+            since = time.perf_counter()
             chunks[w] = mine
             lo, hi = search.merge(chunks, w, new, record=False)
     except (EOFError, BrokenPipeError):
