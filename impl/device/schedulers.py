@@ -139,10 +139,17 @@ class ThreadedScheduler:
         self._stop = False
         self._stopping = threading.Event()
         self._device: EmulatedMeshDevice | None = None
+        self._wake: list[threading.Condition] = []
         self.failure: BaseException | None = None
 
     def attach(self, device: EmulatedMeshDevice) -> None:
         self._device = device
+        # One wake-up per worker, on the device lock: a worker is woken when its queue's head
+        # can run, not at every host call and completion (each wake-up takes the GIL from the
+        # host, which a chip's queues never do).
+        self._wake = [threading.Condition(device.condition)  # type: ignore[arg-type]
+                      for _ in device.queues]  # (a Condition serves as its own lock here)
+        device.observers.append(self._completed)
         for cq in range(device.num_command_queues):
             thread = threading.Thread(
                 target=self._work, args=(cq,), name=f"emulated-CQ{cq}", daemon=True
@@ -150,23 +157,34 @@ class ThreadedScheduler:
             self._threads.append(thread)
             thread.start()
 
+    def _wake_ready(self, device: EmulatedMeshDevice) -> None:
+        """Wake each worker whose queue's head can run now, or waits for a time (a stall)."""
+        for queue, wake in zip(device.queues, self._wake, strict=True):
+            if queue and (queue[0].not_before is not None or queue[0].ready()):
+                wake.notify()
+
+    def _completed(self, command: Command) -> None:
+        """A command completed (by a worker or the host): its event may free another head."""
+        assert self._device is not None
+        self._wake_ready(self._device)
+
     def _work(self, cq: int) -> None:
         device = self._device
         assert device is not None
-        queue = device.queues[cq]
+        queue, wake = device.queues[cq], self._wake[cq]
         with device.condition:
             while not self._stop:
                 if not (queue and queue[0].ready()):
                     stalled = queue[0].not_before if queue else None  # an injected late completion
                     wait = 0.5 if stalled is None else min(0.5, stalled - time.monotonic() + 1e-3)
-                    device.condition.wait(timeout=max(wait, 1e-3))
+                    wake.wait(timeout=max(wait, 1e-3))
                     continue
                 head = queue[0]
                 cost = self.costs.get(head.name, 0.0)
                 if cost > 0:
                     # The queue is busy that long (only this worker pops it): asleep without the
-                    # device lock, and not woken by every host call's notify, each of which would
-                    # take the GIL from the host for nothing (a chip shares no GIL with it).
+                    # device lock, and not woken by every host call, each wake-up taking the GIL
+                    # from the host for nothing (a chip shares no GIL with it).
                     device.condition.release()
                     try:
                         self._stopping.wait(cost)
@@ -182,7 +200,7 @@ class ThreadedScheduler:
                     return
 
     def enqueued(self, device: EmulatedMeshDevice) -> None:
-        device.condition.notify_all()
+        self._wake_ready(device)
 
     def block_until(self, device: EmulatedMeshDevice, command: Command) -> None:
         while not command.done:
@@ -196,6 +214,10 @@ class ThreadedScheduler:
         self._stopping.set()
         if device is not None:
             with device.condition:
+                if self._completed in device.observers:
+                    device.observers.remove(self._completed)
+                for wake in self._wake:
+                    wake.notify_all()
                 device.condition.notify_all()
         for thread in self._threads:
             thread.join(timeout=5)
