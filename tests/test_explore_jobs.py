@@ -45,6 +45,14 @@ def test_jobs_find_what_the_serial_search_finds(name: str) -> None:
     assert bool(serial.violations) == (name in FAILING)
 
 
+@pytest.mark.parametrize("start", ["fork", "spawn"])
+def test_workers_started_either_way_agree(start: str) -> None:
+    """fork (a one-thread process, the CLI) and spawn (a process with threads, such as this
+    one once torch is loaded) give the same exploration."""
+    b = BOUNDS["depth-3-two-slots"]
+    same(explore(b), explore_jobs.explore(b, 2, start=start))
+
+
 def test_levels_are_split_and_merged_in_order() -> None:
     """Expanding a level in runs, and merging runs computed again from their recipes, gives
     the serial ids (in one process, so a failure is easy to read)."""

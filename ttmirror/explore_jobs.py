@@ -6,18 +6,20 @@ process; each expands its run against the states known when the level began, the
 process merges all runs in level order, computing the other runs' new states again from their
 recipes (parent and action), so all copies stay the same without states ever being sent.
 Only this process keeps the edges and verdicts, so its runs are sized smaller, by each
-process's measured rate. Workers are forked once, before the search, while the heap is small;
-a worker that dies ends the search with an error.
+process's measured rate. Workers start once, before the first level, each with its own search
+from the bounds; a worker that dies ends the search with an error.
 """
 
 from __future__ import annotations
 
+import gc
 import itertools
 import multiprocessing
 import os
+import threading
 import time
 from multiprocessing.connection import Connection
-from multiprocessing.context import ForkContext
+from multiprocessing.context import BaseContext
 
 from .model.explore import Chunk, Exploration, Level, Progress, Search, State
 from .model.explore import explore as explore_here
@@ -33,18 +35,30 @@ def default_jobs() -> int:
     return os.cpu_count() or 1
 
 
-def explore(bounds: Bounds, jobs: int = 1, progress: Progress | None = None) -> Exploration:
-    """`ttmirror.model.explore.explore` with ``jobs`` processes (this one included)."""
+def explore(bounds: Bounds, jobs: int = 1, progress: Progress | None = None,
+            start: str | None = None) -> Exploration:
+    """`ttmirror.model.explore.explore` with ``jobs`` processes (this one included); ``start``
+    is how workers start (default `start_method`)."""
     if jobs < 1:
         raise ValueError(f"--jobs must be 1 or more, got {jobs}")
     if jobs == 1:
         return explore_here(bounds, progress)
-    context = multiprocessing.get_context("fork")  # the workers start from this process's search
+    context = multiprocessing.get_context(start or start_method())
     spread = _Spread(jobs)
     try:
         return explore_here(bounds, progress, level=spread.level(context))
     finally:
         spread.close()
+
+
+def start_method() -> str:
+    """fork where this process has one thread (the CLI's case: fast); else spawn, since a fork
+    copies the locks other threads hold (a test process with torch loaded has a few)."""
+    try:
+        threads = len(os.listdir("/proc/self/task"))
+    except OSError:
+        threads = threading.active_count()
+    return "fork" if threads == 1 else "spawn"
 
 
 def runs(lo: int, hi: int, weights: list[float]) -> list[tuple[int, int]]:
@@ -82,7 +96,7 @@ class _Spread:
         self.since = 0.0
         """When this process began merging the last level (its busy time runs from there)."""
 
-    def level(self, context: ForkContext) -> Level:
+    def level(self, context: BaseContext) -> Level:
         def expand_level(search: Search, lo: int, hi: int) -> tuple[list[Chunk], int, list[State]]:
             if not self.workers:  # the first level: fork now, from the search as it begins
                 self._start(context, search)
@@ -106,10 +120,11 @@ class _Spread:
             return chunks, 0, new
         return expand_level
 
-    def _start(self, context: ForkContext, search: Search) -> None:
+    def _start(self, context: BaseContext, search: Search) -> None:
         for w in range(1, self.jobs):
             mine, theirs = context.Pipe()
-            worker = context.Process(target=_work, args=(search, w, self.jobs, theirs),
+            worker = context.Process(target=_work,  # type: ignore[attr-defined]
+                                     args=(search.bounds, w, self.jobs, theirs),
                                      name=f"explore-{w}", daemon=True)
             worker.start()
             theirs.close()
@@ -123,8 +138,11 @@ class _Spread:
             pipe.close()
 
 
-def _work(search: Search, w: int, jobs: int, pipe: Connection) -> None:
-    """Worker w: expand run w of each level, send it, merge every run as the record does."""
+def _work(bounds: Bounds, w: int, jobs: int, pipe: Connection) -> None:
+    """Worker w: expand run w of each level, send it, merge every run as the record does. Its
+    search begins as the record's did (the workers start before the first level)."""
+    gc.disable()  # every state lives to the end (see `explore_here`)
+    search = Search(bounds)
     lo, hi, weights = 0, 1, [1.0] * jobs
     since = time.perf_counter()
     try:
