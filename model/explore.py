@@ -1,8 +1,9 @@
-"""Exhaustive breadth-first exploration of the model into a networkx state graph.
+"""Exhaustive breadth-first exploration of the model into a state graph.
 
 Nodes are integer state ids (``Exploration.states[id]`` is the state); each edge carries the
-action label. Breadth-first order makes every counterexample a shortest path. States that
-break an invariant are recorded and not expanded further.
+action label (kept as arrays; `Exploration.graph` is the networkx view). Breadth-first order
+makes every counterexample a shortest path. States that break an invariant are recorded and
+not expanded further.
 """
 
 from __future__ import annotations
@@ -258,16 +259,17 @@ class Search:
             moved = False
             for action, t in successors(s, bounds):
                 moved = True
+                aid = action_ids.get(action)
+                if aid is None:
+                    aid = action_ids[action] = len(chunk.actions)
+                    chunk.actions.append(action)
                 target = index.get(t)
                 if target is None:
                     target = local.setdefault(t, -1 - len(new))
                     if target == -1 - len(new):
                         new.append(t)
                         chunk.new_parent.append(node)
-                        chunk.new_action.append(self._action_id(action, action_ids, chunk))
-                aid = action_ids.get(action)
-                if aid is None:
-                    aid = self._action_id(action, action_ids, chunk)
+                        chunk.new_action.append(aid)
                 src.append(node)
                 dst.append(target)
                 act.append(aid)
@@ -279,14 +281,6 @@ class Search:
             if not moved:
                 (chunk.finals if is_final(s) else chunk.deadlocks).append(node)
         return chunk, new
-
-    @staticmethod
-    def _action_id(action: Action, ids: dict[Action, int], chunk: Chunk) -> int:
-        aid = ids.get(action)
-        if aid is None:
-            aid = ids[action] = len(chunk.actions)
-            chunk.actions.append(action)
-        return aid
 
     def merge(self, chunks: list[Chunk], own: int, own_new: list[State],
               record: bool = True) -> tuple[int, int]:

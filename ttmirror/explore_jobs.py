@@ -98,8 +98,8 @@ class _Spread:
 
     def level(self, context: BaseContext) -> Level:
         def expand_level(search: Search, lo: int, hi: int) -> tuple[list[Chunk], int, list[State]]:
-            if not self.workers:  # the first level: fork now, from the search as it begins
-                self._start(context, search)
+            if not self.workers:  # the first level: the workers start with a search of their own
+                self._start(context, search.bounds)
                 self.since = time.perf_counter()
             cut = runs(lo, hi, self.weights)
             mine, new = search.expand(*cut[0])
@@ -120,11 +120,11 @@ class _Spread:
             return chunks, 0, new
         return expand_level
 
-    def _start(self, context: BaseContext, search: Search) -> None:
+    def _start(self, context: BaseContext, bounds: Bounds) -> None:
         for w in range(1, self.jobs):
             mine, theirs = context.Pipe()
             worker = context.Process(target=_work,  # type: ignore[attr-defined]
-                                     args=(search.bounds, w, self.jobs, theirs),
+                                     args=(bounds, w, self.jobs, theirs),
                                      name=f"explore-{w}", daemon=True)
             worker.start()
             theirs.close()

@@ -136,7 +136,6 @@ class ThreadedScheduler:
     def __init__(self, costs: Mapping[str, float] | None = None) -> None:
         self.costs: Mapping[str, float] = costs or {}
         self._threads: list[threading.Thread] = []
-        self._stop = False
         self._stopping = threading.Event()
         self._device: EmulatedMeshDevice | None = None
         self._wake: list[threading.Condition] = []
@@ -173,7 +172,7 @@ class ThreadedScheduler:
         assert device is not None
         queue, wake = device.queues[cq], self._wake[cq]
         with device.condition:
-            while not self._stop:
+            while not self._stopping.is_set():
                 if not (queue and queue[0].ready()):
                     stalled = queue[0].not_before if queue else None  # an injected late completion
                     wait = 0.5 if stalled is None else min(0.5, stalled - time.monotonic() + 1e-3)
@@ -210,7 +209,6 @@ class ThreadedScheduler:
 
     def close(self) -> None:
         device = self._device
-        self._stop = True
         self._stopping.set()
         if device is not None:
             with device.condition:
