@@ -102,10 +102,15 @@ def cmd_fuzz(ns: argparse.Namespace) -> int:
 
     def explore_progress(states: int, transitions: int, frontier: int) -> None:
         if time.perf_counter() > deadline:
-            raise UsageError(f"--seconds {ns.seconds:g} ran out while exploring the model "
-                             f"({states:,} states so far); raise --seconds")
+            raise _OutOfTime(states)
 
-    cov = Coverage(explore(bounds, progress=explore_progress))
+    try:
+        cov = Coverage(explore(bounds, progress=explore_progress))
+    except _OutOfTime as out:
+        # Not a usage error (exit 2): the run did what it was told and covered nothing (exit 1).
+        print(f"ttmirror: --seconds {ns.seconds:g} ran out while exploring the model "
+              f"({out.states:,} states so far): nothing walked; raise --seconds", file=sys.stderr)
+        return 1
     gc.freeze()  # the graph lives to the end: keep the collector from rescanning it
     try:
         lower_bound = walks_lower_bound(cov.ex.graph)
@@ -203,6 +208,14 @@ def _config(backend: str, config: str | None) -> str:
         return check_config(backend, config)
     except ValueError as e:
         raise UsageError(str(e)) from None
+
+
+class _OutOfTime(Exception):
+    """`fuzz --seconds` ran out during the exploration, after `states` states."""
+
+    def __init__(self, states: int) -> None:
+        super().__init__(states)
+        self.states = states
 
 
 @dataclass(frozen=True)

@@ -67,3 +67,14 @@ def test_fuzz_seconds_bounds_the_whole_run_shrinking_included(
     assert report["stopped"] == "failure" and report["failure"].startswith("step ")
     assert Path(report["trace"]).exists()
     assert "--seconds ran out while Hypothesis shrank a failure" in out.err
+
+
+def test_fuzz_seconds_running_out_while_exploring_exits_1_with_one_line(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # --seconds 0 is spent before the first progress report of the exploration: the run did
+    # what it was told (not a usage error, 2) and covered nothing (1).
+    code = main(["fuzz", "--seconds", "0", "--jobs", "1", "--traces", str(tmp_path)])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 1
+    assert len(err) == 1 and err[0].startswith("ttmirror: --seconds 0 ran out while exploring")
+    assert "Traceback" not in err[0]
