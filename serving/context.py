@@ -14,6 +14,7 @@ when the device row it had is no longer its.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -148,10 +149,14 @@ def constraint_tables(rows: ContextRows, width: int) -> tuple[torch.Tensor, torc
 
 
 def constrain(logits: torch.Tensor, context: torch.Tensor, generated: int,
-              params: torch.Tensor, banned: torch.Tensor) -> torch.Tensor:
+              params: Sequence[float], banned: torch.Tensor) -> torch.Tensor:
     """One row's logits after penalties and the min_tokens mask, from the context on the device
-    (`generated`: the row's position, the tokens it has generated, the newest included)."""
+    (`generated`: the row's position, the tokens it has generated, the newest included; `params`
+    the row of the parameter table)."""
     presence, frequency, repetition, min_tokens = (float(x) for x in params)
+    if repetition == 1.0 and not (generated and (presence or frequency)) and (
+            generated >= min_tokens):
+        return logits  # neutral: nothing to apply (most rows, most steps)
     out = logits.clone()
     vocab = out.numel()
     seen = context.clamp(0, vocab - 1)
@@ -218,19 +223,22 @@ def decode_rows(
     rows = input_ids.numel()
     logits = torch.zeros(rows, model.vocab, dtype=torch.float32)
     ids = (input_ids.reshape(-1).to(torch.int64) & UINT32_MASK).clamp(max=model.vocab - 1)
-    flags = active.reshape(-1).tolist()
+    # Each per-row table as Python numbers once: an element read is a torch call per row.
+    flags, blocks, ats, prefills, poss, news = (
+        t.reshape(-1).tolist() for t in (active, block, write_at, prefill, positions, ids))
+    param_rows = params.tolist() if params is not None else None
     for i in range(rows):
         if not flags[i]:
             continue
-        b, at = int(block.reshape(-1)[i]), int(write_at.reshape(-1)[i])
-        if int(prefill.reshape(-1)[i]):
+        b, at = int(blocks[i]), int(ats[i])
+        if prefills[i]:
             history[b, :at] = prefill_ids[i, :at].to(history.dtype)
-        history[b, at] = int(ids[i])
+        history[b, at] = news[i]
         context = history[b, : at + 1].to(torch.int64)
-        pos = int(positions.reshape(-1)[i])
+        pos = int(poss[i])
         logits[i] = model.logits(context, pos)
-        if params is not None and banned is not None:
-            logits[i] = constrain(logits[i], context, pos, params[i], banned[i])
+        if param_rows is not None and banned is not None:
+            logits[i] = constrain(logits[i], context, pos, param_rows[i], banned[i])
         if allowed is not None:
             logits[i][allowed[i] == 0] = float("-inf")
     return logits

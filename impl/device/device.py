@@ -53,6 +53,7 @@ DEFAULT_DRAM_SIZE = 64 << 20
 # Nominal trace-buffer bytes per captured command: real sizes depend on the program, but a
 # device opened without a trace region must fail to capture, as on the chip.
 TRACE_BYTES_PER_COMMAND = 4096
+_VIEWS_KEPT = 4096  # distinct operands whose DRAM views are kept (a step reads a few dozen)
 GARBAGE_BYTE = 0xCD  # what a non-blocking readback's host tensor holds until the read completes
 
 READS_IN_CAPTURE = "Reads are not supported during trace capture"
@@ -97,15 +98,16 @@ class EmulatedMeshDevice:
         self.condition = threading.Condition(threading.RLock())
         self.closed = False
         self.on_close: list[Callable[[EmulatedMeshDevice], None]] = []
+        """Called once the device has closed (the routing detaches it)."""
         self.observers: list[Callable[[Command], None]] = []
         """Called with each command as it completes, its writes done: how a conformance harness
         sees device data the moment it exists, without a command of its own (emulated only)."""
-        """Called once the device has closed (the routing detaches it)."""
         self.sampling_identity: tuple[DeviceTensor, DeviceTensor] | None = None
         self._last_id = 0  # plain ints, not itertools counters: the state must copy as data
         self._last_trace_id = -1
         self._traces: dict[int, Trace] = {}
         self._capturing: dict[int, Trace] = {}
+        self._views: dict[Operand, torch.Tensor] = {}  # views of DRAM, not state: never copied
         self.faults = FaultInjector()
         """Faults armed at run time (`injection.py`): calls that raise, reads that stall."""
         self.scheduler: Scheduler = scheduler or ManualScheduler()
@@ -150,17 +152,27 @@ class EmulatedMeshDevice:
 
     def _complete(self, effect: Effect) -> None:
         """Do what a command's effect says, on DRAM (and a host tensor) as they are now."""
-        memory = self.allocator.memory
+        view = self._view
         if isinstance(effect, Kernel):
-            args = [region_view(memory, a) if isinstance(a, Operand) else a for a in effect.args]
-            outputs = [region_view(memory, o) for o in effect.outputs]
+            args = [view(a) if isinstance(a, Operand) else a for a in effect.args]
+            outputs = [view(o) for o in effect.outputs]
             KERNELS[effect.name](args, outputs, effect.params)
         elif isinstance(effect, HostWrite):
-            region_view(memory, effect.destination).copy_(effect.values)
+            view(effect.destination).copy_(effect.values)
         else:
             host = effect.target()
             if host is not None:  # else dropped: a hazard already, the copy lands nowhere
-                host_operand(host, effect.source).copy_(region_view(memory, effect.source))
+                host_operand(host, effect.source).copy_(view(effect.source))
+
+    def _view(self, operand: Operand) -> torch.Tensor:
+        """`operand`'s elements in DRAM, a view kept per operand: the same few regions are read
+        every step, and building a typed view costs more than most kernels on it."""
+        found = self._views.get(operand)
+        if found is None:
+            if len(self._views) >= _VIEWS_KEPT:
+                self._views.clear()
+            found = self._views[operand] = region_view(self.allocator.memory, operand)
+        return found
 
     def ready_commands(self) -> list[Command]:
         """The head command of each queue that can complete now."""
@@ -621,6 +633,7 @@ class EmulatedMeshDevice:
                 "(ManualScheduler and its seeded subclasses) has a state to copy")
         state = self.__dict__.copy()
         del state["condition"]
+        state["_views"] = {}  # views of this device's DRAM: a copy makes its own
         state["on_close"] = []
         state["_pending_readbacks"] = [(r.command, r.host()) for r in readbacks.pending_for(self)]
         return state
@@ -643,6 +656,7 @@ class EmulatedMeshDevice:
         with self.condition:
             self.closed = True
             self.queues = [deque() for _ in self.queues]  # never to complete: nothing may
+            self._views.clear()  # they view DRAM the allocator hands on
         readbacks.forget_all(self)
         self.allocator.recycle()
         for hook in self.on_close:

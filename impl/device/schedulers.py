@@ -139,7 +139,15 @@ class ThreadedScheduler:
         self._stopping = threading.Event()
         self._device: EmulatedMeshDevice | None = None
         self._wake: list[threading.Condition] = []
+        self._awaited: dict[Command, threading.Condition] = {}  # what the host blocks on
         self.failure: BaseException | None = None
+        self.cpu_s: dict[int, float] = {}
+        """Each queue worker's own CPU seconds (`time.thread_time`), set when it stops: the
+        emulated device's Python work, which on a chip is device time."""
+        self.busy_s: dict[int, float] = {}
+        """Seconds each queue was busy: from taking up a ready command (its configured time
+        included) to its completion. A queue runs one command at a time, so this is the device
+        time of its commands."""
 
     def attach(self, device: EmulatedMeshDevice) -> None:
         self._device = device
@@ -163,11 +171,25 @@ class ThreadedScheduler:
                 wake.notify()
 
     def _completed(self, command: Command) -> None:
-        """A command completed (by a worker or the host): its event may free another head."""
+        """A command completed (by a worker or the host): its event may free another head, and
+        the host may be waiting for it (only then is the host woken: a wake-up per command
+        would take the GIL from the workers)."""
         assert self._device is not None
         self._wake_ready(self._device)
+        host = self._awaited.pop(command, None)
+        if host is not None:
+            host.notify_all()
 
     def _work(self, cq: int) -> None:
+        try:
+            self._serve(cq)
+        except BaseException as error:  # the host waits on this worker: never die silently
+            self.failure = self.failure or error
+            raise
+        finally:
+            self.cpu_s[cq] = time.thread_time()
+
+    def _serve(self, cq: int) -> None:
         device = self._device
         assert device is not None
         queue, wake = device.queues[cq], self._wake[cq]
@@ -179,6 +201,7 @@ class ThreadedScheduler:
                     wake.wait(timeout=max(wait, 1e-3))
                     continue
                 head = queue[0]
+                began = time.perf_counter()
                 cost = self.costs.get(head.name, 0.0)
                 if cost > 0:
                     # The queue is busy that long (only this worker pops it): asleep without the
@@ -195,8 +218,11 @@ class ThreadedScheduler:
                     device.step(cq)
                 except BaseException as error:
                     self.failure = error
+                    for host in self._awaited.values():
+                        host.notify_all()
                     device.condition.notify_all()
                     return
+                self.busy_s[cq] = self.busy_s.get(cq, 0.0) + time.perf_counter() - began
 
     def enqueued(self, device: EmulatedMeshDevice) -> None:
         self._wake_ready(device)
@@ -205,7 +231,10 @@ class ThreadedScheduler:
         while not command.done:
             if self.failure is not None:
                 raise RuntimeError("an emulated command queue worker failed") from self.failure
-            device.condition.wait(timeout=0.5)
+            done = self._awaited.get(command)
+            if done is None:
+                done = self._awaited[command] = threading.Condition(device.condition)  # type: ignore[arg-type]
+            done.wait(timeout=0.5)
 
     def close(self) -> None:
         device = self._device

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import torch
 import ttnn
 
 from ttmirror.impl.device import ThreadedScheduler
@@ -24,3 +25,21 @@ def test_missing_wait_is_counted_on_worker_threads() -> None:
     run_handshake(device, 50, skip="write_event")
     assert device.hazards.counts["read-after-write"] > 0
     ttnn.close_mesh_device(device)
+
+
+def test_a_queue_is_busy_for_its_configured_time_and_the_workers_report_their_cpu() -> None:
+    # plus_one holds CQ0 for 20 ms each time: 10 of them keep the queue busy 0.2 s or more,
+    # and a host blocked on the last one is woken when it completes, not before.
+    scheduler = ThreadedScheduler({"plus_one": 0.02})
+    device = open_emulated(scheduler=lambda: scheduler)
+    work = ttnn.allocate_tensor_on_device(ttnn.Shape([1, 4]), ttnn.int32, ttnn.ROW_MAJOR_LAYOUT,
+                                          device)
+    ttnn.copy_host_to_device_tensor(
+        ttnn.from_torch(torch.zeros((1, 4), dtype=torch.int32), dtype=ttnn.int32), work, cq_id=0)
+    for _ in range(10):
+        ttnn.plus_one(work)
+    values = ttnn.to_torch(work.cpu(blocking=True, cq_id=0))
+    assert values.tolist() == [[10] * 4]
+    assert scheduler.busy_s[0] >= 10 * 0.02
+    ttnn.close_mesh_device(device)  # joins the workers: their CPU is final
+    assert set(scheduler.cpu_s) == {0, 1} and all(t > 0 for t in scheduler.cpu_s.values())
