@@ -169,12 +169,13 @@ def longest_same_layout(layouts: list[tuple[int, ...]]) -> int:
     return longest
 
 
-def calibrate() -> tuple[float, float]:
+def calibrate(rounds: int) -> tuple[float, float]:
     """The host's time per step h and the device's d, with no configured device time (a
-    depth-1 step is h + d; d is the busiest queue's busy time)."""
+    depth-1 step is h + d; d is the busiest queue's busy time): medians of `rounds` runs."""
     serve(steady_plan(4), "off", 0.0)  # warm: program cache, torch kernels
-    bare = serve(steady_plan(), "off", 0.0)
-    return bare.step_s - bare.busy_per_step, bare.busy_per_step
+    bare = [serve(steady_plan(), "off", 0.0) for _ in range(rounds)]
+    d = statistics.median(m.busy_per_step for m in bare)
+    return statistics.median(m.step_s for m in bare) - d, d
 
 
 def steady(rounds: int, delay: float) -> tuple[list[Measured], list[Measured]]:
@@ -321,7 +322,7 @@ def main() -> None:
     # quickly, or a finished command waits up to the default 5 ms to be noticed.
     sys.setswitchinterval(args.switch_interval)
 
-    host_step, floor = calibrate()
+    host_step, floor = calibrate(args.rounds)
     print(
         f"emulated TT device, worker thread per CQ; probe model, {ROWS} rows; host step h "
         f"{host_step * 1e3:.2f} ms, the device's time d {floor * 1e3:.2f} ms per step with no "
