@@ -15,7 +15,7 @@ PYTHON312 ?= $(shell for c in python3.12 "$$HOME/.pyenv/versions/3.12.1/bin/pyth
 .PHONY: help demo test lint bench-check bench-device spec setup system-deps clean bench-engine bench-validate soak
 
 help:
-	@echo "make demo         check the model, write graphs to out/, serve a tiny Qwen3 at depth 2"
+	@echo "make demo         check the model, write graphs and the review report to out/, serve a tiny Qwen3 at depth 2"
 	@echo "make test         the whole test suite (what CI runs)"
 	@echo "make bench-check  TLC against the manifest; the explorer beside TLC"
 	@echo "make bench-device emulated device commands per second"
@@ -39,6 +39,8 @@ system-deps:
 	@missing=""; \
 	command -v dot >/dev/null 2>&1 || missing="$$missing graphviz"; \
 	command -v java >/dev/null 2>&1 || missing="$$missing openjdk-17-jre-headless"; \
+	command -v chromium >/dev/null 2>&1 || missing="$$missing chromium"; \
+	command -v chromedriver >/dev/null 2>&1 || missing="$$missing chromium-driver"; \
 	if [ -n "$$missing" ]; then \
 		echo "installing$$missing"; \
 		SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
@@ -47,6 +49,9 @@ system-deps:
 
 demo: setup
 	$(VENV)/bin/ttmirror demo --out out
+	$(VENV)/bin/ttmirror mutants --config eager-2cq --json --traces out/mutant-traces > out/kills.json
+	@echo "== the review report (open it in a browser)"
+	$(VENV)/bin/ttmirror report -o out/report --mutants out/kills.json
 	$(VENV)/bin/ttmirror serve-demo --model tiny-qwen3 --backend tt
 
 test: setup

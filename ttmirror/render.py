@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import shutil
 import subprocess
+from collections.abc import Mapping
 
 from .views import View
 
@@ -12,8 +13,9 @@ FORMATS = ("dot", "mermaid", "svg", "json")
 BAD = "#c0392b"
 
 
-def to_dot(view: View) -> str:
-    """Graphviz DOT with a legend; the counterexample path in red."""
+def to_dot(view: View, styles: Mapping[tuple[str, str], str] | None = None) -> str:
+    """Graphviz DOT with a legend; the counterexample path in red; `styles` adds edge attributes
+    (the report colours the edges the fuzz walked)."""
     lines = [
         "digraph ttmirror {",
         f'  label="{_esc(view.title)}"; labelloc=t; fontname="Helvetica";',
@@ -30,6 +32,8 @@ def to_dot(view: View) -> str:
     for (a, b), names in sorted(view.edges.items()):
         on = (a, b) in view.path_edges
         style = f', color="{BAD}", fontcolor="{BAD}", penwidth=2' if on else ""
+        if styles and (a, b) in styles:
+            style += ", " + styles[(a, b)]
         lines.append(f'  {a} -> {b} [label="{_esc(", ".join(sorted(names)))}"{style}];')
     legend = "red: shortest counterexample to " + view.violation if view.violation else (
         "edges: actions that change this view; every invariant holds"
@@ -79,11 +83,16 @@ def to_json(view: View) -> str:
 
 def to_svg(view: View) -> str:
     """SVG drawn by Graphviz's ``dot``."""
+    return to_svg_styled(view, None)
+
+
+def to_svg_styled(view: View, styles: Mapping[tuple[str, str], str] | None) -> str:
+    """SVG drawn by Graphviz's ``dot``, with `to_dot`'s edge `styles`."""
     dot = shutil.which("dot")
     if dot is None:
         raise RuntimeError("Graphviz 'dot' not found: install Debian's graphviz package")
     done = subprocess.run(
-        [dot, "-Tsvg"], input=to_dot(view), capture_output=True, text=True, check=False
+        [dot, "-Tsvg"], input=to_dot(view, styles), capture_output=True, text=True, check=False
     )
     if done.returncode != 0:
         raise RuntimeError(f"dot failed: {done.stderr.strip().splitlines()[-1:]}")

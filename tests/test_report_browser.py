@@ -1,0 +1,169 @@
+"""`ttmirror report` in a real browser: Debian's chromium, headless, through Selenium.
+
+The page loads with no console error and no network; its figures are `check --json`'s; a click
+on a state shows its variables; a counterexample steps to its end and names the violated
+invariant; every link and asset resolves inside the report's folder."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+from urllib.parse import unquote, urlparse
+
+import pytest
+
+from ttmirror import report
+from ttmirror.cli import main
+from ttmirror.model.explore import explore
+from ttmirror.model.state import Bounds
+
+BOUNDS = Bounds(requests=1)
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+DRIVER = shutil.which("chromedriver")
+
+pytestmark = pytest.mark.skipif(
+    CHROMIUM is None or DRIVER is None,
+    reason="no chromium and chromedriver here (`make setup` installs Debian's chromium and "
+           "chromium-driver where apt can)")
+
+
+@pytest.fixture(scope="module")
+def site(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("report")
+    kills = out.parent / "kills.json"
+    done = subprocess.run(
+        [sys.executable, "-m", "ttmirror", "mutants", "--bug", "guard-off", "--bug",
+         "mask-inverted", "--config", "eager-2cq", "--json", "--traces", str(out.parent)],
+        capture_output=True, text=True, check=False)
+    assert done.returncode == 0, done.stderr[-2000:]
+    kills.write_text(done.stdout)
+    code = main(["report", "--requests", "1", "--fuzz-seconds", "60", "-o", str(out / "site"),
+                 "--mutants", str(kills)])
+    assert code == 0
+    return out / "site"
+
+
+@pytest.fixture(scope="module")
+def browser(site: Path) -> Iterator[Any]:
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    options = webdriver.ChromeOptions()
+    options.binary_location = str(CHROMIUM)
+    for flag in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
+                 "--window-size=1400,1000"):
+        options.add_argument(flag)
+    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
+    driver = webdriver.Chrome(options=options, service=Service(executable_path=str(DRIVER)))
+    driver.get((site / "index.html").as_uri())
+    yield driver
+    driver.quit()
+
+
+def test_the_page_loads_without_a_console_error(browser: Any) -> None:
+    driver = browser
+    assert "ttmirror review" in driver.title
+    errors = [e for e in driver.get_log("browser") if e["level"] == "SEVERE"]
+    assert errors == []
+
+
+def test_the_figures_are_those_check_json_prints(browser: Any) -> None:
+    from selenium.webdriver.common.by import By
+
+    driver = browser
+    expected = json.loads(json.dumps(report.as_json(explore(BOUNDS))))  # as check prints it
+    shown = {e.get_attribute("data-figure"): e.text
+             for e in driver.find_elements(By.CSS_SELECTOR, "[data-figure]")}
+    for key in ("states", "transitions", "deadlocks", "cannot_finish", "final_states"):
+        assert shown[key] == f"{expected[key]:,}", key
+    verdicts = {e.get_attribute("data-verdict"): e.text
+                for e in driver.find_elements(By.CSS_SELECTOR, "[data-verdict]")}
+    assert verdicts == expected["invariants"]
+    printed = driver.find_element(By.ID, "check-json").get_attribute("textContent")
+    timing = ("seconds", "states_per_second")  # this run's, not the report's
+    assert ({k: v for k, v in json.loads(printed).items() if k not in timing}
+            == {k: v for k, v in expected.items() if k not in timing})
+    # The fuzz walked every edge at one request, and the graphs say so.
+    assert float(shown["edges_covered"]) == 1.0
+    walked = driver.find_element(By.CSS_SELECTOR, "[data-walked=slot]").text
+    done, total = walked.split(" of ")
+    assert done == total and int(total) > 5
+
+
+def test_a_click_on_a_state_shows_its_variables(browser: Any) -> None:
+    from selenium.webdriver.common.action_chains import ActionChains
+    from selenium.webdriver.common.by import By
+
+    driver = browser
+    for view in ("slot", "request"):
+        nodes = driver.find_elements(
+            By.CSS_SELECTOR, f"div.graph[data-view={view}] g.node.clickable")
+        assert len(nodes) > 3
+        target = nodes[-1]
+        label = target.find_element(By.TAG_NAME, "title").get_attribute("textContent")
+        driver.execute_script("arguments[0].scrollIntoView({block: 'center'})", target)
+        ActionChains(driver).move_to_element(target).click().perform()
+        panel = driver.find_element(By.ID, f"state-{view}")
+        variables = {row.get_attribute("data-variable")
+                     for row in panel.find_elements(By.CSS_SELECTOR, "tr[data-variable]")}
+        assert variables == {"allocated", "next_slot", "queue", "slots", "requests", "broken"}
+        assert "model states look like this" in panel.text, label
+    # The request view marks the states whose host ids are stale, and says what ends it.
+    stale = driver.find_elements(
+        By.CSS_SELECTOR, "div.graph[data-view=request] g.node.stale")
+    assert stale
+    caption = driver.find_element(By.CSS_SELECTOR, "#view-request > p").text
+    assert "stale" in caption and "what ends it here: " in caption
+
+
+def test_a_counterexample_steps_to_the_violated_invariant(browser: Any) -> None:
+    from selenium.webdriver.common.by import By
+
+    driver = browser
+    box = driver.find_element(By.CSS_SELECTOR, "[data-cex]")
+    heading = box.find_element(By.TAG_NAME, "h3").text
+    assert heading.startswith("guard-off: StaleHostIdsGuard in ")
+    steps = int(heading.split(" in ")[1].split()[0])
+    verdict = box.find_element(By.CSS_SELECTOR, ".verdict")
+    nxt = box.find_element(By.CSS_SELECTOR, "[data-step=next]")
+    for at in range(1, steps + 1):
+        assert verdict.text == ""  # not before the end
+        driver.execute_script("arguments[0].click()", nxt)
+        assert box.find_element(By.CSS_SELECTOR, ".where").text == f"state {at} of {steps}"
+        # The action's changes are highlighted: some variable row is marked changed.
+        assert box.find_elements(By.CSS_SELECTOR, "table.state tr.changed")
+    assert verdict.text.startswith("Violated: StaleHostIdsGuard.")
+    assert "newest token" in verdict.text  # the invariant, in words
+
+
+def test_every_link_and_asset_resolves_inside_the_report(browser: Any, site: Path) -> None:
+    from selenium.webdriver.common.by import By
+
+    driver = browser
+    urls = [e.get_attribute(attr)
+            for selector, attr in (("a[href]", "href"), ("link[href]", "href"),
+                                   ("script[src]", "src"), ("img[src]", "src"))
+            for e in driver.find_elements(By.CSS_SELECTOR, selector)]
+    assert len(urls) > 10
+    for url in urls:
+        parsed = urlparse(url)
+        assert parsed.scheme == "file", f"{url}: the report must not need the network"
+        path = Path(unquote(parsed.path))
+        assert path.is_file() and path.resolve().is_relative_to(site.resolve()), url
+        if parsed.fragment:
+            found = driver.execute_script(
+                "return document.getElementById(arguments[0]) !== null", parsed.fragment)
+            assert found, f"#{parsed.fragment} is not on the page"
+    # The script and the style sheet loaded (the page is styled and scripted).
+    clickable = driver.find_elements(By.CSS_SELECTOR, "g.node.clickable")
+    assert clickable
+    header = driver.find_element(By.TAG_NAME, "header")
+    assert header.value_of_css_property("position") == "sticky"
+    # The kill matrix is the mutants run's.
+    kills = driver.find_element(By.ID, "kills").text
+    assert "2 of 2 planted bugs killed" in kills and "mask-inverted" in kills

@@ -1,0 +1,52 @@
+"""`ttmirror report` without a browser: bad input is one line and exit 2, before any work; an
+unreadable regression trace is shown as such, not a crash."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from ttmirror.cli import main
+from ttmirror.model.state import Bounds
+from ttmirror.review import known_bad, trace_table
+
+
+@pytest.mark.parametrize("args", [
+    ["--fuzz-seconds", "-1"],
+    ["--jobs", "0"],
+    ["--traces", "/nonexistent/folder"],
+    ["--requests", "0"],
+])
+def test_bad_arguments_are_one_line_and_exit_2(
+        args: list[str], tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["report", "-o", str(tmp_path / "site"), *args]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("ttmirror: error: "), err
+    assert not (tmp_path / "site").exists()
+
+
+def test_a_malformed_kill_matrix_is_refused_before_exploring(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    bad = tmp_path / "kills.json"
+    bad.write_text('{"not": "a list"}')
+    assert main(["report", "-o", str(tmp_path / "site"), "--mutants", str(bad)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "not a `ttmirror mutants --json` file" in err and "\n" not in err
+    assert not (tmp_path / "site").exists()
+
+
+def test_an_unreadable_trace_is_shown_as_unreadable(tmp_path: Path) -> None:
+    broken = tmp_path / "broken.itf.json"
+    broken.write_text("{ not json")
+    row = trace_table(broken)
+    assert row["name"] == "broken.itf.json" and row["error"].startswith("unreadable: ")
+
+
+def test_every_known_bad_variant_of_the_manifest_fails_at_the_default_bounds() -> None:
+    from ttmirror.model.explore import explore
+
+    variants = known_bad(Bounds())
+    assert len(variants) >= 5
+    for name, _about, bounds in variants[:3]:  # the rest: the manifest's own test checks them
+        assert explore(bounds).failure() is not None, name
