@@ -51,7 +51,8 @@ demo: setup
 	$(VENV)/bin/ttmirror demo --out out
 	$(VENV)/bin/ttmirror mutants --config eager-2cq --json --traces out/mutant-traces > out/kills.json
 	@echo "== the review report (open it in a browser)"
-	$(VENV)/bin/ttmirror report -o out/report --mutants out/kills.json
+	$(VENV)/bin/ttmirror report -o out/report --mutants out/kills.json \
+		$(if $(wildcard out/bench-engine.json),--bench-engine out/bench-engine.json)
 	$(VENV)/bin/ttmirror serve-demo --model tiny-qwen3 --backend tt
 
 test: setup
@@ -76,7 +77,8 @@ bench-device: setup
 	$(PY) benchmarks/bench_device.py
 
 bench-engine: setup
-	$(PY) benchmarks/bench_engine.py
+	@mkdir -p out
+	$(PY) benchmarks/bench_engine.py --json out/bench-engine.json
 
 bench-validate: setup
 	$(PY) benchmarks/bench_validate.py

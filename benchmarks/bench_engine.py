@@ -30,16 +30,18 @@ Every run that records its events (all but the recording-off ones of 3) is then 
 against the model, outside its timing; a divergence exits 1. The last lines print the ratios,
 and whether every point of the sweep reached 0.9 of its ideal speedup (where not, why, in
 figures).
-Usage: python benchmarks/bench_engine.py [--rounds R] [--ratios 0.25,0.5,1,2,4]
+Usage: python benchmarks/bench_engine.py [--rounds R] [--ratios 0.25,0.5,1,2,4] [--json FILE]
 """
 
 from __future__ import annotations
 
 import argparse
 import itertools
+import json
 import statistics
 import sys
 from dataclasses import dataclass, replace
+from pathlib import Path
 
 import ttnn
 
@@ -311,6 +313,9 @@ def main() -> None:
                         help="device/host time ratios of the sweep (default %(default)s)")
     parser.add_argument("--switch-interval", type=float, default=0.0002,
                         help="sys.setswitchinterval for the run (seconds)")
+    parser.add_argument("--json", metavar="FILE",
+                        help="also write the sweep's figures there (`ttmirror report "
+                             "--bench-engine FILE` plots them)")
     args = parser.parse_args()
     try:
         ratios = [float(r) for r in args.ratios.split(",")]
@@ -362,6 +367,16 @@ def main() -> None:
             f"{p.ratio:g} (the device's CPU w is {p.work_s / p.host_s:.0%} of h)" for p in short)
             + ": the emulated kernels run in Python threads that share the host's GIL, so at "
             "depth 2 they take turns with the host's work instead of overlapping it")
+    if args.json:
+        Path(args.json).write_text(json.dumps({
+            "rounds": args.rounds,
+            "points": [{"ratio": p.ratio, "measured_ratio": p.device_s / p.host_s,
+                        "host_s": p.host_s, "device_s": p.device_s, "work_s": p.work_s,
+                        "speedup": p.speedup, "ideal": p.ideal, "spread": p.spread,
+                        "overlapped": p.ours.overlapped, "overlapped_drain": p.drain.overlapped}
+                       for p in points],
+            "logprobs_ratio": lp_rate / plain_rate, "recording_ratio": rec_rate / bare_rate,
+        }, indent=1))
     print("ratios: depth2/depth1 tokens/s over ideal: " + "; ".join(
         f"d/h {p.ratio:g}: {p.speedup:.2f}x / {p.ideal:.2f}x" for p in points)
         + f"; with/without logprobs {lp_rate / plain_rate:.2f}x; recording/not "

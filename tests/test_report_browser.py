@@ -42,8 +42,15 @@ def site(tmp_path_factory: pytest.TempPathFactory) -> Path:
         capture_output=True, text=True, check=False)
     assert done.returncode == 0, done.stderr[-2000:]
     kills.write_text(done.stdout)
+    # The plot's input, in the shape `bench_engine.py --json` writes (the figures are made up:
+    # the benchmark takes minutes; what is checked here is that the page draws them).
+    bench = out.parent / "bench.json"
+    bench.write_text(json.dumps({"rounds": 1, "points": [
+        {"ratio": r, "measured_ratio": r, "speedup": s, "ideal": i, "overlapped": 0.99,
+         "overlapped_drain": 0.25} for r, s, i in ((0.5, 1.1, 1.5), (1, 1.6, 2.0), (4, 1.2, 1.25))
+    ]}))
     code = main(["report", "--requests", "1", "--fuzz-seconds", "60", "-o", str(out / "site"),
-                 "--mutants", str(kills)])
+                 "--mutants", str(kills), "--bench-engine", str(bench)])
     assert code == 0
     return out / "site"
 
@@ -167,3 +174,14 @@ def test_every_link_and_asset_resolves_inside_the_report(browser: Any, site: Pat
     # The kill matrix is the mutants run's.
     kills = driver.find_element(By.ID, "kills").text
     assert "2 of 2 planted bugs killed" in kills and "mask-inverted" in kills
+
+
+def test_the_benchmark_is_plotted(browser: Any) -> None:
+    from selenium.webdriver.common.by import By
+
+    driver = browser
+    plot = driver.find_element(By.CSS_SELECTOR, "#bench svg.plot")
+    assert len(plot.find_elements(By.TAG_NAME, "polyline")) == 2  # measured and ideal
+    assert len(plot.find_elements(By.TAG_NAME, "circle")) == 2 * 3
+    rows = driver.find_elements(By.CSS_SELECTOR, "#bench table tr")
+    assert len(rows) == 1 + 3 and "80%" in rows[2].text  # 1.6x of 2.0x

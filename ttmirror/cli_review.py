@@ -1,7 +1,7 @@
 """The report subcommand: the review site a spec reviewer opens in a browser.
 
     ttmirror report [-o DIR] [--no-tlc] [--fuzz-seconds S] [--seed N] [--mutants FILE]
-                    [--traces DIR] [--jobs N] [bounds]
+                    [--bench-engine FILE] [--traces DIR] [--jobs N] [bounds]
 
 Exit codes: 0 written and every property holds at the bounds, 1 written and something fails
 (the report shows what), 2 bad input (one line, no traceback).
@@ -38,6 +38,8 @@ def register(add_parser: AddParser) -> None:
                    help="seconds of guided walks for the coverage (0: none; default %(default)s)")
     r.add_argument("--seed", type=int, default=0, help="the walks' seed (default %(default)s)")
     r.add_argument("--mutants", help="a `ttmirror mutants --json` file: the kill matrix")
+    r.add_argument("--bench-engine", metavar="FILE",
+                   help="`make bench-engine`'s figures (out/bench-engine.json): plotted")
     r.add_argument("--traces", default=str(DEFAULT_TRACES),
                    help="folder of ITF regression traces (default the repository's)")
     r.add_argument("--jobs", type=int, default=None,
@@ -66,6 +68,7 @@ def cmd_report(ns: argparse.Namespace) -> int:
     # Read before the work: a bad file must not cost the exploration first.
     try:
         kills = review.kills(Path(ns.mutants) if ns.mutants else None)
+        bench = review.bench_engine(Path(ns.bench_engine) if ns.bench_engine else None)
     except ValueError as e:
         raise UsageError(str(e)) from None
     out = Path(ns.out)
@@ -84,7 +87,7 @@ def cmd_report(ns: argparse.Namespace) -> int:
     _say(f"{len(cexs)} known-bad variants explored")
     data: dict[str, Any] = {
         "check": check, "tlc": tlc, "coverage": coverage, "views": views,
-        "counterexamples": cexs, "kills": kills,
+        "counterexamples": cexs, "kills": kills, "bench": bench,
         "traces": [review.trace_table(p) for p in sorted(traces.glob("*.itf.json"))],
         "spec": review.spec_html(),
     }

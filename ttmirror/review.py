@@ -210,6 +210,89 @@ def kills(path: Path | None) -> dict[str, Any]:
     return {"rows": rows, "note": f"{killed} of {len(rows)} planted bugs killed ({path.name})"}
 
 
+def bench_engine(path: Path | None) -> dict[str, Any] | None:
+    """`make bench-engine`'s figures (`--json`), checked; None when not given."""
+    if path is None:
+        return None
+    try:
+        data = json.loads(path.read_text())
+        points = data["points"]
+        for p in points:
+            for key in ("ratio", "measured_ratio", "speedup", "ideal"):
+                float(p[key])
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise ValueError(f"--bench-engine {path}: not a `bench_engine.py --json` file "
+                         f"({e})") from None
+    return dict(data)
+
+
+def speedup_plot(points: list[Mapping[str, Any]]) -> str:
+    """An SVG plot: depth-2 over depth-1 speedup and its ideal, against the measured d/h (log)."""
+    import math
+
+    width, height, pad = 560, 300, 48
+    xs = [math.log2(float(p["measured_ratio"])) for p in points]
+    ys = [float(v) for p in points for v in (p["speedup"], p["ideal"])]
+    x0, x1 = min(xs) - 0.3, max(xs) + 0.3
+    y0, y1 = min(0.8, *ys), max(2.1, *ys)
+
+    def at(x: float, y: float) -> str:
+        px = pad + (x - x0) / (x1 - x0) * (width - 2 * pad)
+        py = height - pad - (y - y0) / (y1 - y0) * (height - 2 * pad)
+        return f"{px:.1f},{py:.1f}"
+
+    def line(key: str, colour: str, dash: str) -> str:
+        pts = " ".join(at(x, float(p[key])) for x, p in zip(xs, points, strict=True))
+        marks = "".join(f'<circle cx="{at(x, float(p[key])).split(",")[0]}" '
+                        f'cy="{at(x, float(p[key])).split(",")[1]}" r="3.5" fill="{colour}"/>'
+                        for x, p in zip(xs, points, strict=True))
+        return (f'<polyline points="{pts}" fill="none" stroke="{colour}" stroke-width="2" '
+                f'stroke-dasharray="{dash}"/>{marks}')
+
+    ticks = "".join(
+        f'<text x="{at(x, y0).split(",")[0]}" y="{height - pad + 16}" text-anchor="middle">'
+        f'{float(p["measured_ratio"]):.2g}</text>' for x, p in zip(xs, points, strict=True))
+    yticks = "".join(
+        f'<text x="{pad - 6}" y="{float(at(x0, v).split(",")[1]) + 4:.1f}" text-anchor="end">'
+        f'{v:g}x</text><line x1="{pad}" x2="{width - pad}" y1="{at(x0, v).split(",")[1]}" '
+        f'y2="{at(x0, v).split(",")[1]}" stroke="#eaeded"/>'
+        for v in (1.0, 1.5, 2.0) if y0 <= v <= y1)
+    return (f'<svg class="plot" viewBox="0 0 {width} {height}" width="{width}" '
+            f'height="{height}" font-size="11" font-family="sans-serif" role="img" '
+            f'aria-label="speedup against the ideal">{yticks}'
+            f'<line x1="{pad}" y1="{height - pad}" x2="{width - pad}" y2="{height - pad}" '
+            f'stroke="#566573"/>{ticks}'
+            f'<text x="{width / 2}" y="{height - 8}" text-anchor="middle">measured d/h '
+            "(log scale)</text>"
+            f'{line("ideal", "#7f8c8d", "5,4")}{line("speedup", "#1f618d", "")}'
+            f'<text x="{width - pad}" y="{pad - 18}" text-anchor="end" fill="#1f618d">'
+            "measured depth 2 / depth 1</text>"
+            f'<text x="{width - pad}" y="{pad - 4}" text-anchor="end" fill="#7f8c8d">'
+            "ideal (h+d)/max(h,d)</text></svg>")
+
+
+def _bench(data: Mapping[str, Any] | None) -> str:
+    if data is None:
+        return ('<section id="bench"><h2>Benchmarks</h2><p>Not in this report: run <code>make '
+                "bench-engine</code> (it writes <code>out/bench-engine.json</code>), then "
+                "<code>ttmirror report --bench-engine out/bench-engine.json</code>.</p></section>")
+    rows = "".join(
+        f"<tr><td>{float(p['ratio']):g}</td><td>{float(p['measured_ratio']):.2f}</td>"
+        f"<td>{float(p['speedup']):.2f}x</td><td>{float(p['ideal']):.2f}x</td>"
+        f"<td>{float(p['speedup']) / float(p['ideal']):.0%}</td>"
+        f"<td>{float(p.get('overlapped', 0)):.1%}</td>"
+        f"<td>{float(p.get('overlapped_drain', 0)):.1%}</td></tr>" for p in data["points"])
+    return f"""<section id="bench"><h2>Benchmarks</h2>
+<p>Serving tokens/s at depth 2 over depth 1 on the emulated device (<code>make bench-engine</code>,
+median of {data.get('rounds', '?')} rounds per point), beside the ideal (h+d)/max(h,d). Where the
+host is the bottleneck, the emulated kernels' Python shares the host's GIL and depth 2 cannot
+reach the ideal (the benchmark prints by how much).</p>
+{speedup_plot(data['points'])}
+<table><tr><th>d/h asked</th><th>d/h measured</th><th>speedup</th><th>ideal</th>
+<th>share</th><th>overlapped under churn</th><th>with the drain policy</th></tr>{rows}</table>
+</section>"""
+
+
 # --- the page -----------------------------------------------------------------------------------
 
 
@@ -372,7 +455,8 @@ def page(data: Mapping[str, Any]) -> str:
     nav = "".join(f'<a href="#{anchor}">{_e(text)}</a>' for anchor, text in (
         ("verdicts", "Verdicts"), *((f"view-{g.key}", g.title) for g in views),
         ("counterexamples", "Counterexamples"), ("coverage", "Coverage"), ("kills", "Kills"),
-        ("traces", "Traces"), ("vocabulary", "Vocabulary"), ("spec", "Spec")))
+        ("traces", "Traces"), ("bench", "Benchmarks"), ("vocabulary", "Vocabulary"),
+        ("spec", "Spec")))
     vocab = "".join(f"<tr><td>{_e(w)}</td><td><code>{_e(a)}</code></td><td>{_e(t)}</td></tr>"
                     for w, a, t in VOCABULARY)
     # "</" closes a script element wherever it appears: escape it inside the JSON.
@@ -388,6 +472,7 @@ def page(data: Mapping[str, Any]) -> str:
 {_coverage(data['coverage'])}
 {_kills(data['kills'])}
 {_traces(data['traces'])}
+{_bench(data.get('bench'))}
 <section id="vocabulary"><h2>Vocabulary</h2><table><tr><th>word</th><th>model action</th>
 <th>meaning</th></tr>{vocab}</table></section>
 <section id="spec"><h2>Design spec</h2><div class="spec">{data['spec']}</div></section>
