@@ -41,6 +41,7 @@ system-deps:
 	command -v java >/dev/null 2>&1 || missing="$$missing openjdk-17-jre-headless"; \
 	command -v chromium >/dev/null 2>&1 || missing="$$missing chromium"; \
 	command -v chromedriver >/dev/null 2>&1 || missing="$$missing chromium-driver"; \
+	command -v redis-server >/dev/null 2>&1 || missing="$$missing redis-server"; \
 	if [ -n "$$missing" ]; then \
 		echo "installing$$missing"; \
 		SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
@@ -92,5 +93,7 @@ soak: setup
 .PHONY: fuzz-long
 # The conformance state machine under HypoFuzz: a long coverage-guided campaign over all cores,
 # sharing .hypothesis/ with dev runs (stop it with Ctrl-C; the dashboard prints its address).
+# DATABASE=redis://HOST:PORT/DB shares the example database with every machine of a campaign.
+DATABASE ?=
 fuzz-long: setup
-	$(VENV)/bin/hypothesis fuzz --no-dashboard -- conformance/fuzz_target.py
+	TTMIRROR_DATABASE=$(DATABASE) $(VENV)/bin/hypothesis fuzz --no-dashboard -- conformance/fuzz_target.py

@@ -12,6 +12,7 @@ from pathlib import Path
 
 from hypothesis import Verbosity, settings
 from hypothesis import seed as hypothesis_seed
+from hypothesis.database import ExampleDatabase
 from hypothesis.stateful import run_state_machine_as_test
 
 from ..impl import faults
@@ -58,9 +59,11 @@ def run(
     max_examples: int | None = None,
     config: str | None = None,
     deadline: float | None = None,
+    database: ExampleDatabase | None = None,
 ) -> Campaign:
     """Run the state machine under `base` settings (a profile) with `bug` planted, stopping at
-    `deadline` (a `time.perf_counter()` value) if it comes first."""
+    `deadline` (a `time.perf_counter()` value) if it comes first; `database` (default the
+    profile's) is where Hypothesis replays stored examples from first and saves new ones."""
     config = config or CONFIGS[backend][0]
     recorder = Recorder(on_run=on_run, deadline=deadline)
     cls = machine(bounds, backend, recorder, config)
@@ -70,6 +73,8 @@ def run(
         cls = hypothesis_seed(seed)(cls)
     if max_examples is not None:
         overrides["max_examples"] = max_examples
+    if database is not None:
+        overrides["database"] = database
     start = time.perf_counter()
     error: BaseException | None = None
     out_of_time = False

@@ -8,18 +8,32 @@ file is not named test_*, so the ordinary suite never collects it; pass it expli
 
 from __future__ import annotations
 
+import os
+
+from hypothesis import settings
+
+from ttmirror.conformance.databases import ENV, open_database
 from ttmirror.conformance.machine import Recorder, machine
 from ttmirror.conformance.profiles import profile, serving_settings
 from ttmirror.conformance.serving_loop import ServingLoop
 from ttmirror.model.state import Bounds
 
+# $TTMIRROR_DATABASE (make fuzz-long DATABASE=...): a folder or redis://HOST:PORT/DB shared by
+# every machine of the campaign; unset, the dev profile's local database.
+_SHARED = open_database(os.environ[ENV]) if os.environ.get(ENV) else None
+
+
+def _dev(base: settings) -> settings:
+    return base if _SHARED is None else settings(base, database=_SHARED)
+
+
 TestConformanceTT = machine(Bounds(), "tt", Recorder()).TestCase
-TestConformanceTT.settings = profile("dev")
+TestConformanceTT.settings = _dev(profile("dev"))
 TestConformanceTTOneQueue = machine(Bounds(), "tt", Recorder(), "eager-1cq").TestCase
-TestConformanceTTOneQueue.settings = profile("dev")
+TestConformanceTTOneQueue.settings = _dev(profile("dev"))
 TestConformanceTTTraced = machine(Bounds(), "tt", Recorder(), "traced").TestCase
-TestConformanceTTTraced.settings = profile("dev")
+TestConformanceTTTraced.settings = _dev(profile("dev"))
 TestConformanceCpu = machine(Bounds(), "cpu", Recorder()).TestCase
-TestConformanceCpu.settings = profile("dev")
+TestConformanceCpu.settings = _dev(profile("dev"))
 TestServingLoop = ServingLoop.TestCase
-TestServingLoop.settings = serving_settings("dev")
+TestServingLoop.settings = _dev(serving_settings("dev"))

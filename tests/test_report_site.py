@@ -50,3 +50,28 @@ def test_every_known_bad_variant_of_the_manifest_fails_at_the_default_bounds() -
     assert len(variants) >= 5
     for name, _about, bounds in variants[:3]:  # the rest: the manifest's own test checks them
         assert explore(bounds).failure() is not None, name
+
+
+def test_at_the_default_bounds_the_page_shows_what_check_json_prints(tmp_path: Path) -> None:
+    import json
+    import re
+
+    from ttmirror import report
+    from ttmirror.model.explore import explore
+
+    assert main(["report", "--fuzz-seconds", "0", "--no-tlc", "-o", str(tmp_path)]) == 0
+    page = (tmp_path / "index.html").read_text()
+    expected = report.as_json(explore(Bounds()))
+    figures = dict(re.findall(r'data-figure="(\w+)">([\d,]+)<', page))
+    for key in ("states", "transitions", "deadlocks", "cannot_finish", "final_states"):
+        assert figures[key] == f"{expected[key]:,}", key
+    verdicts = dict(re.findall(r'data-verdict="(\w+)">(\w+)<', page))
+    assert verdicts == expected["invariants"]
+    # Nothing the page loads or links to is off the folder.
+    targets = re.findall(r'(?:href|src)="([^"]+)"', page)
+    assert targets and not [t for t in targets if "://" in t or t.startswith("//")]
+    assert all((tmp_path / t.split("#")[0]).is_file() for t in targets if not t.startswith("#"))
+    # The page's data parses (the script reads it) and holds both views' states.
+    data = json.loads(re.search(r'<script type="application/json" id="review-data">(.*?)'
+                                r"</script>", page, re.S).group(1))  # type: ignore[union-attr]
+    assert set(data["views"]) == {"slot", "request"} and data["counterexamples"]

@@ -54,6 +54,10 @@ def register(add_parser: AddParser) -> None:
                    help="Hypothesis profile (default $TTMIRROR_PROFILE, else ci)")
     f.add_argument("--traces", default="out/traces",
                    help="directory for failure traces (default %(default)s)")
+    f.add_argument("--database", default=None,
+                   help="Hypothesis example database: a folder or redis://HOST:PORT/DB (shared "
+                   "by every machine of a campaign; default ${TTMIRROR_DATABASE}, else "
+                   ".hypothesis/examples)")
     f.add_argument("--json", action="store_true", help="print one JSON object")
     f.set_defaults(func=cmd_fuzz)
 
@@ -121,7 +125,7 @@ def cmd_fuzz(ns: argparse.Namespace) -> int:
         result = campaign.run(bounds, ns.backend, profiles.profile(ns.profile), seed=ns.seed,
                               trace_dir=Path(ns.traces), on_run=cov.record,
                               max_examples=max(1, ns.examples), config=ns.config,
-                              deadline=deadline, bug=faults.current())
+                              deadline=deadline, bug=faults.current(), database=ns.example_db)
         walked: Report | None = None
         failure: _Failure | None = None
         stopped = "failure"
@@ -148,6 +152,8 @@ def cmd_fuzz(ns: argparse.Namespace) -> int:
             **_coverage_figures(cov, time.perf_counter() - explored),
             "explore_seconds": round(explored - start, 2),
             "hypothesis_examples": result.examples,
+            "hypothesis_first_failure_example": result.first_failure_examples,
+            "database": ns.database,
             "walk_mode": _walk_mode(ns.backend),
             "walks": walked.walks if walked else 0,
             "walks_lower_bound": lower_bound,
@@ -186,6 +192,15 @@ def _fuzz_bounds(ns: argparse.Namespace) -> Bounds:
         raise UsageError("--examples and --seconds must be >= 0, --jobs >= 1, --min-edges in "
                          "[0, 1]")
     ns.config = _config(ns.backend, ns.config)
+    from .conformance import databases  # hypothesis only: not torch or ttnn
+
+    ns.database = ns.database or os.environ.get(databases.ENV) or databases.DEFAULT
+    if "://" not in ns.database:
+        writable_dir(ns.database)
+    try:
+        ns.example_db = databases.open_database(ns.database)
+    except ValueError as e:
+        raise UsageError(str(e)) from None
     if ns.min_edges is None:
         ns.min_edges = 1.0 if _walk_mode(ns.backend) == "branches" else 0.95
     return bounds
