@@ -74,7 +74,10 @@ class Planner:
     in numpy) and along every planned path, and may overestimate elsewhere in between.
     """
 
-    def __init__(self, cov: Coverage, rng: random.Random, refresh: int = 50) -> None:
+    def __init__(self, cov: Coverage, rng: random.Random, refresh: int = 50,
+                 fresh: bool = False) -> None:
+        """`fresh`: plan every edge, as if none were covered yet (a shard's plan must be the
+        same on every machine, whatever each one's Hypothesis phase covered)."""
         self.cov, self.rng, self.refresh = cov, rng, refresh
         ex = cov.ex
         require_acyclic(ex.graph)  # `_by_level` would never end on a cycle: refuse it by name
@@ -87,9 +90,10 @@ class Planner:
         # One byte per edge, 1 = not planned yet; numpy sees the same bytes without a copy.
         self.open = bytearray(b"\x01") * len(pairs)
         self._open_view = np.frombuffer(self.open, dtype=np.uint8)
-        for u, v in cov.edges:
+        covered = () if fresh else cov.edges
+        for u, v in covered:
             self.open[self._edge(u, v)] = 0
-        self.closed = len(cov.edges)
+        self.closed = len(covered)
         """Edges covered or planned."""
         self._levels = self._by_level(n)
         self.gain: list[int] = []

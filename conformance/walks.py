@@ -15,7 +15,7 @@ from __future__ import annotations
 import random
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from multiprocessing.connection import Connection, wait
 
 from ..impl import faults
@@ -113,20 +113,24 @@ class Report:
     failure: FailedWalk | None = None
     stopped: str = ""
     """Why the walks stopped: covered, budget, exhausted or failure."""
+    taken: list[int] = field(default_factory=list)
+    """The planned walks' ids replayed and conformed (a shard's share of the plan)."""
 
 
 type Progress = Callable[[Report, Coverage], None]
 
 
 def run(cov: Coverage, backend: str, *, seed: int, until: float, seconds: float, jobs: int = 1,
-        progress: Progress | None = None, every: float = 5.0, config: str | None = None
-        ) -> Report:
+        progress: Progress | None = None, every: float = 5.0, config: str | None = None,
+        shard: tuple[int, int] | None = None) -> Report:
     """Plan and replay walks until edges_covered reaches `until`, `seconds` pass, or one fails.
 
     `jobs` > 1 replays the walks in that many worker processes (each with its own emulated
-    device); the planned bug, if any, is planted in each of them.
+    device); the planned bug, if any, is planted in each of them. `shard` (i, n), 1 <= i <= n:
+    the whole plan is made, from no coverage (a pure function of the seed and the bounds), and
+    only walks i - 1, i - 1 + n, ... are replayed here, so n shards take every walk once.
     """
-    campaign = _Campaign(cov, seed=seed, until=until, seconds=seconds, jobs=jobs)
+    campaign = _Campaign(cov, seed=seed, until=until, seconds=seconds, jobs=jobs, shard=shard)
     pool = _Pool(cov.ex.bounds, backend, seed, jobs, config) if jobs > 1 else None
     local = Executor(cov.ex.bounds, backend, seed, config) if pool is None else None
     next_report = campaign.start + every
@@ -142,6 +146,7 @@ def run(cov: Coverage, backend: str, *, seed: int, until: float, seconds: float,
         if pool is not None:
             pool.close(kill=campaign.report.failure is not None)
     report = campaign.finish()
+    report.taken = sorted(campaign.taken)
     if progress is not None:
         progress(report, cov)
     return report
@@ -151,9 +156,13 @@ class _Campaign:
     """The walks of one `run`: planned toward the goal, confirmed as their results come back."""
 
     def __init__(self, cov: Coverage, *, seed: int, until: float, seconds: float,
-                 jobs: int) -> None:
+                 jobs: int, shard: tuple[int, int] | None = None) -> None:
         self.cov = cov
-        self.planner = Planner(cov, random.Random(seed))
+        self.shard = shard
+        self.planner = Planner(cov, random.Random(seed), fresh=shard is not None)
+        self.taken: list[int] = []
+        """The ids of the walks replayed here and conformed (a shard's share)."""
+        self.planned_all = False
         self.report = Report(jobs=jobs)
         self.start = time.perf_counter()
         self.deadline = self.start + seconds
@@ -174,7 +183,10 @@ class _Campaign:
             if path is None:
                 self.report.stopped = "exhausted"
                 break
-            walk = Walk(planner.planned - 1, [planner.action(e) for e in path])
+            walk_id = planner.planned - 1
+            if self.shard is not None and walk_id % self.shard[1] != self.shard[0] - 1:
+                continue  # another shard's walk: planned (the plan is the same), not taken
+            walk = Walk(walk_id, [planner.action(e) for e in path])
             self.pending[walk.id] = path
             out.append(walk)
         return out
@@ -210,6 +222,7 @@ class _Campaign:
                 report.failure = result.failure
             return
         report.walks += 1
+        self.taken.append(result.walk)
         for e in path:
             u, v = self.planner.edge(e)
             self.cov.mark(u, v, self.planner.action(e).name)
@@ -218,6 +231,8 @@ class _Campaign:
         report = self.elapsed()
         if report.failure is not None:
             report.stopped = "failure"
+        elif self.shard is not None and self.planner.closed >= self.goal and not self.pending:
+            report.stopped = "covered"  # the whole plan made and this shard's share taken
         elif len(self.cov.edges) >= self.goal:
             report.stopped = "covered"
         elif not report.stopped:

@@ -54,12 +54,25 @@ def register(add_parser: AddParser) -> None:
                    help="Hypothesis profile (default $TTMIRROR_PROFILE, else ci)")
     f.add_argument("--traces", default="out/traces",
                    help="directory for failure traces (default %(default)s)")
+    f.add_argument("--shard", default=None, metavar="I/N",
+                   help="take shard I of N of the walk plan (a pure function of --seed and the "
+                   "bounds): N machines with the same seed take every walk once; merge their "
+                   "--json reports with `ttmirror coverage merge`")
     f.add_argument("--database", default=None,
                    help="Hypothesis example database: a folder or redis://HOST:PORT/DB (shared "
                    "by every machine of a campaign; default ${TTMIRROR_DATABASE}, else "
                    ".hypothesis/examples)")
     f.add_argument("--json", action="store_true", help="print one JSON object")
     f.set_defaults(func=cmd_fuzz)
+
+    c = add_parser("coverage", help="coverage of a campaign's shards")
+    sub = c.add_subparsers(dest="coverage_command", metavar="ACTION", parser_class=type(c))
+    sub.required = True
+    merge = sub.add_parser("merge", help="merge `fuzz --shard --json` reports: the union's "
+                           "edges_covered and the walks still needed")
+    merge.add_argument("reports", nargs="+", metavar="REPORT", help="`fuzz --json` files")
+    merge.add_argument("--json", action="store_true", help="print one JSON object")
+    merge.set_defaults(func=cmd_coverage_merge)
 
     m = add_parser("mutants", help="kill matrix: the suite against every planted bug")
     m.add_argument("--backend", choices=("tt", "cpu"), default="tt")
@@ -94,7 +107,7 @@ def cmd_fuzz(ns: argparse.Namespace) -> int:
     bounds = _fuzz_bounds(ns)
     writable_dir(ns.traces)
     # Checked before the imports below: they load torch and ttnn, which take seconds.
-    from .conformance import campaign, profiles
+    from .conformance import campaign, profiles, shards
     from .conformance.coverage import Coverage
     from .conformance.walk_bound import walks_lower_bound
     from .impl import faults
@@ -154,8 +167,11 @@ def cmd_fuzz(ns: argparse.Namespace) -> int:
             "hypothesis_examples": result.examples,
             "hypothesis_first_failure_example": result.first_failure_examples,
             "database": ns.database,
-            "walk_mode": _walk_mode(ns.backend),
+            "walk_mode": "from-initial" if ns.shard else _walk_mode(ns.backend),
             "walks": walked.walks if walked else 0,
+            "shard": f"{ns.shard[0]}/{ns.shard[1]}" if ns.shard else None,
+            "covered_edges": shards.encode_ids(shards.edge_ids(cov)),
+            "walks_taken": shards.encode_ids(walked.taken if walked else ()),
             "walks_lower_bound": lower_bound,
             "jobs": ns.jobs,
             "stopped": stopped,
@@ -164,11 +180,19 @@ def cmd_fuzz(ns: argparse.Namespace) -> int:
             "trace": str(failure.path) if failure and failure.path else None,
             "total_seconds": round(time.perf_counter() - started, 1),
         }
-        ok = failure is None and cov.actions_covered == 1.0 and cov.edges_covered >= ns.min_edges
+        if ns.shard:  # a shard covers its share; `coverage merge` judges the union
+            ok = failure is None and walked is not None and walked.stopped == "covered"
+        else:
+            ok = (failure is None and cov.actions_covered == 1.0
+                  and cov.edges_covered >= ns.min_edges)
         _print_report(report, ns.json)
         if failure is not None:
             print(f"ttmirror: conformance failure with seed {ns.seed}; trace {failure.path}; "
                   f"replay with `ttmirror replay {failure.path}`", file=sys.stderr)
+        elif not ok and ns.shard:
+            print(f"ttmirror: shard {report['shard']} did not take its whole share of the plan "
+                  f"(walks stopped: {report['stopped']}; raise --seconds or --jobs)",
+                  file=sys.stderr)
         elif not ok:
             print(f"ttmirror: coverage below the minimum: actions {cov.actions_covered:.3f}, "
                   f"edges {cov.edges_covered:.4f} < {ns.min_edges} (walks stopped: "
@@ -176,6 +200,44 @@ def cmd_fuzz(ns: argparse.Namespace) -> int:
         return 0 if ok else 1
     finally:
         gc.unfreeze()  # frozen objects are never collected: ttnn ones would outlive exit
+
+
+def cmd_coverage_merge(ns: argparse.Namespace) -> int:
+    """The union of shards' covered edges, on the graph of their (common) bounds."""
+    reports = []
+    for name in ns.reports:
+        try:
+            data = json.loads(Path(name).read_text())
+            bounds = Bounds(**{k: tuple(v) if isinstance(v, list) else v
+                               for k, v in data["bounds"].items()})
+            if not isinstance(data["covered_edges"], str) or not isinstance(data["seed"], int):
+                raise TypeError("covered_edges must be text and seed a number")
+        except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
+            raise UsageError(f"{name}: not a `ttmirror fuzz --json` report with covered_edges "
+                             f"({type(e).__name__}: {e})") from None
+        reports.append((name, bounds, data))
+    first_name, bounds, first = reports[0]
+    for name, other, data in reports[1:]:
+        if other != bounds or data["seed"] != first["seed"]:
+            raise UsageError(f"{name}: its bounds or seed differ from {first_name}'s: shards of "
+                             "one campaign share both")
+    from .conformance import shards
+    from .conformance.coverage import Coverage
+    from .model.explore import explore
+
+    try:
+        merged = shards.merge([d for _, _, d in reports], Coverage(explore(bounds)),
+                              seed=first["seed"])
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+    if ns.json:
+        print(json.dumps(merged, indent=1))
+    else:
+        print(f"{merged['reports']} reports: edges_covered {merged['edges_covered']:.4f} "
+              f"({merged['edges']:,} of {merged['total_edges']:,} edges); walks still needed "
+              f"{merged['walks_still_needed']:,}; walks taken {merged['walks_taken']:,}, "
+              f"{merged['walks_taken_twice']} of them twice")
+    return 0
 
 
 def _fuzz_bounds(ns: argparse.Namespace) -> Bounds:
@@ -192,6 +254,13 @@ def _fuzz_bounds(ns: argparse.Namespace) -> Bounds:
         raise UsageError("--examples and --seconds must be >= 0, --jobs >= 1, --min-edges in "
                          "[0, 1]")
     ns.config = _config(ns.backend, ns.config)
+    if ns.shard is not None:
+        from .conformance.shards import parse_shard  # numpy only
+
+        try:
+            ns.shard = parse_shard(ns.shard)
+        except ValueError as e:
+            raise UsageError(str(e)) from None
     from .conformance import databases  # hypothesis only: not torch or ttnn
 
     ns.database = ns.database or os.environ.get(databases.ENV) or databases.DEFAULT
@@ -249,14 +318,15 @@ def _walk(ns: argparse.Namespace, bounds: Bounds, cov: Coverage, seconds: float
     from .impl import faults
 
     every = 10.0 if sys.stderr.isatty() else 30.0
-    if _walk_mode(ns.backend) == "branches":
+    if ns.shard is None and _walk_mode(ns.backend) == "branches":
         # The implementation's state can be saved: each edge is walked once, from a saved state.
         walked = branches.run(cov, ns.backend, seed=ns.seed, until=ns.min_edges, seconds=seconds,
                               jobs=ns.jobs, progress=_walk_progress, every=every,
                               config=ns.config)
-    else:  # a chip cannot be saved: every walk starts at the initial state
+    else:  # a chip cannot be saved, and a shard takes its share of one plan: planned walks
         walked = walks.run(cov, ns.backend, seed=ns.seed, until=ns.min_edges, seconds=seconds,
-                           jobs=ns.jobs, progress=_walk_progress, every=every, config=ns.config)
+                           jobs=ns.jobs, progress=_walk_progress, every=every, config=ns.config,
+                           shard=ns.shard)
     failed = walked.failure
     if failed is None:
         return walked, None
