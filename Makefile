@@ -51,8 +51,8 @@ system-deps:
 demo: setup
 	$(VENV)/bin/ttmirror demo --out out
 	$(VENV)/bin/ttmirror mutants --config eager-2cq --json --traces out/mutant-traces > out/kills.json
-	@echo "== serving depth 2 vs depth 1, one round per point (make bench-engine: three)"
-	$(PY) benchmarks/bench_engine.py --rounds 1 --json out/bench-engine.json > out/bench-engine.txt
+	@echo "== serving depth 2 vs depth 1 (make bench-engine)"
+	$(PY) benchmarks/bench_engine.py --json out/bench-engine.json > out/bench-engine.txt
 	@tail -n 3 out/bench-engine.txt
 	@echo "== the review report (open it in a browser)"
 	$(VENV)/bin/ttmirror report -o out/report --mutants out/kills.json \

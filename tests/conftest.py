@@ -59,3 +59,14 @@ def pytest_unconfigure(config: pytest.Config) -> None:
         if getattr(finder, "config", None) is config:
             sys.meta_path.remove(finder)
             finder.config = None  # type: ignore[attr-defined]
+
+
+@pytest.fixture(autouse=True)
+def own_example_database(tmp_path_factory: pytest.TempPathFactory,
+                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each test's `ttmirror fuzz` gets an example database of its own: the default one in the
+    working directory would carry one test's failures into the next run (replayed first, they
+    change what a test sees)."""
+    from ttmirror.conformance.databases import ENV
+
+    monkeypatch.setenv(ENV, str(tmp_path_factory.mktemp("hypothesis-db")))

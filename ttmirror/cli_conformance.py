@@ -135,7 +135,11 @@ def cmd_fuzz(ns: argparse.Namespace) -> int:
         _say(f"explored {cov.total_edges:,} edges in {explored - start:.0f} s (walks from the "
              f"initial state cover them in no fewer than {lower_bound:,}); "
              f"Hypothesis: {ns.examples} examples")
-        result = campaign.run(bounds, ns.backend, profiles.profile(ns.profile), seed=ns.seed,
+        # Shards divide the Hypothesis phase by seed (shard i of a campaign seeded s draws with
+        # s + i - 1), as they divide the walks by index: no two draw from the same seed.
+        hypothesis_seed = ns.seed + (ns.shard[0] - 1 if ns.shard else 0)
+        result = campaign.run(bounds, ns.backend, profiles.profile(ns.profile),
+                              seed=hypothesis_seed,
                               trace_dir=Path(ns.traces), on_run=cov.record,
                               max_examples=max(1, ns.examples), config=ns.config,
                               deadline=deadline, bug=faults.current(), database=ns.example_db)
@@ -162,6 +166,7 @@ def cmd_fuzz(ns: argparse.Namespace) -> int:
             "observation": result.observation,
             "bounds": bounds._asdict(),
             "seed": ns.seed,
+            "hypothesis_seed": hypothesis_seed,
             **_coverage_figures(cov, time.perf_counter() - explored),
             "explore_seconds": round(explored - start, 2),
             "hypothesis_examples": result.examples,
@@ -187,7 +192,9 @@ def cmd_fuzz(ns: argparse.Namespace) -> int:
                   and cov.edges_covered >= ns.min_edges)
         _print_report(report, ns.json)
         if failure is not None:
-            print(f"ttmirror: conformance failure with seed {ns.seed}; trace {failure.path}; "
+            seeds = f"seed {ns.seed}" + (f" (Hypothesis seed {hypothesis_seed})"
+                                         if hypothesis_seed != ns.seed else "")
+            print(f"ttmirror: conformance failure with {seeds}; trace {failure.path}; "
                   f"replay with `ttmirror replay {failure.path}`", file=sys.stderr)
         elif not ok and ns.shard:
             print(f"ttmirror: shard {report['shard']} did not take its whole share of the plan "

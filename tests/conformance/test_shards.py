@@ -45,6 +45,7 @@ def test_two_shards_merged_cover_what_one_unsharded_run_covers(
     for i, part in enumerate(parts, start=1):
         assert part["shard"] == f"{i}/2" and part["walk_mode"] == "from-initial"
         assert part["stopped"] == "covered" and part["edges_covered"] < 1.0  # a share only
+        assert part["seed"] == 3 and part["hypothesis_seed"] == 3 + i - 1
     # No walk taken twice: the shards' walks are disjoint and together the whole plan.
     taken = [set(decode_ids(p["walks_taken"])) for p in parts]
     assert taken[0] and taken[1] and not taken[0] & taken[1]
