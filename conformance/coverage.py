@@ -65,6 +65,12 @@ class Coverage:
         return len(self.actions) / len(ALL_ACTIONS)
 
 
+def edge_pairs(ex: Exploration) -> list[tuple[int, int]]:
+    """The graph's edges sorted by (source, target): an edge's id is its position here (the
+    planner's numbering, and the one shard reports use)."""
+    return sorted(ex.graph.edges())
+
+
 class Planner:
     """Walks on the graph, each along the path with the most edges not yet planned.
 
@@ -82,7 +88,7 @@ class Planner:
         ex = cov.ex
         require_acyclic(ex.graph)  # `_by_level` would never end on a cycle: refuse it by name
         n = len(ex.states)
-        pairs = sorted(ex.graph.edges())
+        pairs = edge_pairs(ex)
         self.source = np.fromiter((u for u, _ in pairs), dtype=np.int64, count=len(pairs))
         self.target_array = np.fromiter((v for _, v in pairs), dtype=np.int64, count=len(pairs))
         self.target: list[int] = self.target_array.tolist()

@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from .coverage import Coverage, Planner
+from .coverage import Coverage, Planner, edge_pairs
 
 
 def parse_shard(text: str) -> tuple[int, int]:
@@ -50,15 +50,14 @@ def decode_ids(text: str) -> list[int]:
 
 def edge_ids(cov: Coverage) -> list[int]:
     """The covered edges' ids (positions among the sorted edges)."""
-    pairs = sorted(cov.ex.graph.edges())
-    position = {pair: k for k, pair in enumerate(pairs)}
+    position = {pair: k for k, pair in enumerate(edge_pairs(cov.ex))}
     return sorted(position[e] for e in cov.edges)
 
 
 def merge(reports: list[Mapping[str, Any]], cov: Coverage, seed: int) -> dict[str, Any]:
     """The union of the reports' covered edges on `cov`'s graph (which must be theirs), and how
     many more walks the planner (seeded by `seed`) needs for the rest."""
-    pairs = sorted(cov.ex.graph.edges())
+    pairs = edge_pairs(cov.ex)
     union: set[int] = set()
     for r in reports:
         ids = decode_ids(r["covered_edges"])

@@ -146,7 +146,7 @@ def run(cov: Coverage, backend: str, *, seed: int, until: float, seconds: float,
         if pool is not None:
             pool.close(kill=campaign.report.failure is not None)
     report = campaign.finish()
-    report.taken = sorted(campaign.taken)
+    report.taken.sort()
     if progress is not None:
         progress(report, cov)
     return report
@@ -160,9 +160,6 @@ class _Campaign:
         self.cov = cov
         self.shard = shard
         self.planner = Planner(cov, random.Random(seed), fresh=shard is not None)
-        self.taken: list[int] = []
-        """The ids of the walks replayed here and conformed (a shard's share)."""
-        self.planned_all = False
         self.report = Report(jobs=jobs)
         self.start = time.perf_counter()
         self.deadline = self.start + seconds
@@ -222,7 +219,7 @@ class _Campaign:
                 report.failure = result.failure
             return
         report.walks += 1
-        self.taken.append(result.walk)
+        report.taken.append(result.walk)
         for e in path:
             u, v = self.planner.edge(e)
             self.cov.mark(u, v, self.planner.action(e).name)

@@ -81,13 +81,8 @@ def to_json(view: View) -> str:
     ) + "\n"
 
 
-def to_svg(view: View) -> str:
-    """SVG drawn by Graphviz's ``dot``."""
-    return to_svg_styled(view, None)
-
-
-def to_svg_styled(view: View, styles: Mapping[tuple[str, str], str] | None) -> str:
-    """SVG drawn by Graphviz's ``dot``, with `to_dot`'s edge `styles`."""
+def to_svg(view: View, styles: Mapping[tuple[str, str], str] | None = None) -> str:
+    """SVG drawn by Graphviz's ``dot`` (with `to_dot`'s edge `styles`)."""
     dot = shutil.which("dot")
     if dot is None:
         raise RuntimeError("Graphviz 'dot' not found: install Debian's graphviz package")

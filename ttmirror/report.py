@@ -27,8 +27,8 @@ def counterexample(ex: Exploration) -> tuple[str, list[dict[str, Any]]] | None:
     prev = 0
     for action, target in ex.path_to(node):
         delta = changes(ex.states[prev], ex.states[target])
-        plain = {k: _plain(v) for k, v in delta.items()}
-        steps.append({"action": action.label(), "changes": plain})
+        steps.append({"action": action.label(),
+                      "changes": {k: plain(v) for k, v in delta.items()}})
         prev = target
     return name, steps
 
@@ -111,18 +111,18 @@ def _on(flag: bool) -> str:
     return "on" if flag else "off"
 
 
-def _plain(value: Any) -> Any:
+def plain(value: Any) -> Any:
     """JSON-friendly: enums by name, named tuples as objects, tuples as lists."""
     if hasattr(value, "_asdict"):
-        return {k: _plain(v) for k, v in value._asdict().items()}
+        return {k: plain(v) for k, v in value._asdict().items()}
     if hasattr(value, "name") and hasattr(value, "value"):
         return value.name
     if isinstance(value, tuple | list | frozenset | set):
         items = sorted(value) if isinstance(value, frozenset | set) else value
-        return [_plain(v) for v in items]
+        return [plain(v) for v in items]
     return value
 
 
 def _brief(value: Any) -> str:
-    text = str(_plain(value))
+    text = str(plain(value))
     return text if len(text) <= 70 else text[:67] + "..."

@@ -21,10 +21,10 @@ from typing import Any
 from . import report
 from .manifest import PATH as MANIFEST
 from .model.actions import in_flight
-from .model.explore import Exploration, changes
+from .model.explore import Exploration
 from .model.invariants import INVARIANTS, SOMETIMES
 from .model.state import Bounds, State
-from .render import to_svg_styled
+from .render import to_svg
 from .views import View, project, request_phase, slot_phase
 
 SPEC = Path(__file__).resolve().parent.parent / "specs" / "mirrored-sampled-ids.md"
@@ -63,7 +63,7 @@ def invariant_text(name: str) -> str:
 
 def plain_state(s: State) -> dict[str, Any]:
     """Every variable of a model state, JSON-friendly."""
-    return {k: report._plain(v) for k, v in s._asdict().items()}
+    return {k: report.plain(v) for k, v in s._asdict().items()}
 
 
 # --- the views: the graphs with their nodes' states ---------------------------------------------
@@ -87,24 +87,24 @@ def _lifecycle(ex: Exploration, view: View, key: Callable[[State], str], name: s
                caption: str, walked: set[tuple[int, int]] | None,
                stale: Callable[[State], bool] | None = None) -> GraphView:
     ids = {label: nid for nid, label in view.nodes.items()}
+    node_of = [ids[key(s)] for s in ex.states]  # each state's box, once
     first: dict[str, int] = {}
     count: dict[str, int] = {}
-    for n, s in enumerate(ex.states):
-        nid = ids[key(s)]
+    for n, nid in enumerate(node_of):
         first.setdefault(nid, n)
         count[nid] = count.get(nid, 0) + 1
     styles: dict[tuple[str, str], str] = {}
     walked_edges: set[tuple[str, str]] = set()
     if walked is not None:
         for u, v in walked:
-            a, b = ids[key(ex.states[u])], ids[key(ex.states[v])]
+            a, b = node_of[u], node_of[v]
             if a != b:
                 walked_edges.add((a, b))
         for edge in view.edges:
             on = edge in walked_edges
             styles[edge] = (f'color="{WALKED}", penwidth=2' if on
                             else f'color="{UNWALKED}", style=dashed')
-    out = GraphView(name, view.title, caption, to_svg_styled(view, styles),
+    out = GraphView(name, view.title, caption, to_svg(view, styles),
                     walked=len(walked_edges & set(view.edges)), edges=len(view.edges))
     for nid, label in view.nodes.items():
         s = ex.states[first[nid]]
@@ -124,20 +124,20 @@ def slot_view(ex: Exploration, walked: set[tuple[int, int]] | None) -> GraphView
 
 def request_view(ex: Exploration, walked: set[tuple[int, int]] | None) -> GraphView:
     view = project(ex, "request", 0)
-    ids = {label: nid for nid, label in view.nodes.items()}
-    stale_ids = {ids[request_phase(s, 0)] for s in ex.states if in_flight(s, 0)}
+    # A box's label says where the newest token is, so one state of it says whether it is stale.
+    out = _lifecycle(ex, view, lambda s: request_phase(s, 0), "request", "", walked,
+                     stale=lambda s: in_flight(s, 0) > 0)
+    stale_ids = {nid for nid, node in out.nodes.items() if node["stale"]}
     # What ends staleness: the actions on edges from a stale box to a box that is not.
     ends = sorted({name for (a, b), names in view.edges.items()
                    if a in stale_ids and b not in stale_ids for name in names})
-    caption = ("Request 0: its status, the tokens delivered to the user, and where its newest "
-               "token is. Its host ids are stale while that token is on the device (a step for "
-               f"it in flight: {len(stale_ids)} of {len(view.nodes)} boxes, marked stale); "
-               f"what ends it here: {', '.join(ends) or 'nothing'}. Combine then reads the "
-               "mirror, never the stale host ids: that is the guard.")
-    out = _lifecycle(ex, view, lambda s: request_phase(s, 0), "request", caption, walked,
-                     stale=lambda s: in_flight(s, 0) > 0)
-    out.nodes = {nid: {**node, "ends_stale": ends if node["stale"] else []}
-                 for nid, node in out.nodes.items()}
+    out.caption = ("Request 0: its status, the tokens delivered to the user, and where its "
+                   "newest token is. Its host ids are stale while that token is on the device (a "
+                   f"step for it in flight: {len(stale_ids)} of {len(view.nodes)} boxes, marked "
+                   f"stale); what ends it here: {', '.join(ends) or 'nothing'}. Combine then "
+                   "reads the mirror, never the stale host ids: that is the guard.")
+    for node in out.nodes.values():
+        node["ends_stale"] = ends if node["stale"] else []
     return out
 
 
@@ -149,20 +149,17 @@ def counterexample(name: str, about: str, ex: Exploration) -> dict[str, Any]:
     failure = ex.failure()
     out: dict[str, Any] = {"variant": name, "about": about, "bounds": ex.bounds._asdict(),
                            "states": len(ex.states), "violated": None, "steps": []}
-    if failure is None:
+    cex = report.counterexample(ex)  # `check`'s steps: each action and what it changed
+    if failure is None or cex is None:
         return out
-    violated, node = failure
+    violated, steps = cex
     out["violated"] = violated
     out["violated_text"] = invariant_text(violated)
-    steps = [{"action": "initial state", "state": plain_state(ex.states[0]), "changed": {}}]
-    prev = 0
-    for action, target in ex.path_to(node):
-        delta = {k: report._plain(v) for k, v in changes(ex.states[prev], ex.states[target])
-                 .items()}
-        steps.append({"action": action.label(), "state": plain_state(ex.states[target]),
-                      "changed": delta})
-        prev = target
-    out["steps"] = steps
+    out["steps"] = [{"action": "initial state", "state": plain_state(ex.states[0]),
+                     "changed": {}}] + [
+        {"action": step["action"], "state": plain_state(ex.states[target]),
+         "changed": step["changes"]}
+        for step, (_, target) in zip(steps, ex.path_to(failure[1]), strict=True)]
     return out
 
 
