@@ -61,12 +61,12 @@ demo: setup
 
 test: setup
 	$(VENV)/bin/ruff check .
-	$(VENV)/bin/mypy model ttmirror impl serving conformance
+	$(VENV)/bin/mypy ttmirror
 	$(PY) -m pytest -q
 
 lint: setup
 	$(VENV)/bin/ruff check .
-	$(VENV)/bin/mypy model ttmirror impl serving conformance
+	$(VENV)/bin/mypy ttmirror
 
 bench-check: setup
 	$(PY) benchmarks/bench_check.py

@@ -184,7 +184,8 @@ def fault_matrix(bugs: list[str] | None = None) -> list[Kill]:
 
 def bounds_for(bug: str, bounds: Bounds) -> Bounds:
     """`bounds`, raised where `bug` needs more to occur at all (`faults.NEEDS_BOUNDS`)."""
-    return bounds._replace(**faults.NEEDS_BOUNDS.get(bug, {}))
+    needs: dict[str, Any] = faults.NEEDS_BOUNDS.get(bug, {})
+    return bounds._replace(**needs)
 
 
 def matrix(bounds: Bounds, backend: str, base: settings, *, bugs: list[str] | None = None,

@@ -54,7 +54,7 @@ class CpuMirror:
                                            self._requests, seed)
         self.launches += 1
 
-    def readback_issue(self, slot: int) -> torch.Tensor:
+    def readback_issue(self, slot: int) -> Any:
         return self.ring[slot].clone()  # the copy is the readback: synchronous on the host
 
     def readback_complete(self, pending: Any) -> list[int]:

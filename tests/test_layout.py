@@ -15,13 +15,19 @@ import networkx as nx
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = {  # folder -> import name (pyproject's package-dir)
-    "ttmirror": "ttmirror",
-    "model": "ttmirror.model",
-    "impl": "ttmirror.impl",
-    "serving": "ttmirror.serving",
-    "conformance": "ttmirror.conformance",
-}
+
+
+def package_links() -> dict[str, str]:
+    """Folder -> import name, read off the tree: `ttmirror/` holds a link to each top-level
+    package folder (ttmirror/model -> ../model), so the links are the mapping."""
+    out = {"ttmirror": "ttmirror"}
+    for link in sorted((ROOT / "ttmirror").iterdir()):
+        if link.is_symlink() and (link / "__init__.py").is_file():
+            out[str(link.resolve().relative_to(ROOT))] = f"ttmirror.{link.name}"
+    return out
+
+
+PACKAGES = package_links()
 SCRIPTS = ("tests", "benchmarks")
 """Folders of code that no package imports; held to the private-name rule too."""
 

@@ -215,8 +215,9 @@ def cmd_coverage_merge(ns: argparse.Namespace) -> int:
     for name in ns.reports:
         try:
             data = json.loads(Path(name).read_text())
-            bounds = Bounds(**{k: tuple(v) if isinstance(v, list) else v
-                               for k, v in data["bounds"].items()})
+            fields: dict[str, Any] = {k: tuple(v) if isinstance(v, list) else v
+                                      for k, v in data["bounds"].items()}
+            bounds = Bounds(**fields)
             if not isinstance(data["covered_edges"], str) or not isinstance(data["seed"], int):
                 raise TypeError("covered_edges must be text and seed a number")
         except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:

@@ -17,8 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from .arguments import AddParser, UsageError, add_bounds, bounds_from, mkdir
-
-DEFAULT_TRACES = Path(__file__).resolve().parent.parent / "tests" / "regressions"
+from .resources import REGRESSIONS as DEFAULT_TRACES
 
 
 def register(add_parser: AddParser) -> None:

@@ -27,8 +27,8 @@ from typing import Any
 from .model.explore import Exploration, explore
 from .model.state import Bounds
 from .report import verdicts as report_verdicts
+from .resources import MANIFEST as PATH
 
-PATH = Path(__file__).resolve().parent.parent / "specs" / "manifest.json"
 SIZES = ("small", "default", "large")
 """small: TLC in CI; default: the explorer in CI, TLC in bench-check; large: bench-check only."""
 

@@ -25,10 +25,10 @@ from .model.explore import Exploration
 from .model.invariants import INVARIANTS, SOMETIMES
 from .model.state import Bounds, State
 from .render import to_svg
+from .resources import REVIEW_ASSETS as ASSETS
+from .resources import SPEC
 from .views import View, project, request_phase, slot_phase
 
-SPEC = Path(__file__).resolve().parent.parent / "specs" / "mirrored-sampled-ids.md"
-ASSETS = Path(__file__).resolve().parent / "review_assets"
 WALKED, UNWALKED = "#1e8449", "#b3b6b7"
 
 GRAPH_PROPERTY_TEXT = {

@@ -28,8 +28,7 @@ from typing import Any
 from .model.explore import Exploration, explore
 from .model.invariants import INVARIANTS
 from .model.state import Bounds, Phase, Request, Row, Slot, State, Status, Step
-
-SPEC = Path(__file__).resolve().parent.parent / "specs" / "MirroredSampledIds.tla"
+from .resources import TLA as SPEC
 
 ACTIONS = {
     "Allocate": "allocate", "Arrive": "arrive", "Schedule": "schedule", "Combine": "combine",
