@@ -19,8 +19,8 @@ import time
 import torch
 import ttnn
 
-from ttmirror.impl.calls import step_calls
-from ttmirror.impl.device import EmulatedMeshDevice, Emulator, open_device
+from ttmirror.emulator import EmulatedMeshDevice, Emulator, open_device
+from ttmirror.emulator.calls import step_calls
 
 ROWS, VOCAB = 32, 64
 

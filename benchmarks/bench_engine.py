@@ -46,7 +46,7 @@ from pathlib import Path
 import ttnn
 
 from ttmirror.conformance.validate import bounds_of, validate
-from ttmirror.impl.device import Emulator, ThreadedScheduler, open_device
+from ttmirror.emulator import Emulator, ThreadedScheduler, open_device
 from ttmirror.impl.probe import ProbeSpec
 from ttmirror.impl.tt_backend import TtBackend
 from ttmirror.serving.backend import ServingBackend

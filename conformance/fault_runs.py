@@ -1,7 +1,7 @@
 """The fault half of the kill matrix: serving runs that meet one device fault, checked on data.
 
 Each scenario serves the battery's workload at depth 2 on the emulated device (hazards raised)
-and arms one fault once the pipeline is full (`impl/device/injection.py`): a refused context
+and arms one fault once the pipeline is full (`emulator/injection.py`): a refused context
 write, combine op, forward op, trace replay, launch event or readback copy, a readback that
 lands after the host's deadline, or the device closed under the engine. The promise of spec
 rule 12, checked on what the run delivered:
@@ -27,8 +27,8 @@ from typing import Any
 
 import ttnn
 
+from ..emulator import Emulator, HazardError, SeededScheduler, open_device
 from ..impl import faults
-from ..impl.device import Emulator, HazardError, SeededScheduler, open_device
 from ..impl.events import Event
 from ..impl.runner import Status
 from ..impl.tt_backend import TtBackend

@@ -186,7 +186,7 @@ class Lockstep:
     def _open_backend(self, name: str) -> Any:
         if name == "cpu":
             return CpuBackend()
-        from ..impl.device import Emulator, ManualScheduler, open_device
+        from ..emulator import Emulator, ManualScheduler, open_device
         from ..impl.tt_backend import TtBackend
 
         # Emulated unless a chip is present; the device advances only when a move says so.
@@ -218,7 +218,7 @@ class Lockstep:
             raise RuntimeError("a chip's state cannot be saved: snapshots need the emulated device")
         if self.failure is not None:
             raise RuntimeError("a failed run is not a state to go on from")
-        from ..impl.device.snapshot import snapshot
+        from ..emulator.snapshot import snapshot
 
         return snapshot(self)
 
@@ -226,7 +226,7 @@ class Lockstep:
     def restore(data: bytes, refused: set[State] | None = None) -> Lockstep:
         """A run in the state `snapshot` saved, independent of it and of every other copy;
         `refused` is the process's set of states whose refusals were tried (shared, not copied)."""
-        from ..impl.device.snapshot import restore
+        from ..emulator.snapshot import restore
 
         ls: Lockstep = restore(data)
         ls.refused = refused
@@ -255,7 +255,7 @@ class Lockstep:
         return [a for a, _ in self.successors() if name is None or a.name == name]
 
     def emulated(self) -> bool:
-        from ..impl.device import EmulatedMeshDevice
+        from ..emulator import EmulatedMeshDevice
 
         return isinstance(self.device, EmulatedMeshDevice)
 
@@ -460,7 +460,7 @@ class Lockstep:
 
 
 def _kind(error: BaseException) -> str:
-    from ..impl.device import HazardError
+    from ..emulator import HazardError
 
     if isinstance(error, HazardError):
         return f"hazard:{error.hazard.kind}"

@@ -16,8 +16,8 @@ from dataclasses import dataclass, replace
 import torch
 import ttnn
 
+from ..emulator import Emulator, HazardError, SeededScheduler, open_device
 from ..impl import faults
-from ..impl.device import Emulator, HazardError, SeededScheduler, open_device
 from ..impl.tt_backend import TtBackend
 from ..serving.backend import ServingBackend
 from ..serving.batching import ServingConfig, ServingEngine

@@ -31,14 +31,14 @@ import ttnn
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, precondition, rule
 
-from ..impl.device import Emulator, SeededScheduler, TimedScheduler, open_device
+from ..emulator import Emulator, SeededScheduler, TimedScheduler, open_device
+from ..emulator.decoder import dram_bytes
 from ..impl.events import Event
 from ..impl.runner import CLOSED, Status
 from ..impl.tt_backend import TtBackend
 from ..serving.backend import ServingBackend
 from ..serving.batching import ServingConfig, ServingEngine
 from ..serving.context import SamplingParams
-from ..serving.device_decoder import dram_bytes
 from ..serving.models import DecoderModel, load_model
 from ..serving.workload import Outcome, RequestPlan, due_for_abort, outcome_of, run_workload
 from .validate import bounds_of, validate, write_itf

@@ -4,7 +4,7 @@ The `ServingEngine` serves at depth 2 on the emulated TT device whose command qu
 worker threads (`ThreadedScheduler`), hazards counted rather than raised. Requests arrive at
 random (prompts, budgets, stop sets, per-request sampling, some host-sync), some are aborted
 after a random number of tokens, the KV budget preempts, and before about `fault_rate` of the
-steps one device fault is armed (`impl/device/injection.py`): a refused write, op, event or read,
+steps one device fault is armed (`emulator/injection.py`): a refused write, op, event or read,
 a refused trace replay when traced, or a read that lands after the host's readback deadline.
 
 Every random choice comes from one seed. The checks, all on data:
@@ -36,14 +36,14 @@ from typing import Any
 
 import ttnn
 
-from ..impl.device import Emulator, ManualScheduler, ThreadedScheduler, open_device
+from ..emulator import Emulator, ManualScheduler, ThreadedScheduler, open_device
+from ..emulator.decoder import dram_bytes
 from ..impl.events import Event
 from ..impl.runner import Status
 from ..impl.tt_backend import TtBackend
 from ..serving.backend import ServingBackend
 from ..serving.batching import ServingConfig, ServingEngine
 from ..serving.context import SamplingParams
-from ..serving.device_decoder import dram_bytes
 from ..serving.models import DecoderModel, load_model
 from ..serving.workload import RequestPlan, due_for_abort, run_workload
 from .soak_config import SoakConfig

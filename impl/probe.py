@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .device.sampling import sample_rows, seeded_sample
+from .sampling import sample_rows, seeded_sample
 
 
 @dataclass(frozen=True)

@@ -30,7 +30,7 @@ import ttnn
 from . import faults
 from .backend import Backend, Mirror, MirrorSpec, StepInputs, TokenLogprobs, logprob_rows
 from .combine import DeviceCombine
-from .device import EmulatedMeshDevice, Emulator, device_info, open_device
+from .devices import DeviceProvider, default_provider, device_info, provider_of
 from .ring import Ring
 from .trace import DecodeTraces
 from .tt_model import TtProbeModel
@@ -243,8 +243,8 @@ class TtMirror:
 
 
 class TtBackend(Backend):
-    """`device`: an open mesh device to use; else one is opened at load through
-    `device.open_device` (a chip when present, else the emulated device built as `emulator`)."""
+    """`device`: an open mesh device to use; else one is opened at load by `provider` (default
+    `devices.default_provider()`: a chip when present, else the provider plugged in)."""
 
     name = "tt"
     reports_device_waits = True
@@ -255,30 +255,30 @@ class TtBackend(Backend):
         *,
         readback_cq: int | None = None,
         trace_region_size: int = DEFAULT_TRACE_REGION,
-        emulator: Emulator | None = None,
+        provider: DeviceProvider | None = None,
     ) -> None:
         self.device = device
         self.readback_cq = readback_cq
         self.trace_region_size = trace_region_size
-        self.emulator = emulator
+        self.provider = provider
         self._owns_device = False
 
     def supports_async_sampled_token_readback(self) -> bool:
         return True  # TtMirror keeps sampled ids in the ring and combines them on device
 
-    def device_kind(self) -> str:
+    def device_provider(self) -> DeviceProvider:
+        """Who opened (or will open) the device."""
         if self.device is not None:
-            return "emulated" if isinstance(self.device, EmulatedMeshDevice) else "chip"
-        kind: str = device_info()["device"]
-        return kind
+            return provider_of(self.device)
+        return self.provider or default_provider()
+
+    def device_kind(self) -> str:
+        return self.device_provider().kind
 
     def open_device(self) -> Any:
         if self.device is None:
-            self.device = open_device(
-                num_command_queues=2,
-                trace_region_size=self.trace_region_size,
-                emulator=self.emulator,
-            )
+            self.device = self.device_provider().open(
+                num_command_queues=2, trace_region_size=self.trace_region_size, l1_small_size=0)
             self._owns_device = True
         return self.device
 
@@ -297,7 +297,7 @@ class TtBackend(Backend):
             self._owns_device = False
 
     def info(self) -> dict[str, Any]:
-        return device_info()
+        return device_info(self.device_provider())
 
 
 def _num_command_queues(device: Any) -> int:

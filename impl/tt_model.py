@@ -32,7 +32,7 @@ import torch
 import ttnn
 
 from . import faults
-from .device import bind_sampling_identity
+from .devices import provider_of
 from .probe import SAMPLING_K, ProbeSpec, logits_table
 from .ring import LogprobSlot, allocate_ids, ids_shape
 
@@ -55,6 +55,7 @@ class TtProbeModel:
         self.device = device
         self.cq = cq
         self.spec = spec
+        self._provider = provider_of(device)  # tells an emulated sampler each row's identity
         vocab, rows = spec.vocab, spec.vocab + spec.max_positions
         self.index = allocate_ids(device, width, ttnn.TILE_LAYOUT)
         if spec.sampling is None:
@@ -123,6 +124,6 @@ class TtProbeModel:
             if faults.active("sampler-keyed-by-step"):
                 ttnn.plus_one(self.steps)  # planted: the draw follows a device step counter
                 keyed_positions = self.steps
-            bind_sampling_identity(self.device, requests, keyed_positions)
+            self._provider.bind_sampling_identity(self.device, requests, keyed_positions)
             ttnn.sampling(self.logits, self.indices, self.k, self.p, self.temp,
                           seed=int(self.spec.sampling), output_tensor=slot)

@@ -15,8 +15,8 @@ import torch
 
 from ..impl.backend import Backend, Mirror, MirrorSpec, TokenLogprobs, logprob_rows, padded_rows
 from ..impl.cpu_backend import CpuBackend, CpuMirror
-from ..impl.device.sampling import sample_rows
 from ..impl.probe import ProbeSpec
+from ..impl.sampling import sample_rows
 from .context import (
     NO_ROWS,
     ContextRows,
@@ -27,6 +27,7 @@ from .context import (
     row_sampling,
     token_logprobs,
 )
+from .decoders import decoder_for
 from .models import DecoderModel
 
 
@@ -171,12 +172,12 @@ class ServingBackend(Backend):
             self.context = cpu
             return CpuServingMirror(spec, cpu)
         from ..impl.tt_backend import TtBackend, TtMirror
-        from .device_decoder import DeviceDecoder
 
         if not isinstance(self.inner, TtBackend):
             raise ValueError(f"cannot serve models on backend {self.inner.name!r}")
         device = self.inner.open_device()
-        decoder = DeviceDecoder(device, self.model, width, blocks, self.sampling)
+        build = decoder_for(self.inner.device_kind())
+        decoder = build(device, self.model, width, blocks, self.sampling)
         self.context = decoder
         readback_cq = self.inner.readback_cq
         if readback_cq is None:

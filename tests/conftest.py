@@ -32,7 +32,7 @@ def default_run() -> Exploration:
 def every_emulated_device_closed() -> Iterator[None]:
     """Fail a test that leaves an emulated device open: ttnn stays routed until it closes."""
     yield
-    routing = sys.modules.get("ttmirror.impl.device.routing")  # never imported: nothing to check
+    routing = sys.modules.get("ttmirror.emulator.routing")  # never imported: nothing to check
     if routing is None:
         return
     left = routing.open_devices()

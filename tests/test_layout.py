@@ -35,7 +35,7 @@ SCRIPTS = ("tests", "benchmarks")
 @dataclass(frozen=True)
 class Import:
     module: str
-    """The module imported from (absolute), e.g. ``ttmirror.impl.device.routing``."""
+    """The module imported from (absolute), e.g. ``ttmirror.emulator.routing``."""
     names: tuple[str, ...]
     """The names taken from it (empty for ``import x.y``)."""
     line: int
@@ -157,7 +157,7 @@ def test_the_cycle_rule_catches_a_planted_cycle() -> None:
 def test_the_mirror_never_imports_the_serving_engine() -> None:
     graph = import_graph(sources())
     mirror = [n for n in graph if n.startswith("ttmirror.impl")]
-    assert "ttmirror.impl.runner" in mirror and "ttmirror.impl.device.routing" in mirror
+    assert "ttmirror.impl.runner" in mirror and "ttmirror.impl.devices" in mirror
     for name in mirror:
         reached = nx.descendants(graph, name)
         assert not any(r.startswith("ttmirror.serving") for r in reached), name
@@ -165,6 +165,50 @@ def test_the_mirror_never_imports_the_serving_engine() -> None:
     # The twin: the serving engine does import the mirror, so the graph can see the edge.
     engine = nx.descendants(graph, "ttmirror.serving.engine")
     assert any(r.startswith("ttmirror.impl") for r in engine)
+
+
+CHIP_SIDE = ("ttmirror.impl", "ttmirror.serving")
+"""What would run beside a chip: the mirror and the serving engine over it."""
+
+
+def emulator_reached(modules: dict[str, tuple[Path, str]]) -> list[str]:
+    """Every chip-side module that imports the emulator, or imports what does (type-only
+    imports included: a reader of the chip path should not need the emulator either)."""
+    graph = nx.DiGraph()
+    for name, (path, source) in modules.items():
+        for imp in imports(source, name, is_package=path.name == "__init__.py"):
+            graph.add_edge(name, imp.module)
+    found = []
+    for name in modules:
+        if name.startswith(CHIP_SIDE) and name in graph:
+            hits = sorted(r for r in nx.descendants(graph, name)
+                          if r.startswith("ttmirror.emulator"))
+            if hits:
+                found.append(f"{name} reaches {', '.join(hits)}")
+    return found
+
+
+def test_the_mirror_and_the_serving_engine_reach_nothing_of_the_emulator() -> None:
+    modules = sources()
+    assert {"ttmirror.impl.tt_backend", "ttmirror.serving.backend",
+            "ttmirror.emulator.entry"} <= set(modules)
+    assert emulator_reached(modules) == []
+    # The emulator does plug in: its entry points name it, and it imports the mirror's seam.
+    pyproject = (ROOT / "pyproject.toml").read_text()
+    assert 'emulated = "ttmirror.emulator:Emulator"' in pyproject
+    assert 'emulated = "ttmirror.emulator.decoder:DeviceDecoder"' in pyproject
+
+
+def test_the_emulator_rule_catches_a_planted_import() -> None:
+    modules = sources()
+    planted = dict(modules)
+    path, source = modules["ttmirror.impl.ring"]  # the twin: the ring reaching for the emulator
+    planted["ttmirror.impl.ring"] = (
+        path, source + "\nfrom ..emulator.device import EmulatedMeshDevice\n")
+    found = emulator_reached(planted)
+    assert any(f.startswith("ttmirror.impl.ring reaches ttmirror.emulator") for f in found)
+    # ...and whatever imports the ring reaches it too, the serving engine included.
+    assert any(f.startswith("ttmirror.serving.") for f in found)
 
 
 def test_the_model_is_pure_and_only_conformance_imports_model_and_mirror() -> None:
@@ -190,7 +234,7 @@ def test_only_the_entry_point_builds_an_emulated_device() -> None:
                 "EmulatedMeshDevice"
             ):
                 builders.append(name)
-    assert builders == ["ttmirror.impl.device.entry"]
+    assert builders == ["ttmirror.emulator.entry"]
 
 
 def test_ttnn_is_patched_only_by_the_routing_module() -> None:
@@ -201,7 +245,7 @@ def test_ttnn_is_patched_only_by_the_routing_module() -> None:
             continue  # tests may monkeypatch
         if pattern.search(source):
             patchers.append(name)
-    assert patchers == ["ttmirror.impl.device.routing"]
+    assert patchers == ["ttmirror.emulator.routing"]
 
 
 def _layout_rows() -> dict[str, tuple[str, str]]:
@@ -226,7 +270,7 @@ def test_readme_layout_table_matches_the_tree() -> None:
             assert module_name(ROOT / folder / "__init__.py") == name
 
 
-@pytest.mark.parametrize("folder", ["impl", "impl/device", "serving"])
+@pytest.mark.parametrize("folder", ["impl", "emulator", "serving"])
 def test_readme_names_every_module_of_the_core_packages(folder: str) -> None:
     what = _layout_rows()[folder][1]
     modules = sorted(p.name for p in (ROOT / folder).glob("*.py") if p.name != "__init__.py")

@@ -195,7 +195,7 @@ def cmd_tlc(ns: argparse.Namespace) -> int:
 
 
 def cmd_info(ns: argparse.Namespace) -> int:
-    from .impl.info import backend_info  # imports ttnn and torch: only when asked
+    from .info import backend_info  # imports ttnn and torch: only when asked
 
     try:
         info = backend_info(ns.backend, ns.async_scheduling)

@@ -288,7 +288,7 @@ def _walk_mode(backend: str) -> str:
     saved); from-initial: every walk starts at the initial state (a chip)."""
     if backend == "cpu":
         return "branches"
-    from .impl.device.detect import chip_present
+    from .impl.devices import chip_present
 
     return "from-initial" if chip_present() else "branches"
 

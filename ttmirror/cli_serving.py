@@ -183,10 +183,10 @@ def _open_engine(ns: argparse.Namespace, model: DecoderModel) -> tuple[ServingBa
     sampling = SamplingParams(seed=ns.seed) if ns.sampling == "seeded" else SamplingParams()
     options: dict[str, Any] = {}
     if ns.backend == "tt":
+        from .emulator import Emulator
+        from .emulator.decoder import dram_bytes
+        from .emulator.device import DEFAULT_DRAM_SIZE
         from .impl.backend import padded_rows
-        from .impl.device import Emulator
-        from .impl.device.device import DEFAULT_DRAM_SIZE
-        from .serving.device_decoder import dram_bytes
 
         # Without a chip: an emulated device with room for the model's vocabulary.
         options["emulator"] = Emulator(

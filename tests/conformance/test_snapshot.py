@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from ttmirror.conformance.lockstep import DROPS, Lockstep, Move
-from ttmirror.impl.device import readbacks
+from ttmirror.emulator import readbacks
 from ttmirror.model.actions import Action
 from ttmirror.model.state import Bounds
 
@@ -115,7 +115,7 @@ def test_copies_are_independent() -> None:
 
 
 def test_a_discarded_copy_leaves_routing_to_the_open_devices() -> None:
-    from ttmirror.impl.device import routing
+    from ttmirror.emulator import routing
 
     ls = Lockstep(BOUNDS, "tt", refused=set())
     try:
@@ -140,7 +140,7 @@ def test_weak_references_copy_as_weak_references() -> None:
     a readback's `HostRead.target()` and the readback registry call), not some other object."""
     import weakref
 
-    from ttmirror.impl.device.snapshot import restore, snapshot
+    from ttmirror.emulator.snapshot import restore, snapshot
 
     held = Referent()
     gone = weakref.ref(Referent())
@@ -155,8 +155,8 @@ def test_a_threaded_device_refuses_a_snapshot_in_one_line() -> None:
 
     import ttnn
 
-    from ttmirror.impl.device import Emulator, ThreadedScheduler, open_device
-    from ttmirror.impl.device.snapshot import snapshot
+    from ttmirror.emulator import Emulator, ThreadedScheduler, open_device
+    from ttmirror.emulator.snapshot import snapshot
 
     device = open_device(emulator=Emulator(scheduler=ThreadedScheduler), emulated=True)
     try:

@@ -8,9 +8,9 @@ import pytest
 import torch
 import ttnn
 
-from ttmirror.impl.device import EmulatedMeshDevice, Emulator, open_device
-from ttmirror.impl.device.hazards import HazardMode
-from ttmirror.impl.device.schedulers import ManualScheduler, Scheduler
+from ttmirror.emulator import EmulatedMeshDevice, Emulator, open_device
+from ttmirror.emulator.hazards import HazardMode
+from ttmirror.emulator.schedulers import ManualScheduler, Scheduler
 
 DRAM = 1 << 20  # small DRAM keeps device creation cheap
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from ttmirror.impl.device.allocator import ALIGNMENT, FILL_BYTE, DramAllocator
+from ttmirror.emulator.allocator import ALIGNMENT, FILL_BYTE, DramAllocator
 
 
 def test_first_fit_bottom_up_and_immediate_reuse() -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 import ttnn
 
-from ttmirror.impl.device import SeededScheduler
+from ttmirror.emulator import SeededScheduler
 
 from .conftest import host_ids, on_device, open_emulated, values_of
 

@@ -9,7 +9,7 @@ import pytest
 import torch
 import ttnn
 
-from ttmirror.impl.device import EmulatedMeshDevice, HazardError, HazardKind
+from ttmirror.emulator import EmulatedMeshDevice, HazardError, HazardKind
 
 WAITS = ("op_event", "write_event", "last_op_event", "read_event")
 

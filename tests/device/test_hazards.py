@@ -7,7 +7,7 @@ import gc
 import pytest
 import ttnn
 
-from ttmirror.impl.device import EmulatedMeshDevice, HazardError, HazardKind
+from ttmirror.emulator import EmulatedMeshDevice, HazardError, HazardKind
 
 from .conftest import host_ids, on_device, values_of
 

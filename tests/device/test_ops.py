@@ -6,12 +6,9 @@ import pytest
 import torch
 import ttnn
 
-from ttmirror.impl.device import (
-    EmulatedMeshDevice,
-    bind_sampling_identity,
-    sampling_uniform,
-    seeded_sample,
-)
+from ttmirror.emulator import EmulatedMeshDevice
+from ttmirror.impl.devices import bind_sampling_identity
+from ttmirror.impl.sampling import sampling_uniform, seeded_sample
 
 from .conftest import on_device, values_of
 

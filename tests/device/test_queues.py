@@ -7,7 +7,7 @@ import pytest
 import torch
 import ttnn
 
-from ttmirror.impl.device import EmulatedMeshDevice
+from ttmirror.emulator import EmulatedMeshDevice
 
 from .conftest import host_ids, on_device, values_of
 

@@ -14,8 +14,8 @@ import pytest
 import torch
 import ttnn
 
-from ttmirror.impl.device import EmulatedMeshDevice, device_info, open_device, routing
-from ttmirror.impl.device.detect import chip_count
+from ttmirror.emulator import EmulatedMeshDevice, open_device, routing
+from ttmirror.impl.devices import chip_count, device_info
 
 from .conftest import open_emulated
 
@@ -50,17 +50,22 @@ def snapshot():
 
 before = snapshot()
 imported = []
-for package in ("ttmirror.impl", "ttmirror.serving"):
+def walk(package):
     root = importlib.import_module(package)
     imported.append(package)
     for info in pkgutil.walk_packages(root.__path__, package + "."):
         importlib.import_module(info.name)
         imported.append(info.name)
+
+walk("ttmirror.impl")
+walk("ttmirror.serving")
+chip_side_loaded = sorted(m for m in sys.modules if m.startswith("ttmirror.emulator"))
+walk("ttmirror.emulator")
 after_import = snapshot()
 
 from ttmirror.impl.backend import get_backend
 from ttmirror.impl.cpu_backend import CpuBackend
-from ttmirror.impl.info import backend_info
+from ttmirror.info import backend_info
 from ttmirror.impl.resolution import resolve
 from ttmirror.impl.tt_backend import TtBackend
 from ttmirror.serving.backend import ServingBackend
@@ -74,7 +79,8 @@ for backend in built:
     backend.info()
 info = backend_info("tt")
 after_build = snapshot()
-print(json.dumps({"imported": imported, "before": before, "after_import": after_import,
+print(json.dumps({"imported": imported, "before": before, "chip_side": chip_side_loaded,
+                  "after_import": after_import,
                   "after_build": after_build, "device": info["device"],
                   "routing_active": info["details"]["routing_active"]}))
 """
@@ -88,8 +94,10 @@ def test_importing_ttmirror_and_building_backends_leave_ttnn_untouched() -> None
     )
     seen = json.loads(out.stdout.strip().splitlines()[-1])
     # The walk really imported the mirror, the emulated device and the serving engine.
-    assert {"ttmirror.impl.tt_backend", "ttmirror.impl.device.routing",
-            "ttmirror.impl.device.entry", "ttmirror.serving.batching"} <= set(seen["imported"])
+    assert {"ttmirror.impl.tt_backend", "ttmirror.emulator.routing",
+            "ttmirror.emulator.entry", "ttmirror.serving.batching"} <= set(seen["imported"])
+    # Importing every module of the mirror and of the serving engine loads no emulator module.
+    assert seen["chip_side"] == []
     assert seen["after_import"] == seen["before"]
     assert seen["after_build"] == seen["before"]
     assert seen["routing_active"] is False
@@ -147,7 +155,7 @@ def test_open_device_opens_the_chip_when_one_is_present(monkeypatch: pytest.Monk
         opened.append(kwargs)
         return "the chip's MeshDevice"
 
-    monkeypatch.setattr("ttmirror.impl.device.entry.chip_present", lambda: True)
+    monkeypatch.setattr("ttmirror.emulator.entry.chip_present", lambda: True)
     monkeypatch.setattr(ttnn, "open_mesh_device", chip_open)
     assert open_device(num_command_queues=2, trace_region_size=4096) == "the chip's MeshDevice"
     assert opened == [{"num_command_queues": 2, "trace_region_size": 4096, "l1_small_size": 0}]
@@ -161,7 +169,7 @@ def test_no_chip_here_and_ttnn_says_so() -> None:
         ttnn.GetNumAvailableDevices()
     info = device_info()
     assert info["device"] == "emulated" and info["chips"] == 0 and info["ttnn"] == "0.81.1"
-    assert info["emulated"]["entry_point"] == "ttmirror.impl.device.open_device"
+    assert info["emulated"]["entry_point"] == "ttmirror.emulator.open_device"
     device = open_device()  # no chip: the entry point gives the emulated device
     assert isinstance(device, EmulatedMeshDevice) and device_info()["routing_active"]
     ttnn.close_mesh_device(device)
@@ -169,6 +177,6 @@ def test_no_chip_here_and_ttnn_says_so() -> None:
 
 
 def test_device_info_reports_a_chip_when_one_is_counted(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("ttmirror.impl.device.info.chip_count", lambda: 1)
+    monkeypatch.setattr("ttmirror.impl.devices.chip_count", lambda: 1)
     info = device_info()
     assert info["device"] == "chip" and "emulated" not in info

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import ttnn
 
-from ttmirror.impl.device import EmulatedMeshDevice
-from ttmirror.impl.device.signatures import introspect, parse_docstring_args
+from ttmirror.emulator import EmulatedMeshDevice
+from ttmirror.emulator.signatures import introspect, parse_docstring_args
 
 from .conftest import on_device
 

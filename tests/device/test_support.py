@@ -1,6 +1,6 @@
 """The emulated device refuses what a chip refuses: each op's documented dtypes, layouts and shapes.
 
-The table (`impl/device/support.py`) is read back against the installed docstrings; every op the
+The table (`emulator/support.py`) is read back against the installed docstrings; every op the
 mirror path uses is called once outside its documented rows (the chip's TT_FATAL) and once inside
 them (the golden result); the check holds inside a trace capture too. TILE tensors keep their
 padded shape, and layout conversions are device commands.
@@ -16,14 +16,9 @@ import pytest
 import torch
 import ttnn
 
-from ttmirror.impl.device import (
-    EmulatedMeshDevice,
-    HazardError,
-    bind_sampling_identity,
-    ops,
-    support,
-)
-from ttmirror.impl.device.support import OpNotSupported, Row, row
+from ttmirror.emulator import EmulatedMeshDevice, HazardError, ops, support
+from ttmirror.emulator.support import OpNotSupported, Row, row
+from ttmirror.impl.devices import bind_sampling_identity
 
 TILE, RM = ttnn.TILE_LAYOUT, ttnn.ROW_MAJOR_LAYOUT
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 import ttnn
 
-from ttmirror.impl.device import ThreadedScheduler
+from ttmirror.emulator import ThreadedScheduler
 
 from .conftest import open_emulated
 from .test_handshake import run_handshake

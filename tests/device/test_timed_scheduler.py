@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import ttnn
 
-from ttmirror.impl.device import TimedScheduler
+from ttmirror.emulator import TimedScheduler
 
 from .conftest import host_ids, on_device, open_emulated
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import ttnn
 
-from ttmirror.impl.device import EmulatedMeshDevice, HazardError, HazardKind
+from ttmirror.emulator import EmulatedMeshDevice, HazardError, HazardKind
 
 from .conftest import host_ids, on_device, open_emulated, values_of
 

@@ -8,7 +8,7 @@ from collections.abc import Iterator
 import pytest
 import ttnn
 
-from ttmirror.impl.device import EmulatedMeshDevice, Emulator, SeededScheduler, open_device
+from ttmirror.emulator import EmulatedMeshDevice, Emulator, SeededScheduler, open_device
 from ttmirror.impl.tt_backend import TtBackend
 
 DRAM = 4 << 20

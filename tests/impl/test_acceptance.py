@@ -14,8 +14,8 @@ from dataclasses import dataclass
 import pytest
 import ttnn
 
+from ttmirror.emulator import Emulator, SeededScheduler, open_device
 from ttmirror.impl.cpu_backend import CpuBackend
-from ttmirror.impl.device import Emulator, SeededScheduler, open_device
 from ttmirror.impl.probe import ProbeReference, ProbeSpec
 from ttmirror.impl.runner import Status
 from ttmirror.impl.tt_backend import TtBackend

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from ttmirror import specdoc
-from ttmirror.impl.calls import step_calls
+from ttmirror.emulator.calls import step_calls
 
 
 @pytest.fixture(scope="module")

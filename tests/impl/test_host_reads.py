@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from ttmirror.impl.device import EmulatedMeshDevice
+from ttmirror.emulator import EmulatedMeshDevice
 from ttmirror.impl.tt_backend import TtBackend
 from ttmirror.serving.engine import Engine, EngineConfig
 

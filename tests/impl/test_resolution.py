@@ -8,8 +8,7 @@ import pytest
 
 from ttmirror.impl.backend import Backend, Mirror, MirrorSpec, get_backend
 from ttmirror.impl.cpu_backend import CpuBackend
-from ttmirror.impl.device import device_info
-from ttmirror.impl.info import backend_info
+from ttmirror.impl.devices import device_info
 from ttmirror.impl.resolution import (
     AsyncSchedulingUnsupported,
     resolve,
@@ -17,6 +16,7 @@ from ttmirror.impl.resolution import (
     runner_supports_async,
 )
 from ttmirror.impl.tt_backend import TtBackend
+from ttmirror.info import backend_info
 from ttmirror.serving.engine import Engine, EngineConfig
 
 

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 import ttnn
 
-from ttmirror.impl.device import EmulatedMeshDevice, HazardError, HazardKind
+from ttmirror.emulator import EmulatedMeshDevice, HazardError, HazardKind
 from ttmirror.impl.probe import ProbeReference, ProbeSpec
 from ttmirror.impl.tt_backend import TtBackend, TtMirror
 from ttmirror.serving.engine import Engine, EngineConfig

@@ -24,9 +24,10 @@ import ttnn
 
 from ttmirror.conformance.serving import logprob_errors
 from ttmirror.conformance.validate import bounds_of, validate
+from ttmirror.emulator import Emulator, SeededScheduler, open_device
+from ttmirror.emulator.decoder import dram_bytes
 from ttmirror.impl import faults
 from ttmirror.impl.backend import padded_rows
-from ttmirror.impl.device import Emulator, SeededScheduler, open_device
 from ttmirror.impl.events import Event
 from ttmirror.impl.probe import ProbeReference
 from ttmirror.impl.runner import Status
@@ -34,7 +35,6 @@ from ttmirror.impl.tt_backend import TtBackend
 from ttmirror.serving.backend import ServingBackend
 from ttmirror.serving.batching import ServingConfig, ServingEngine
 from ttmirror.serving.context import SamplingParams
-from ttmirror.serving.device_decoder import dram_bytes
 from ttmirror.serving.models import (
     CHECKPOINTS,
     TINY,
@@ -568,7 +568,7 @@ def test_greedy_logprobs_name_the_argmax_and_match_the_model(trace: bool) -> Non
 def test_twin_logprobs_copied_after_the_event_are_a_hazard() -> None:
     # Planted: the logprob ring's copy is enqueued after the ids' event, so synchronising that
     # event does not cover it; reading it is the unsynchronised-readback hazard, raised.
-    from ttmirror.impl.device import HazardError
+    from ttmirror.emulator import HazardError
 
     plan = [_with_logprobs(p) for p in standard_plan(_model("probe").vocab)]
     with faults.planted("logprobs-after-event"), pytest.raises(

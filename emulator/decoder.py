@@ -1,4 +1,6 @@
-"""The serving forward on a TT device: the decoder step as a device op, the sampler into the slot.
+"""The serving engine's forward on the emulated device: the decoder step as a device op, the
+sampler into the slot. The serving engine gets it through its entry point group
+``ttmirror.serving.decoders`` (name "emulated", `ttmirror.serving.decoders`), never by import.
 
     stage(rows)                      copy_host_to_device_tensor of the step's context inputs (CQ0)
     forward(input_ids, positions, slot), all on CQ0, greedy:
@@ -13,12 +15,12 @@
       sampled_logprobs               log-softmax of the logits, the sampled id's logprob and the
                                      top n, into the slot's logprob part (read back with the ids)
 
-Every ttnn call is one the installed ttnn documents (`impl/device/support.py`): argmax over
+Every ttnn call is one the installed ttnn documents (`support.py`): argmax over
 dimension rank-2 writes UINT32 ROW_MAJOR; `sampling` takes bfloat16 TILE values whose last
 dimension Vp is a power-of-2 multiple of 32, so the vocabulary is padded to Vp with -inf logits
 (never drawn) and index 0.
 
-The decoder op's numerics are `serving_context.decode_rows` (a torch function over the model):
+The decoder op's numerics are `serving.context.decode_rows` (a torch function over the model):
 on the emulated device it is a program on the command queue like any ttnn op, reading and writing
 DRAM when the queue reaches it, so it is ordered by the queue, visible to the hazard checks, and
 traceable; `sampled_logprobs` is a program of the same kind. No ttnn kernel computes a
@@ -36,10 +38,8 @@ from typing import Any
 import torch
 import ttnn
 
-from ..impl.device import EmulatedMeshDevice, bind_sampling_identity
-from ..impl.device.commands import Kernel, Program, register_kernel
 from ..impl.ring import LogprobSlot
-from .context import (
+from ..serving.context import (
     BANNED,
     NO_ROWS,
     ContextRows,
@@ -50,7 +50,9 @@ from .context import (
     row_sampling,
     token_logprobs,
 )
-from .models import DecoderModel
+from ..serving.models import DecoderModel
+from .commands import Kernel, Program, register_kernel
+from .device import EmulatedMeshDevice
 
 
 def _allocate(device: Any, shape: list[int], dtype: ttnn.DataType) -> ttnn.Tensor:
@@ -297,7 +299,7 @@ class DeviceDecoder:
             if self.sampling.greedy:
                 ttnn.argmax(self.logits, dim=2, keepdim=True, output_tensor=slot)
             else:
-                bind_sampling_identity(self.device, self.request, positions)
+                self.device.bind_sampling_identity(self.request, positions)
                 ttnn.typecast(self.logits, ttnn.bfloat16, output_tensor=self.values)
                 ttnn.sampling(
                     self.values,

@@ -24,10 +24,10 @@ from typing import Any
 
 import ttnn
 
+from ..impl.devices import chip_present
 from . import device as device_module
 from . import ops, readbacks, support
 from .commands import MeshEvent
-from .detect import chip_present
 from .device import EmulatedMeshDevice
 from .signatures import Signature, introspect, introspect_method
 from .tensors import DeviceTensor

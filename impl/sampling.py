@@ -1,4 +1,6 @@
-"""Seeded sampling for the emulated `ttnn.sampling` (its golden function is a stub).
+"""The seeded sampler in torch: what the cpu backend and the probe's reference draw with, and
+what the emulated `ttnn.sampling` computes (its golden function is a stub), so the backends agree
+token for token. A chip's `ttnn.sampling` draws with its own generator.
 
 The randomness of one sampled token depends on (seed, request, position) only: never on the row
 a request occupies nor on the step that happens to run it. (Upstream, aligning the device RNG to

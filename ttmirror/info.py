@@ -2,15 +2,15 @@
 
 No chip is opened. For the tt backend, the ttnn ops of one steady decode step are listed with the
 documented rule each argument satisfies; they are found by running three steps of the mirror on
-an emulated device (`calls.py`), and are the same calls a chip would get.
+an emulated device (`emulator/calls.py`), and are the same calls a chip would get.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from .backend import get_backend
-from .resolution import resolve
+from .impl.backend import get_backend
+from .impl.resolution import resolve
 
 
 def backend_info(name: str, async_scheduling: str = "auto") -> dict[str, Any]:
@@ -29,7 +29,7 @@ def backend_info(name: str, async_scheduling: str = "auto") -> dict[str, Any]:
         "details": backend.info(),
     }
     if name == "tt":
-        from .calls import step_calls
+        from .emulator.calls import step_calls
 
         eager, traced = step_calls(), step_calls(trace=True)
         info["ops"] = eager["ops"]

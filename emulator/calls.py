@@ -3,7 +3,7 @@
 `step_calls()` runs the tt mirror (the probe model) on an emulated device for three steps of
 two requests at depth 2, and reports the third: a step whose rows read their newest token from
 the previous step's slot. It lists each ttnn op the step issues with, per tensor argument, its
-dtype, layout and shape and the documented rule it satisfies (`device/support.py`), and counts
+dtype, layout and shape and the documented rule it satisfies (`support.py`), and counts
 the device commands the step costs, eagerly and with the decode step captured as a trace. The
 calls are the same on a chip; only the emulated device can count them here.
 """
@@ -15,9 +15,10 @@ from typing import Any
 
 import ttnn
 
-from .device import Emulator, open_device, routing, support
-from .runner import Runner, RunnerConfig
-from .tt_backend import TtBackend
+from ..impl.runner import Runner, RunnerConfig
+from ..impl.tt_backend import TtBackend
+from . import routing, support
+from .entry import Emulator, open_device
 
 STEPS = 3
 """Steps run; the last one is measured (step 1 prefills, step 2 already reads the mirror)."""

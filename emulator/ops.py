@@ -15,9 +15,9 @@ from typing import Any
 import torch
 import ttnn
 
+from ..impl.sampling import sample_rows
 from .commands import Kernel, KernelFn, Program, register_kernel
 from .device import EmulatedMeshDevice
-from .sampling import sample_rows
 from .tensors import DeviceTensor, torch_dtype
 
 Bound = dict[str, Any]
@@ -238,7 +238,7 @@ def sampling(bound: Bound, cq: int) -> DeviceTensor:
     if device.sampling_identity is None:
         raise RuntimeError(
             "emulated ttnn.sampling needs each row's (request, position): bind them with "
-            "ttmirror.impl.device.bind_sampling_identity(device, request_ids, positions) (a no-op "
+            "ttmirror.impl.devices.bind_sampling_identity(device, request_ids, positions) (a no-op "
             "on a chip)"
         )
     requests, positions = device.sampling_identity

@@ -1,0 +1,50 @@
+"""An emulated Tenstorrent device behind the real ttnn API: the mirror's only stand-in for
+silicon here. Nothing in `ttmirror.impl` or `ttmirror.serving` imports this package; it plugs
+into the mirror's device seam (`ttmirror.impl.devices`) through the entry point group
+``ttmirror.devices``, and its serving decoder op (`decoder.py`) into the serving engine's through
+``ttmirror.serving.decoders`` (both declared in pyproject.toml).
+
+`Emulator` (`entry.py`) is the provider, `open_device()` the way to a device by hand: on a
+machine with a chip it opens the chip; without one it builds an `EmulatedMeshDevice` and routes
+ttnn's device-side calls on emulated objects to it (`routing.py`) until the device closes. The
+emulated device has in-order command queues that complete only when advanced, events that order
+them, trace capture and replay at fixed addresses, a first-fit DRAM allocator that reuses freed
+addresses, and hazard reports.
+
+    from ttmirror.emulator import Emulator, SeededScheduler, open_device
+    dev = open_device(num_command_queues=2, trace_region_size=1 << 20,
+                      emulator=Emulator(scheduler=lambda: SeededScheduler(seed=1)))
+    ...  # the TT code, unchanged, against `ttnn`
+    dev.ready_commands(); dev.step(0)  # emulated only: complete CQ0's next command by hand
+    dev.hazards.counts                 # hazards by kind; HazardError raised in "raise" mode
+    ttnn.close_mesh_device(dev)        # the last emulated device to close restores ttnn
+
+Importing this package changes nothing in ttnn. `ttmirror.impl.devices.device_info()` says which
+device a backend would use: {"device": "chip" | "emulated", ...}.
+"""
+
+from .commands import Command, MeshEvent, MeshTraceId
+from .device import EmulatedMeshDevice
+from .entry import Emulator, open_device
+from .hazards import Hazard, HazardError, HazardKind, HazardLog
+from .schedulers import ManualScheduler, SeededScheduler, ThreadedScheduler, TimedScheduler
+from .tensors import DeviceTensor, HostReadback
+
+__all__ = [
+    "Command",
+    "DeviceTensor",
+    "EmulatedMeshDevice",
+    "Emulator",
+    "Hazard",
+    "HazardError",
+    "HazardKind",
+    "HazardLog",
+    "HostReadback",
+    "ManualScheduler",
+    "MeshEvent",
+    "MeshTraceId",
+    "SeededScheduler",
+    "ThreadedScheduler",
+    "TimedScheduler",
+    "open_device",
+]

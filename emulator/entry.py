@@ -1,0 +1,91 @@
+"""The entry point: the emulated device as a device provider of the mirror's seam
+(`ttmirror.impl.devices`), and `open_device()` for code that wants one by hand.
+
+This is the one place where an emulated device comes into being. `Emulator` is the provider the
+package declares in the entry point group ``ttmirror.devices`` (pyproject.toml), so the mirror
+gets it, with its default options, wherever no chip is present, without importing this package.
+`Emulator(...).open(...)` builds an `EmulatedMeshDevice` and attaches it to the routing
+(`routing.py`): from then until the last emulated device closes (`ttnn.close_mesh_device`, or
+`device.close()`), ttnn's device-side calls on emulated objects reach it, and afterwards ttnn is
+exactly as it was. `ttnn.open_mesh_device` itself is never replaced: no other call yields an
+emulated device.
+
+    device = open_device(num_command_queues=2, trace_region_size=1 << 20)
+    ...  # the TT code, unchanged, against `ttnn`
+    ttnn.close_mesh_device(device)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from ..impl.devices import CHIP, chip_present
+from . import routing
+from .device import DEFAULT_DRAM_SIZE, EmulatedMeshDevice
+from .hazards import HazardMode
+from .schedulers import ManualScheduler, Scheduler
+
+
+@dataclass(frozen=True)
+class Emulator:
+    """How an emulated device is built: a `DeviceProvider` of kind "emulated"."""
+
+    scheduler: Callable[[], Scheduler] = ManualScheduler
+    """Builds the device's scheduler: who completes queued commands, and when."""
+    hazard_mode: HazardMode = "raise"
+    """"raise": a hazard raises at the call that makes it; "count": it is only logged."""
+    dram_size: int = DEFAULT_DRAM_SIZE
+
+    kind = "emulated"
+
+    def open(self, *, num_command_queues: int = 2, trace_region_size: int = 0,
+             l1_small_size: int = 0) -> EmulatedMeshDevice:
+        """A new emulated 1x1 mesh device, with ttnn routed to it until it closes."""
+        device = EmulatedMeshDevice(
+            num_command_queues=num_command_queues,
+            trace_region_size=trace_region_size,
+            l1_small_size=l1_small_size,
+            dram_size=self.dram_size,
+            scheduler=self.scheduler(),
+            hazard_mode=self.hazard_mode,
+        )
+        routing.attach(device)
+        return device
+
+    def owns(self, device: Any) -> bool:
+        return isinstance(device, EmulatedMeshDevice)
+
+    def bind_sampling_identity(self, device: Any, request_ids: Any, positions: Any) -> None:
+        device.bind_sampling_identity(request_ids, positions)
+
+    def info(self) -> dict[str, Any]:
+        return {
+            "routing_active": routing.active(),
+            "emulated_devices_open": len(routing.open_devices()),
+            "emulated": {
+                "entry_point": "ttmirror.emulator.open_device",
+                "max_command_queues": 2,
+                "dram_bytes": self.dram_size,
+                "scheduler": getattr(self.scheduler, "__name__", "?"),
+                "hazard_mode": self.hazard_mode,
+            },
+        }
+
+
+def open_device(
+    *,
+    num_command_queues: int = 2,
+    trace_region_size: int = 0,
+    l1_small_size: int = 0,
+    emulator: Emulator | None = None,
+    emulated: bool | None = None,
+) -> Any:
+    """A 1x1 mesh device: the chip's when one is present, else an emulated one built as
+    `emulator`. `emulated=True` forces the emulated device (tests beside a chip)."""
+    if emulated is None:
+        emulated = not chip_present()
+    provider = (emulator or Emulator()) if emulated else CHIP
+    return provider.open(num_command_queues=num_command_queues,
+                         trace_region_size=trace_region_size, l1_small_size=l1_small_size)
