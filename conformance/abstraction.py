@@ -13,7 +13,7 @@ model                  implementation                               note
 allocated, next_slot   same fields                                  exact
 queue[q].slot,         StepView.slot, src_slot, phase               exact; phases by name
 src_slot, phase
-queue[q].rows[i]       RowView(req, pos, prev_row, live, partial)   a dropped row (live False)
+queue[q].rows[i]       impl Row(req, pos, prev_row, live, partial)  a dropped row (live False)
 req, pos, prev_row,                                                 maps to the model's DEAD_ROW
 live, partial
 rows[i].consumed       the combine's output ids (device data),      once its command completed;
@@ -50,21 +50,20 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
-from ..impl import runner
-from ..impl.runner import PLACEHOLDER_ID, RowView, RunnerView
-from ..model.state import GARBAGE, PLACEHOLDER, Phase, State, Status, Token
+from ..impl import rows, runner
+from ..impl.runner import PLACEHOLDER_ID, RunnerView
+from ..model.actions import DEAD_ROW
+from ..model.state import GARBAGE, PLACEHOLDER, Phase, Row, State, Status, Token
 from .observe import Observed
 
 PENDING = "pending"
 """A slot's content while the sampler that writes it has not completed on the device."""
 UINT32 = 0xFFFFFFFF
 
-type ARow = tuple[int, int, int | None, bool, Token | None, bool]
-"""(req, pos, prev_row, live, consumed, partial)."""
 type Content = tuple[Token, ...] | str | None
 
-DEAD: ARow = (-1, 0, None, False, None, False)
-"""The model's DEAD_ROW, projected."""
+DEAD = DEAD_ROW
+"""What any dropped row is, on both sides: the model's DEAD_ROW."""
 
 
 class AStep(NamedTuple):
@@ -72,7 +71,8 @@ class AStep(NamedTuple):
     src_slot: int | None
     phase: str
     """The phase's name, shared by the model's `Phase` and the runner's."""
-    rows: tuple[ARow, ...]
+    rows: tuple[Row, ...]
+    """The model's rows; `consumed` is None until the combine's output is seen."""
     host_copy: tuple[Token, ...] | None
 
 
@@ -148,8 +148,7 @@ def project(s: State, seen: Seen) -> Abstract:
             src_slot=step.src_slot,
             phase=step.phase.name,
             rows=tuple(
-                (r.req, r.pos, r.prev_row, r.live, r.consumed if combined else None, r.partial)
-                if r.live else DEAD
+                (r if combined else r._replace(consumed=None)) if r.live else DEAD
                 for r in step.rows
             ),
             host_copy=step.host_copy,
@@ -229,11 +228,13 @@ def abstract(view: RunnerView, context: Context, observed: Observed | None, seen
     return Abstract(view.allocated, view.next_slot, tuple(queue), tuple(slots), tuple(requests))
 
 
-def _row(context: Context, row: RowView, consumed: tuple[int, ...] | None, i: int) -> ARow:
+def _row(context: Context, row: rows.Row, consumed: tuple[int, ...] | None, i: int) -> Row:
+    """The implementation's row as the model's: the consumed id, when seen, as a token."""
     if not row.live:
         return DEAD
     token = None if consumed is None else context.token(row.req, row.pos, consumed[i])
-    return (row.req, row.pos, row.prev_row, True, token, row.partial)
+    return Row(req=row.req, pos=row.pos, prev_row=row.prev_row, consumed=token, live=True,
+               partial=row.partial)
 
 
 def _content(context: Context, writer: int, ids: tuple[int, ...]) -> tuple[Token, ...]:
@@ -274,12 +275,12 @@ def diff(expected: Abstract, got: Abstract) -> list[str]:
                 continue
             if f == "rows" and len(x) == len(y):
                 for i, (rx, ry) in enumerate(zip(x, y, strict=True)):
-                    if rx[4] != ry[4]:
-                        out.append(f"queue[{q}].rows[{i}].consumed (device data): model {rx[4]} "
-                                   f"!= impl {ry[4]}")
-                    if rx[:4] + rx[5:] != ry[:4] + ry[5:]:
-                        out.append(f"queue[{q}].rows[{i}] (req, pos, prev_row, live, partial): "
-                                   f"model {rx[:4] + rx[5:]} != impl {ry[:4] + ry[5:]}")
+                    if rx.consumed != ry.consumed:
+                        out.append(f"queue[{q}].rows[{i}].consumed (device data): model "
+                                   f"{rx.consumed} != impl {ry.consumed}")
+                    if _books(rx) != _books(ry):
+                        out.append(f"queue[{q}].rows[{i}] ({', '.join(BOOKS)}): "
+                                   f"model {_books(rx)} != impl {_books(ry)}")
                 continue
             out.append(f"queue[{q}].{f}: model {x} != impl {y}")
     for k, (a, b) in enumerate(zip(expected.slots, got.slots, strict=True)):
@@ -292,3 +293,11 @@ def diff(expected: Abstract, got: Abstract) -> list[str]:
             if getattr(a, f) != getattr(b, f):
                 out.append(f"requests[{r}].{f}: model {getattr(a, f)} != impl {getattr(b, f)}")
     return out
+
+
+BOOKS = ("req", "pos", "prev_row", "live", "partial")
+"""A row's fields that the host's books decide (the rest, `consumed`, is device data)."""
+
+
+def _books(row: Row) -> tuple[object, ...]:
+    return tuple(getattr(row, f) for f in BOOKS)

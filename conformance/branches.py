@@ -37,7 +37,6 @@ from multiprocessing.connection import Connection, wait
 from multiprocessing.shared_memory import SharedMemory
 from typing import Any
 
-from ..impl import faults
 from ..model.actions import Action, successors
 from ..model.state import Bounds, State
 from .coverage import Coverage
@@ -83,8 +82,10 @@ class Search:
 
     def __init__(self, index: Mapping[State, int], bounds: Bounds, backend: str, *, seed: int,
                  config: str | None = None, covered: set[tuple[int, int]] | None = None,
-                 expanded: MutableSequence[int] | None = None) -> None:
+                 expanded: MutableSequence[int] | None = None, bug: str | None = None) -> None:
         self.index, self.bounds, self.backend, self.config = index, bounds, backend, config
+        self.bug = bug
+        """Planted in every run the search starts (a saved run carries it in its runner)."""
         self.covered = covered if covered is not None else set()
         self.expanded = expanded if expanded is not None else bytearray(len(index))
         self.rng = random.Random(f"branches/{seed}")
@@ -106,7 +107,7 @@ class Search:
     def start_at_initial_state(self) -> None:
         first = Lockstep(self.bounds, self.backend, prompts_from(self.base, self.bounds.requests),
                          refused=self.refused, config=self.config, sampling=self.sampling,
-                         sampling_seed=self.base)
+                         sampling_seed=self.base, bug=self.bug)
         self.stack.append(self._frame(0, first))
 
     def start_at(self, item: Item) -> None:
@@ -232,18 +233,18 @@ class Search:
 
 def run(cov: Coverage, backend: str, *, seed: int, seconds: float, until: float = 1.0,
         jobs: int = 1, progress: Progress | None = None, every: float = 5.0,
-        config: str | None = None) -> Report:
-    """Walk the edges of `cov`'s graph not walked yet, in `jobs` processes, until
-    edges_covered reaches `until`, `seconds` pass or a run fails; marks each edge walked (and
-    checked) in `cov`."""
+        config: str | None = None, bug: str | None = None) -> Report:
+    """Walk the edges of `cov`'s graph not walked yet, in `jobs` processes, `bug` planted in
+    every run, until edges_covered reaches `until`, `seconds` pass or a run fails; marks each
+    edge walked (and checked) in `cov`."""
     require_acyclic(cov.ex.graph)  # a state is expanded once: the search must end
     start = time.perf_counter()
     goal = int(until * cov.total_edges + 0.999999)
     if jobs == 1:
         report = _run_here(cov, backend, seed=seed, deadline=start + seconds, goal=goal,
-                           progress=progress, every=every, config=config)
+                           progress=progress, every=every, config=config, bug=bug)
     else:
-        report = _Master(cov, backend, seed=seed, jobs=jobs, config=config).run(
+        report = _Master(cov, backend, seed=seed, jobs=jobs, config=config, bug=bug).run(
             start + seconds, goal, progress, every)
     report.seconds = time.perf_counter() - start
     if report.failure is not None:
@@ -262,10 +263,11 @@ def _mark(cov: Coverage, report: Report, walked: list[Edge]) -> None:
 
 
 def _run_here(cov: Coverage, backend: str, *, seed: int, deadline: float, goal: int,
-              progress: Progress | None, every: float, config: str | None) -> Report:
+              progress: Progress | None, every: float, config: str | None,
+              bug: str | None) -> Report:
     report = Report(jobs=1)
     search = Search(cov.index, cov.ex.bounds, backend, seed=seed, config=config,
-                    covered=set(cov.edges))
+                    covered=set(cov.edges), bug=bug)
     start = time.perf_counter()
     next_report = start + every
 
@@ -295,11 +297,11 @@ class _Master:
     """Hands branch points to worker processes and collects the edges they walked."""
 
     def __init__(self, cov: Coverage, backend: str, *, seed: int, jobs: int,
-                 config: str | None) -> None:
+                 config: str | None, bug: str | None) -> None:
         self.cov, self.jobs = cov, jobs
         self.report = Report(jobs=jobs)
         self.shared = SharedMemory(create=True, size=max(1, len(cov.ex.states)))
-        args = (cov.ex.states, cov.ex.bounds, backend, seed, config, faults.current(),
+        args = (cov.ex.states, cov.ex.bounds, backend, seed, config, bug,
                 set(cov.edges), self.shared.name)
         self.workers = Workers.start(_serve, [(w, *args) for w in range(jobs)])
         self.conns = self.workers.conns
@@ -393,7 +395,8 @@ def _serve(worker: int, states: list[State], bounds: Bounds, backend: str, seed:
         del states
         gc.freeze()  # the index lives to the end: keep full collections from rescanning it
         search = here = Search(index, bounds, backend, seed=seed * 1000 + worker, config=config,
-                               covered=covered, expanded=memory.buf)  # type: ignore[arg-type]
+                               covered=covered, expanded=memory.buf,  # type: ignore[arg-type]
+                               bug=bug)
         sent_steps = 0
 
         def report() -> tuple[list[Edge], int]:
@@ -411,21 +414,20 @@ def _serve(worker: int, states: list[State], bounds: Bounds, backend: str, seed:
                     return False
             return True
 
-        with faults.planted(bug):
-            while (message := conn.recv())[0] != "stop":
-                if message[0] == "give":
-                    conn.send(("item", None))
-                    continue
-                if message[0] == "initial":
-                    search.start_at_initial_state()
-                else:
-                    search.start_at(message[1])
-                search.walk(time.perf_counter() + message[-1], poll)
-                if search.failure is not None:
-                    conn.send(("failure", search.failure, *report()))
-                    return
-                search.close()
-                conn.send(("idle", *report()))
+        while (message := conn.recv())[0] != "stop":
+            if message[0] == "give":
+                conn.send(("item", None))
+                continue
+            if message[0] == "initial":
+                search.start_at_initial_state()
+            else:
+                search.start_at(message[1])
+            search.walk(time.perf_counter() + message[-1], poll)
+            if search.failure is not None:
+                conn.send(("failure", search.failure, *report()))
+                return
+            search.close()
+            conn.send(("idle", *report()))
     except Exception as e:  # a harness error, not a divergence: say it in one line
         conn.send(("error", f"{type(e).__name__}: {e}"))
     finally:

@@ -15,7 +15,6 @@ from hypothesis import seed as hypothesis_seed
 from hypothesis.database import ExampleDatabase
 from hypothesis.stateful import run_state_machine_as_test
 
-from ..impl import faults
 from ..model.state import Bounds
 from . import itf
 from .configs import CONFIGS
@@ -66,7 +65,7 @@ def run(
     profile's) is where Hypothesis replays stored examples from first and saves new ones."""
     config = config or CONFIGS[backend][0]
     recorder = Recorder(on_run=on_run, deadline=deadline)
-    cls = machine(bounds, backend, recorder, config)
+    cls = machine(bounds, backend, recorder, config, bug)
     overrides: dict[str, object] = {"verbosity": Verbosity.quiet}
     if seed is not None:
         overrides["derandomize"] = False
@@ -78,13 +77,12 @@ def run(
     start = time.perf_counter()
     error: BaseException | None = None
     out_of_time = False
-    with faults.planted(bug):
-        try:
-            run_state_machine_as_test(cls, settings=settings(base, **overrides))  # type: ignore[arg-type]
-        except OutOfTime:
-            pass
-        except Exception as e:  # the shrunk failure, re-raised by Hypothesis
-            error = detached(e)  # it is the recorded failure's: re-raised, it holds frames again
+    try:
+        run_state_machine_as_test(cls, settings=settings(base, **overrides))  # type: ignore[arg-type]
+    except OutOfTime:
+        pass
+    except Exception as e:  # the shrunk failure, re-raised by Hypothesis
+        error = detached(e)  # it is the recorded failure's: re-raised, it holds frames again
     if recorder.expired:
         # Cut short, while generating or shrinking: the failing run that failed soonest (if any)
         # is the failure to report.

@@ -13,7 +13,8 @@ rule 12, checked on what the run delivered:
 - the fault really hit a full pipeline: the other in-flight step went on delivering to a
   request the fault spared.
 
-`check()` runs every scenario; `kill(bug)` does so with a planted bug of `faults.FAULT_BUGS`.
+`check()` runs every scenario; `kill(bug)` does so with a planted bug of
+`mutations.FAULT_HANDLING_BUGS`.
 """
 
 from __future__ import annotations
@@ -28,8 +29,8 @@ from typing import Any
 import ttnn
 
 from ..emulator import Emulator, HazardError, SeededScheduler, open_device
-from ..impl import faults
 from ..impl.events import Event
+from ..impl.mutations import mutations
 from ..impl.runner import Status
 from ..impl.tt_backend import TtBackend
 from ..serving.backend import ServingBackend
@@ -93,11 +94,12 @@ def open_emulated() -> Any:
 
 
 def engine_on(device: Any, *, depth2: bool = True, trace: bool = False,
-              timeout: float | None = None) -> ServingEngine:
+              timeout: float | None = None, bug: str | None = None) -> ServingEngine:
     return ServingEngine(
         ServingBackend(TtBackend(device), load_model("probe")),
         ServingConfig(async_scheduling="auto" if depth2 else "off", rows=ROWS,
-                      kv_tokens=KV_TOKENS, trace=trace, readback_timeout_s=timeout),
+                      kv_tokens=KV_TOKENS, trace=trace, readback_timeout_s=timeout,
+                      mutations=mutations([bug])),
     )
 
 
@@ -118,12 +120,14 @@ def sync_tokens() -> dict[int, list[int]]:
     return out.tokens
 
 
-def faulted_run(name: str, arm_at: int = ARM_AT) -> FaultRun:
-    """Serve the workload at depth 2 with the fault `name` armed after iteration `arm_at`."""
+def faulted_run(name: str, arm_at: int = ARM_AT, bug: str | None = None) -> FaultRun:
+    """Serve the workload at depth 2, `bug` planted, with the fault `name` armed after
+    iteration `arm_at`."""
     kind = KINDS[name]
     device = open_emulated()
     try:
-        engine = engine_on(device, trace=kind.trace, timeout=TIMEOUT_S if kind.stall else None)
+        engine = engine_on(device, trace=kind.trace, timeout=TIMEOUT_S if kind.stall else None,
+                           bug=bug)
         baseline = len(device.allocator.live)
 
         iterations = [0]
@@ -209,8 +213,9 @@ class Verdict:
 
 
 def check(kinds: list[str] | None = None,
-          on_run: Callable[[FaultRun], None] | None = None) -> Verdict:
-    """Run the scenarios (default: all) and check the promise; stop at the first failure."""
+          on_run: Callable[[FaultRun], None] | None = None, bug: str | None = None) -> Verdict:
+    """Run the scenarios (default: all), `bug` planted, and check the promise; stop at the first
+    failure."""
     started = time.perf_counter()
 
     def verdict(layer: str | None, message: str | None) -> Verdict:
@@ -218,7 +223,7 @@ def check(kinds: list[str] | None = None,
 
     for name in kinds or list(KINDS):
         try:
-            run = faulted_run(name)
+            run = faulted_run(name, bug=bug)
         except HazardError as e:
             return verdict("hazard", f"{name}: {str(e).splitlines()[0]}"[:300])
         except Exception as e:  # the implementation raised: a kill, as in the lockstep
@@ -234,6 +239,5 @@ def check(kinds: list[str] | None = None,
 
 def kill(bug: str) -> tuple[bool, Verdict]:
     """Run the scenarios with `bug` planted: (killed, what found it)."""
-    with faults.planted(bug):
-        v = check()
+    v = check(bug=bug)
     return v.layer is not None, v

@@ -27,14 +27,16 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..impl.cpu_backend import CpuBackend
+from ..impl.mutations import mutations
 from ..impl.probe import ProbeReference, ProbeSpec
 from ..impl.runner import PhaseError, Runner, RunnerConfig
 from ..model import actions as A
-from ..model.actions import Action
+from ..model.actions import Action, take
 from ..model.invariants import INVARIANTS
 from ..model.state import Bounds, State, Status, initial_state
 from .abstraction import Abstract, Context, Seen, abstract, diff, project, seen_in
 from .configs import check_config
+from .moves import EFFECT, Divergence, Move
 from .observe import DeviceObserver, HostObserver
 
 DRAM = 1 << 20
@@ -43,41 +45,6 @@ BACKENDS = ("tt", "cpu")
 DROPS = ("finish", "abort", "preempt")
 SAMPLERS = ("seeded", "greedy")
 """The probe's samplers: seeded (top-k 2, keyed by request and position) or greedy (argmax)."""
-EFFECT = "device_effect"
-"""A device move that completes commands through the next one a model effect stands for."""
-
-def model_step(s: State, b: Bounds, action: Action) -> State | None:
-    """The model's next state for `action`, or None when it is disabled."""
-    return A.take(s, b, action)
-
-
-@dataclass(frozen=True)
-class Move:
-    """One step of a run: ``kind`` is act, device or refuse; ``action`` what was done."""
-
-    kind: str
-    action: Action
-
-    def label(self) -> str:
-        if self.kind == "device" and self.action.name == EFFECT:
-            return f"device(cq={self.action.args[0]}, through the next effect)"
-        if self.kind == "device":
-            return f"device(cq={self.action.args[0]})"
-        if self.kind == "refuse":
-            return f"refuse {self.action.label()}"
-        return self.action.label()
-
-
-class Divergence(AssertionError):
-    """The implementation and the model disagree (or a model invariant broke)."""
-
-    def __init__(self, kind: str, message: str, step: int) -> None:
-        super().__init__(f"step {step}: {kind}: {message}")
-        self.kind = kind
-        self.message = message
-        self.step = step
-
-
 def detached(error: Any) -> Any:
     """`error` without its traceback (nor its causes'), for keeping once it has been caught.
 
@@ -124,11 +91,13 @@ class Lockstep:
         config: str | None = None,
         sampling: str = "greedy",
         sampling_seed: int = 0,
+        bug: str | None = None,
     ) -> None:
         """`refusals`: after every act, try every model-disabled action on the implementation;
         `refused`: model states whose refusals were already tried (skipped, and added to);
         `config`: one of `CONFIGS[backend]` (default its first); `sampling`: one of
-        `SAMPLERS`, the seeded one drawing with `sampling_seed`."""
+        `SAMPLERS`, the seeded one drawing with `sampling_seed`; `bug`: a planted bug of the
+        implementation (`impl/mutations.py`), or None."""
         if bounds.release_at != "complete":
             raise ValueError("the implementation has no --release-at issue switch; plant the "
                              "release-at-issue bug instead")
@@ -142,6 +111,7 @@ class Lockstep:
             raise ValueError(f"unknown sampler {sampling!r}; choose one of: {', '.join(SAMPLERS)}")
         self.sampling = sampling
         self.sampling_seed = sampling_seed
+        self.bug = bug
         self.bounds = bounds
         self.backend = backend
         self.config = config
@@ -162,7 +132,7 @@ class Lockstep:
             depth=bounds.depth, slots=bounds.slots, rows=max(1, bounds.requests),
             max_tokens=bounds.max_tokens, guard=bounds.guard, probe=probe,
             trace=config == "traced", preempt_policy=bounds.preempt_policy,
-            prefill_chunks=bounds.prefill_chunks,
+            prefill_chunks=bounds.prefill_chunks, mutations=mutations([bug]),
         ))
         self.observer: DeviceObserver | HostObserver | None = None
         """Sees device data as it comes into being; None before load, and on a chip."""
@@ -278,7 +248,7 @@ class Lockstep:
         for a in dict.fromkeys(candidates):
             if a.name == "schedule" and not a.args and todo:
                 continue  # an empty order when requests are eligible: same as todo[:-1] below
-            if model_step(s, loose, a) is None:
+            if take(s, loose, a) is None:
                 out.append(a)
         return out
 
@@ -288,7 +258,7 @@ class Lockstep:
         step = len(self.moves)
         nxt = expected
         if nxt is None:
-            nxt = model_step(self.state, self.bounds, action)
+            nxt = take(self.state, self.bounds, action)
         self._record(Move("act", action), nxt if nxt is not None else self.state)
         if nxt is None:
             self._fail("not-enabled", f"{action.label()} is disabled in the model", step)

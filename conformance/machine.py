@@ -169,10 +169,10 @@ def richness(ls: Lockstep) -> float:
     return float(len(kinds) + tokens + 2 * resumed)
 
 
-def machine(bounds: Bounds, backend: str, recorder: Recorder, config: str | None = None
-            ) -> type[RuleBasedStateMachine]:
-    """A RuleBasedStateMachine class for these bounds, backend and configuration, reporting to
-    `recorder`."""
+def machine(bounds: Bounds, backend: str, recorder: Recorder, config: str | None = None,
+            bug: str | None = None) -> type[RuleBasedStateMachine]:
+    """A RuleBasedStateMachine class for these bounds, backend and configuration, with `bug`
+    planted in the implementation, reporting to `recorder`."""
 
     class Conformance(RuleBasedStateMachine):
         def __init__(self) -> None:
@@ -185,7 +185,7 @@ def machine(bounds: Bounds, backend: str, recorder: Recorder, config: str | None
             # Distinct prompts per request, and the sampler (seeded first: the simplest examples
             # then test the draw's keying too); drawn, so a failure's trace says which.
             self.ls = Lockstep(bounds, backend, prompts_from(base, bounds.requests),
-                               config=config, sampling=sampling, sampling_seed=base)
+                               config=config, sampling=sampling, sampling_seed=base, bug=bug)
             # Load allocates the ring before anything else can happen; as a rule, swarm testing
             # would switch it off in a share of the examples, which then do nothing at all.
             self.ls.act(self.ls.enabled("allocate")[0])

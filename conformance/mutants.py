@@ -22,14 +22,33 @@ from typing import Any
 
 from hypothesis import Phase, settings
 
-from ..impl import faults
+from ..impl import mutations
+from ..model.actions import take
 from ..model.explore import Exploration, explore
 from ..model.state import Bounds, State, initial_state
 from . import campaign, itf, walks
 from .configs import CONFIGS
 from .coverage import Coverage
-from .lockstep import Move, model_step
+from .moves import Move
 from .replay import FAILS, replay, shrink
+
+DEVICE_HALF = frozenset(
+    {
+        "where-swapped", "mask-inverted", "gather-off-by-one", "gather-current-slot",
+        "positions-stale", "stage-cq1-no-event", "sampler-keyed-by-row", "sampler-keyed-by-step",
+    }
+)
+"""Bugs in what the device computes (the combine's ops and inputs), not the runner's books."""
+NEEDS_BOUNDS: dict[str, dict[str, int | bool]] = {
+    "prev-row-two-back": {"max_tokens": 3},
+    "partial-prefill-feeds-mirror": {"prefill_chunks": 2},
+    "host-sync-unguarded": {"host_sync": True},
+}
+"""Bounds a bug needs to occur at all (beyond the defaults): a request must have a row in three
+steps for "two back" and "one back" to differ; chunked prefill; a host-sync request."""
+TWO_QUEUES = frozenset({"readback-cq1-no-wait", "stage-cq1-no-event"})
+"""Bugs that need a second command queue: they cannot occur in the one-queue configuration."""
+
 
 LAYERS = ("device data", "host state", "refusal", "hazard", "model invariant", "crash")
 
@@ -97,9 +116,8 @@ def kill(bug: str, bounds: Bounds, backend: str, base: settings, *, walk_seconds
     else:
         cov = Coverage(explored() if explored is not None else explore(bounds))
         walk_start = time.perf_counter()
-        with faults.planted(bug):
-            walked = walks.run(cov, backend, seed=seed, until=1.0, seconds=walk_seconds,
-                               config=config)
+        walked = walks.run(cov, backend, seed=seed, until=1.0, seconds=walk_seconds,
+                           config=config, bug=bug)
         if walked.failure is not None:
             by, examples = "walk", walked.failure.walk + 1
             seconds = result.seconds + (time.perf_counter() - walk_start)
@@ -110,14 +128,12 @@ def kill(bug: str, bounds: Bounds, backend: str, base: settings, *, walk_seconds
         return Kill(bug, False, None, config, None, None, None, None, None)
 
     def fails(candidate: list[Move]) -> bool:
-        with faults.planted(bug):
-            return replay(bounds, backend, prompts, candidate, config=config,
-                          sampling=sampling, sampling_seed=sampling_seed).status == FAILS
+        return replay(bounds, backend, prompts, candidate, config=config, sampling=sampling,
+                      sampling_seed=sampling_seed, bug=bug).status == FAILS
 
     small = shrink(list(moves), fails) if shrinking else list(moves)
-    with faults.planted(bug):
-        outcome = replay(bounds, backend, prompts, small, config=config, sampling=sampling,
-                         sampling_seed=sampling_seed)
+    outcome = replay(bounds, backend, prompts, small, config=config, sampling=sampling,
+                     sampling_seed=sampling_seed, bug=bug)
     d = outcome.divergence
     if d is not None and d.kind == "harness":
         return Kill(bug, False, by, config, None, f"{d.message}"[:300], examples, None, None)
@@ -140,7 +156,7 @@ def model_states(bounds: Bounds, moves: list[Move]) -> list[State]:
     s, out = initial_state(bounds), []
     for move in moves:
         if move.kind == "act":
-            t = model_step(s, bounds, move.action)
+            t = take(s, bounds, move.action)
             s = t if t is not None else s
         out.append(s)
     return out
@@ -148,20 +164,20 @@ def model_states(bounds: Bounds, moves: list[Move]) -> list[State]:
 
 def applies(bug: str, backend: str, config: str) -> bool:
     """Can `bug` occur on `backend` in `config`? (tt-only bugs, two-queue bugs)."""
-    if backend != "tt" and bug in faults.TT_ONLY:
+    if backend != "tt" and bug in mutations.TT_ONLY:
         return False
-    return not (config == "eager-1cq" and bug in faults.TWO_QUEUES)
+    return not (config == "eager-1cq" and bug in TWO_QUEUES)
 
 
 def serving_matrix(bugs: list[str] | None = None,
                    configs: list[str] | None = None) -> list[Kill]:
-    """One kill per serving-only bug (`faults.SERVING_BUGS`) and configuration, found by the
+    """One kill per serving-only bug (`mutations.SERVING_BUGS`) and configuration, found by the
     serving half (`serving.py`: a logprob workload whose ring data is checked)."""
     from . import serving
 
     out: list[Kill] = []
     for config in configs or list(serving.CONFIGS):
-        for bug in bugs or list(faults.SERVING_BUGS):
+        for bug in bugs or list(mutations.SERVING_BUGS):
             killed, v = serving.kill(bug, config)
             out.append(Kill(bug, killed, "serving" if killed else None, config, v.layer, None,
                             1 if killed else None, v.seconds if killed else None, None,
@@ -170,12 +186,12 @@ def serving_matrix(bugs: list[str] | None = None,
 
 
 def fault_matrix(bugs: list[str] | None = None) -> list[Kill]:
-    """One kill per fault-handling bug (`faults.FAULT_BUGS`), found by the fault half
+    """One kill per fault-handling bug (`mutations.FAULT_HANDLING_BUGS`), found by the fault half
     (`fault_runs.py`: serving runs that meet one device fault each), in eager-2cq."""
     from . import fault_runs
 
     out: list[Kill] = []
-    for bug in bugs or list(faults.FAULT_BUGS):
+    for bug in bugs or list(mutations.FAULT_HANDLING_BUGS):
         killed, v = fault_runs.kill(bug)
         out.append(Kill(bug, killed, "faults" if killed else None, "eager-2cq", v.layer, None,
                         1 if killed else None, v.seconds if killed else None, None, v.message))
@@ -183,8 +199,8 @@ def fault_matrix(bugs: list[str] | None = None) -> list[Kill]:
 
 
 def bounds_for(bug: str, bounds: Bounds) -> Bounds:
-    """`bounds`, raised where `bug` needs more to occur at all (`faults.NEEDS_BOUNDS`)."""
-    needs: dict[str, Any] = faults.NEEDS_BOUNDS.get(bug, {})
+    """`bounds`, raised where `bug` needs more to occur at all (`NEEDS_BOUNDS`)."""
+    needs: dict[str, Any] = NEEDS_BOUNDS.get(bug, {})
     return bounds._replace(**needs)
 
 
@@ -198,7 +214,7 @@ def matrix(bounds: Bounds, backend: str, base: settings, *, bugs: list[str] | No
         graphs[explored.bounds] = lambda: explored
     out: list[Kill] = []
     for config in configs or [CONFIGS[backend][0]]:
-        for bug in bugs or list(faults.BUGS):
+        for bug in bugs or list(mutations.BUGS):
             if not applies(bug, backend, config):
                 continue
             b = bounds_for(bug, bounds)

@@ -13,9 +13,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from ..model.actions import take
 from ..model.state import Bounds
 from .itf import encode_state
-from .lockstep import EFFECT, Divergence, Lockstep, Move, detached, model_step, permissive
+from .lockstep import Lockstep, detached, permissive
+from .moves import EFFECT, Divergence, Move
 
 CONFORMS, FAILS, INVALID = "conforms", "fails", "invalid"
 
@@ -46,10 +48,12 @@ def replay(
     config: str | None = None,
     sampling: str = "greedy",
     sampling_seed: int = 0,
+    bug: str | None = None,
 ) -> Outcome:
-    """Run `moves` in lockstep; `claimed[i]` is the trace's encoded model state after move i."""
+    """Run `moves` in lockstep, `bug` planted in the implementation; `claimed[i]` is the trace's
+    encoded model state after move i."""
     ls = Lockstep(bounds, backend, prompts, config=config, sampling=sampling,
-                  sampling_seed=sampling_seed)
+                  sampling_seed=sampling_seed, bug=bug)
     rows: list[Row] = []
     try:
         for i, move in enumerate(moves):
@@ -87,7 +91,7 @@ def _invalid(ls: Lockstep, move: Move) -> str | None:
                                     "finish", "abort", "preempt", "resume"):
             return f"unknown action {move.action.name!r}"
         try:
-            enabled = model_step(ls.state, ls.bounds, move.action) is not None
+            enabled = take(ls.state, ls.bounds, move.action) is not None
         except (IndexError, TypeError):
             return "its arguments do not fit the action"
         if not enabled:
@@ -101,7 +105,7 @@ def _invalid(ls: Lockstep, move: Move) -> str | None:
             return "no command of a model effect can be reached on that queue"
     elif move.kind == "refuse":
         try:
-            enabled = model_step(ls.state, permissive(ls.bounds), move.action) is not None
+            enabled = take(ls.state, permissive(ls.bounds), move.action) is not None
         except (KeyError, IndexError, TypeError):
             return "not an action of this model"
         if enabled:

@@ -17,7 +17,7 @@ import torch
 import ttnn
 
 from ..emulator import Emulator, HazardError, SeededScheduler, open_device
-from ..impl import faults
+from ..impl.mutations import mutations
 from ..impl.tt_backend import TtBackend
 from ..serving.backend import ServingBackend
 from ..serving.batching import ServingConfig, ServingEngine
@@ -86,8 +86,9 @@ def logprob_errors(out: Outcome, plan: list[RequestPlan], model: DecoderModel,
 
 
 def serve(config: str, depth: int, plan: list[RequestPlan],
-          model: DecoderModel | None = None) -> Outcome:
-    """Serve `plan` on a fresh emulated device in `config` at depth 2 ("auto") or 1 ("off")."""
+          model: DecoderModel | None = None, bug: str | None = None) -> Outcome:
+    """Serve `plan` on a fresh emulated device in `config` at depth 2 ("auto") or 1 ("off"),
+    with `bug` planted."""
     model = model or ProbeDecoder()
     device = open_device(
         num_command_queues=1 if config == "eager-1cq" else 2,
@@ -99,7 +100,7 @@ def serve(config: str, depth: int, plan: list[RequestPlan],
         backend = ServingBackend(TtBackend(device), model, SamplingParams(seed=SEED))
         engine = ServingEngine(backend, ServingConfig(
             async_scheduling="auto" if depth == 2 else "off", rows=6, kv_tokens=24,
-            trace=config == "traced", max_logprobs=LOGPROBS))
+            trace=config == "traced", max_logprobs=LOGPROBS, mutations=mutations([bug])))
         try:
             return run_workload(engine, plan)
         finally:
@@ -117,8 +118,9 @@ class Verdict:
     seconds: float
 
 
-def check(config: str) -> Verdict:
-    """Serve the logprob workload at depth 2 and 1 in `config` and check what the ring carried."""
+def check(config: str, bug: str | None = None) -> Verdict:
+    """Serve the logprob workload at depth 2 and 1 in `config`, `bug` planted, and check what the
+    ring carried."""
     started = time.perf_counter()
     model = ProbeDecoder()
     plan = logprob_plan(model.vocab)
@@ -127,7 +129,8 @@ def check(config: str) -> Verdict:
         return Verdict(layer, message, round(time.perf_counter() - started, 3))
 
     try:
-        async_out, sync_out = serve(config, 2, plan, model), serve(config, 1, plan, model)
+        async_out = serve(config, 2, plan, model, bug)
+        sync_out = serve(config, 1, plan, model, bug)
     except HazardError as e:
         return verdict("hazard", str(e).splitlines()[0][:300])
     except Exception as e:  # the implementation raised: a kill, as in the lockstep
@@ -140,6 +143,5 @@ def check(config: str) -> Verdict:
 
 def kill(bug: str, config: str) -> tuple[bool, Verdict]:
     """Serve with `bug` planted in `config`: (killed, what found it)."""
-    with faults.planted(bug):
-        v = check(config)
+    v = check(config, bug)
     return v.layer is not None, v

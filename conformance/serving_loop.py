@@ -34,6 +34,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, precondition,
 from ..emulator import Emulator, SeededScheduler, TimedScheduler, open_device
 from ..emulator.decoder import dram_bytes
 from ..impl.events import Event
+from ..impl.mutations import mutations
 from ..impl.runner import CLOSED, Status
 from ..impl.tt_backend import TtBackend
 from ..serving.backend import ServingBackend
@@ -41,7 +42,8 @@ from ..serving.batching import ServingConfig, ServingEngine
 from ..serving.context import SamplingParams
 from ..serving.models import DecoderModel, load_model
 from ..serving.workload import Outcome, RequestPlan, due_for_abort, outcome_of, run_workload
-from .validate import bounds_of, validate, write_itf
+from .itf import write_events
+from .validate import bounds_of, validate
 
 MODELS = ("probe", "tiny-qwen3")
 ROWS = 4
@@ -106,6 +108,8 @@ class ServingLoop(RuleBasedStateMachine):
     """Arrivals, aborts and engine steps as rules; the whole run checked at teardown."""
 
     tally = Tally()
+    bug: str | None = None
+    """A planted bug of every run's runner (`impl/mutations.py`); the kill twin sets it."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -129,7 +133,8 @@ class ServingLoop(RuleBasedStateMachine):
              trace: bool, seed: int, times: dict[str, float]) -> None:
         self.model_name, self.seed, self.times = model, seed, times
         self.config = ServingConfig(rows=ROWS, kv_tokens=kv_tokens, preempt_policy=policy,
-                                    prefill_chunk=prefill_chunk, trace=trace)
+                                    prefill_chunk=prefill_chunk, trace=trace,
+                                    mutations=mutations([self.bug]))
         self.engine, self.device = self._engine("auto", seed, times)
         assert self.engine.max_concurrent_batches() == 2, "async scheduling did not engage"
 
@@ -261,5 +266,5 @@ def _write(events: list[Event]) -> Path:
     folder.mkdir(parents=True, exist_ok=True)
     # One name: Hypothesis replays the shrunk example last, so the file left is the minimal run.
     path = folder / FAILURE
-    write_itf(events, path)
+    write_events(events, path)
     return path

@@ -46,8 +46,9 @@ from ..serving.batching import ServingConfig, ServingEngine
 from ..serving.context import SamplingParams
 from ..serving.models import DecoderModel, load_model
 from ..serving.workload import RequestPlan, due_for_abort, run_workload
+from .itf import read_events, write_events
 from .soak_config import SoakConfig
-from .validate import bounds_of, read_itf, validate, write_itf
+from .validate import bounds_of, validate
 
 COMMON_FAULTS: tuple[tuple[str, bool], ...] = (
     ("write", False), ("event", False), ("read", False), ("read", True),
@@ -251,13 +252,13 @@ def run_soak(cfg: SoakConfig, trace_file: Path,
         say(f"soak: {n:,} of {cfg.steps:,} steps ({rate:,.0f} steps/s)")
 
     run = _Run(cfg, model, report, stepped)
-    report.events = write_itf(run.events(), trace_file)
+    report.events = write_events(run.events(), trace_file)
     say(f"soak: replaying {len(run.plan):,} requests at depth 1")
     owed = _sync_replay(cfg, model, run.plan)
     _count(run.tokens, run.statuses, owed, report)
     report.requests = len(run.plan)
     say(f"soak: validating {report.events:,} events")
-    events = read_itf(trace_file)
+    events = read_events(trace_file)
     first = next(events)
     divergence = validate(chain([first], events), bounds_of(first))
     report.validated = divergence is None

@@ -1,5 +1,8 @@
 """Trace validation: a run's recorded events checked one by one as transitions of the model.
 
+It needs the model and the recorded events only (`itf.read_events` reads a file of them): not
+the runner, not the emulator.
+
 No exploration: from the initial state, each event (`impl.events.Event`) must be an action the
 model enables in the current state, and what the runner decided with it must be what the model
 decides (the previous-row map, partial rows and the slot of a schedule, the requests an apply
@@ -10,11 +13,8 @@ the model state holds only the run's live requests.
 
 from __future__ import annotations
 
-import json
-import os
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 from ..impl.events import Event
 from ..model.actions import (
@@ -24,10 +24,11 @@ from ..model.actions import (
     REWRITE_WITH_READER,
     Action,
     successors,
+    take,
 )
 from ..model.invariants import INVARIANTS
 from ..model.state import CLOSED, Bounds, State, initial_state
-from .lockstep import model_step
+from .itf import EventsError
 
 
 @dataclass(frozen=True)
@@ -49,8 +50,8 @@ class Divergence:
 
 def _decided(event: Event, before: State, after: State, ids: _Requests) -> str | None:
     """Why what the runner decided with `event` is not what the model decided (None: same):
-    a schedule's slot, previous-row map and partial rows; who an apply delivered to; who a
-    fault failed."""
+    a schedule's slot and its rows' positions, previous-row map and partial flags; the host
+    positions a combine staged; who an apply delivered to; who a fault failed."""
     if event.action == FAULT:
         got = tuple(sorted(ids.index.get(r, -1) for r in event.get("failed", ())))
         to = tuple(r for r, (a, b) in enumerate(zip(before.requests, after.requests, strict=True))
@@ -63,22 +64,24 @@ def _decided(event: Event, before: State, after: State, ids: _Requests) -> str |
         to = _delivered(before, after)
         if got != to:
             return f"the runner delivered to {delivered}, the model to {to}"
-    if event.action == "combine" and event.get("host_pos") is not None:
+    if event.action == "combine":
         step = after.queue[event.args[0]]
         host = tuple(row.pos if row.live and row.prev_row is None else None for row in step.rows)
-        if event.get("host_pos") != host:
-            return (f"the runner staged the host ids of positions {event.get('host_pos')}, "
+        staged = tuple(row.host_pos for row in event.get("rows"))
+        if staged != host:
+            return (f"the runner staged the host ids of positions {staged}, "
                     f"the model's rows read positions {host}")
     if event.action == "schedule":
-        step = after.queue[-1]
-        want = {
-            "slot": step.slot,
-            "prev_rows": tuple(row.prev_row for row in step.rows),
-            "partial": tuple(row.partial for row in step.rows),
+        step, rows = after.queue[-1], event.get("rows")
+        decided = {  # what the runner decided for the step, beside the model's decision
+            "slot": (event.get("slot"), step.slot),
+            "positions": (tuple(r.pos for r in rows), tuple(r.pos for r in step.rows)),
+            "prev_rows": (tuple(r.prev_row for r in rows), tuple(r.prev_row for r in step.rows)),
+            "partial": (tuple(r.partial for r in rows), tuple(r.partial for r in step.rows)),
         }
-        for name, value in want.items():
-            if event.get(name) != value:
-                return f"the runner's {name} is {event.get(name)}, the model's {value}"
+        for name, (got, want) in decided.items():
+            if got != want:
+                return f"the runner's {name} is {got}, the model's {want}"
     return None
 
 
@@ -251,7 +254,7 @@ def validate(events: Iterable[Event], bounds: Bounds,
             b = b._replace(faults=True)
         known = event.action in (*ALL_ACTIONS, FAULT, "chunk_prefill")
         action = Action(event.action, args)
-        after = model_step(s, b, action) if known else None
+        after = take(s, b, action) if known else None
         if after is None:
             allowed = tuple(a.label() for a, _ in successors(s, b))
             reason = "not enabled in this state" if known else "not a model action"
@@ -271,14 +274,7 @@ def validate(events: Iterable[Event], bounds: Bounds,
     return None
 
 
-# --- what a recorded run is an instance of, and its file ----------------------------------------
-
-FORMAT = "ttmirror-events"
-VERSION = 1
-
-
-class EventsError(ValueError):
-    """The file or the events are not a recorded run this model can check (one line)."""
+# --- what a recorded run is an instance of ---------------------------------------------------
 
 
 def bounds_of(events: Sequence[Event] | Event) -> Bounds:
@@ -297,188 +293,3 @@ def bounds_of(events: Sequence[Event] | Event) -> Bounds:
                           "2, K and chunks 1 or more, policy keep or drop)")
     return Bounds(depth=depth, slots=slots, preemptions=0, guard=bool(load.get("guard")),
                   preempt_policy=policy, prefill_chunks=chunks)
-
-
-def _encode(value: object) -> object:
-    if value is None:
-        return {"tag": "None", "value": {"#tup": []}}
-    if isinstance(value, bool | int | str):
-        return value
-    if isinstance(value, tuple | list):
-        return {"#tup": [_encode(v) for v in value]}
-    raise EventsError(f"cannot encode {value!r} in a trace")
-
-
-def _decode(value: object) -> object:
-    if isinstance(value, dict) and "#tup" in value:
-        return tuple(_decode(v) for v in value["#tup"])
-    if isinstance(value, dict) and value.get("tag") == "None":
-        return None
-    if isinstance(value, bool | int | str):
-        return value
-    raise EventsError(f"unexpected value {value!r}")
-
-
-_META = {"format": "ITF", "ttmirror": {"format": FORMAT, "version": VERSION}}
-_VARS = ["mbt::actionTaken", "mbt::nondetPicks"]
-_OPEN = ', "states": ['
-"""How `write_itf`'s first line ends: the states follow, one per line."""
-
-
-def _state(i: int, e: Event) -> dict[str, object]:
-    return {"#meta": {"index": i}, "mbt::actionTaken": e.action,
-            "mbt::nondetPicks": {"args": _encode(e.args), **{k: _encode(v) for k, v in e.detail}}}
-
-
-LARGEST = 2**31 - 1
-"""No id, count or index of a recorded run is larger (a larger one is a malformed trace)."""
-_INT, _BOOL, _STR = "int", "bool", "str"
-_POS = ("tuple", "int?")  # a tuple of ints or None, one per row
-_SCHEMA: dict[str, tuple[int | None, dict[str, Any], frozenset[str]]] = {
-    # action: (arguments (None: one or more), detail name -> type, optional details)
-    "allocate": (0, {"depth": _INT, "slots": _INT, "guard": _BOOL, "preempt_policy": _STR,
-                     "prefill_chunks": _INT, "device_waits": _BOOL}, frozenset({"device_waits"})),
-    "arrive": (1, {"prompt": _INT, "max_tokens": _INT, "host_sync": _BOOL,
-                   "prefill_chunks": _INT}, frozenset()),
-    "schedule": (None, {"slot": _INT, "prev_rows": _POS, "partial": ("tuple", _BOOL)},
-                 frozenset()),
-    "combine": (1, {"host_pos": _POS}, frozenset({"host_pos"})),
-    "launch": (1, {}, frozenset()),
-    "readback_issue": (1, {}, frozenset()),
-    "readback_complete": (1, {}, frozenset()),
-    "apply": (0, {"step": _INT, "delivered": ("tuple", ("pair", _INT))}, frozenset()),
-    "release": (1, {}, frozenset()),
-    "finish": (1, {}, frozenset()),
-    "abort": (1, {}, frozenset()),
-    "preempt": (1, {}, frozenset()),
-    "resume": (1, {}, frozenset()),
-    "chunk_prefill": (2, {}, frozenset()),
-    FAULT: (1, {"phase": _STR, "failed": ("tuple", _INT)}, frozenset()),
-    "device_wait": (1, {}, frozenset()),
-    "host_read": (1, {}, frozenset()),
-}
-"""What a recorded event may hold: anything else is a malformed trace, not a divergence."""
-
-
-def _typed(value: object, kind: Any) -> bool:
-    """Is `value` of the schema type `kind`?"""
-    if kind == _INT:
-        return type(value) is int and 0 <= value <= LARGEST
-    if kind == "int?":
-        return value is None or _typed(value, _INT)
-    if kind == _BOOL:
-        return type(value) is bool
-    if kind == _STR:
-        return type(value) is str
-    if isinstance(kind, tuple) and kind[0] == "pair":
-        return (isinstance(value, tuple) and len(value) == 2
-                and all(_typed(v, kind[1]) for v in value))
-    if isinstance(kind, tuple) and kind[0] == "tuple":
-        return isinstance(value, tuple) and all(_typed(v, kind[1]) for v in value)
-    return False
-
-
-def _event(i: int, state: object) -> Event:
-    """State `i` of a trace as an event, checked against `_SCHEMA` (EventsError: one line)."""
-    try:
-        if not isinstance(state, dict):
-            raise TypeError("not an object")
-        action = state["mbt::actionTaken"]
-        picks = dict(state["mbt::nondetPicks"])
-        args = _decode(picks.pop("args"))
-        detail = {k: _decode(v) for k, v in picks.items()}
-    except (KeyError, TypeError, ValueError, AttributeError, EventsError) as e:
-        raise EventsError(f"state {i} is not an event ({type(e).__name__}: {e})") from None
-    if not isinstance(action, str) or action not in _SCHEMA:
-        raise EventsError(f"state {i}: {action!r} is no action of a recorded run "
-                          f"({', '.join(_SCHEMA)})")
-    count, fields, optional = _SCHEMA[action]
-    if not isinstance(args, tuple) or not all(_typed(a, _INT) for a in args) or (
-            len(args) != count if count is not None else not args):
-        raise EventsError(f"state {i}: {action} takes "
-                          f"{'one or more' if count is None else count} arguments, integers in "
-                          f"[0, 2**31), not {args!r}")
-    for name, value in detail.items():
-        if name not in fields or not _typed(value, fields[name]):
-            raise EventsError(f"state {i}: {action}'s {name} = {value!r} is not "
-                              f"{fields.get(name, 'one of its details')}")
-    missing = set(fields) - set(detail) - optional
-    if missing:
-        raise EventsError(f"state {i}: {action} lacks {', '.join(sorted(missing))}")
-    if action == "chunk_prefill" and args[1] > 1:
-        raise EventsError(f"state {i}: chunk_prefill's second argument is 0 or 1, not {args[1]}")
-    if action == "schedule" and any(len(detail[k]) != len(args)  # type: ignore[arg-type]
-                                    for k in ("prev_rows", "partial")):
-        raise EventsError(f"state {i}: schedule's prev_rows and partial need one entry per row")
-    return Event(action, args, tuple(detail.items()))
-
-
-def _check_meta(data: object) -> None:
-    meta = data.get("#meta") if isinstance(data, dict) else None
-    ours = meta.get("ttmirror") if isinstance(meta, dict) else None
-    if not isinstance(ours, dict) or (ours.get("format"), ours.get("version")) != (FORMAT,
-                                                                                   VERSION):
-        raise EventsError(f"not a recorded run ({FORMAT} v{VERSION}); a regression trace of "
-                          "the lockstep replays with `ttmirror replay`")
-
-
-def write_itf(events: Iterable[Event], path: str | os.PathLike[str]) -> int:
-    """Write the run as an ITF trace of Quint's model-based-testing variables, one state per
-    event and one per line (still one JSON document), so `read_itf` can stream it back without
-    holding it whole; returns the number of events written."""
-    n = 0
-    with open(path, "w") as f:
-        f.write(json.dumps({"#meta": _META, "vars": _VARS})[:-1] + _OPEN + "\n")
-        for i, e in enumerate(events):
-            f.write(("," if i else "") + json.dumps(_state(i, e)) + "\n")
-            n += 1
-        f.write("]}\n")
-    return n
-
-
-def read_itf(path: str | os.PathLike[str]) -> Iterator[Event]:
-    """The events of a trace file, streamed when it has `write_itf`'s one-state-per-line layout
-    (else read whole, as `from_itf`). EventsError (one line) where it stops being a trace: a
-    truncated file fails at its end, after the events before it were yielded."""
-    with open(path) as f:
-        head = f.readline()
-        if not head.rstrip().endswith(_OPEN):
-            try:
-                data = json.loads(head + f.read())
-            except json.JSONDecodeError as e:
-                raise EventsError(f"not JSON (truncated?): {e.msg} at line {e.lineno}") from None
-            yield from from_itf(data)
-            return
-        try:
-            meta = json.loads(head.rstrip()[: -len(_OPEN)] + "}")
-        except json.JSONDecodeError as e:
-            raise EventsError(f"not JSON: {e.msg} in its first line") from None
-        _check_meta(meta)
-        i, closed = 0, False
-        for lineno, line in enumerate(f, start=2):
-            text = line.strip()
-            if text == "]}":
-                closed = True
-                break
-            try:
-                state = json.loads(text.removeprefix(","))
-            except json.JSONDecodeError as e:
-                raise EventsError(f"not JSON (truncated?): {e.msg} at line {lineno}") from None
-            yield _event(i, state)
-            i += 1
-        if not closed:
-            raise EventsError(f"the trace ends after {i} events, unclosed (truncated?)")
-        if i == 0:
-            raise EventsError("the trace has no events")
-
-
-def from_itf(data: object) -> list[Event]:
-    """The events of a trace read whole (one JSON document, in any layout); EventsError (one
-    line) if it is not a recorded run."""
-    if not isinstance(data, dict):
-        raise EventsError("not an ITF trace (a JSON object with states)")
-    _check_meta(data)
-    out = [_event(i, state) for i, state in enumerate(data.get("states") or [])]
-    if not out:
-        raise EventsError("the trace has no events")
-    return out

@@ -18,7 +18,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection, wait
 
-from ..impl import faults
 from ..model.actions import Action
 from ..model.state import Bounds, State
 from .coverage import Coverage, Planner
@@ -72,9 +71,10 @@ def walk_rng(seed: int, walk: int) -> random.Random:
 class Executor:
     """Runs walks in lockstep on one backend, remembering which states' refusals were tried."""
 
-    def __init__(self, bounds: Bounds, backend: str, seed: int, config: str | None = None
-                 ) -> None:
+    def __init__(self, bounds: Bounds, backend: str, seed: int, config: str | None = None,
+                 bug: str | None = None) -> None:
         self.bounds, self.backend, self.seed, self.config = bounds, backend, seed, config
+        self.bug = bug
         self.refused: set[State] = set()
 
     def run(self, walk: Walk) -> WalkResult:
@@ -83,7 +83,7 @@ class Executor:
         prompts = prompts_from(base, self.bounds.requests)
         sampling = rng.choice(SAMPLERS)
         ls = Lockstep(self.bounds, self.backend, prompts, refused=self.refused,
-                      config=self.config, sampling=sampling, sampling_seed=base)
+                      config=self.config, sampling=sampling, sampling_seed=base, bug=self.bug)
         try:
             for action in walk.actions:
                 while rng.random() < DEVICE_MOVES:
@@ -122,17 +122,17 @@ type Progress = Callable[[Report, Coverage], None]
 
 def run(cov: Coverage, backend: str, *, seed: int, until: float, seconds: float, jobs: int = 1,
         progress: Progress | None = None, every: float = 5.0, config: str | None = None,
-        shard: tuple[int, int] | None = None) -> Report:
+        shard: tuple[int, int] | None = None, bug: str | None = None) -> Report:
     """Plan and replay walks until edges_covered reaches `until`, `seconds` pass, or one fails.
 
     `jobs` > 1 replays the walks in that many worker processes (each with its own emulated
-    device); the planned bug, if any, is planted in each of them. `shard` (i, n), 1 <= i <= n:
+    device); `bug`, if any, is planted in each of them. `shard` (i, n), 1 <= i <= n:
     the whole plan is made, from no coverage (a pure function of the seed and the bounds), and
     only walks i - 1, i - 1 + n, ... are replayed here, so n shards take every walk once.
     """
     campaign = _Campaign(cov, seed=seed, until=until, seconds=seconds, jobs=jobs, shard=shard)
-    pool = _Pool(cov.ex.bounds, backend, seed, jobs, config) if jobs > 1 else None
-    local = Executor(cov.ex.bounds, backend, seed, config) if pool is None else None
+    pool = _Pool(cov.ex.bounds, backend, seed, jobs, config, bug) if jobs > 1 else None
+    local = Executor(cov.ex.bounds, backend, seed, config, bug) if pool is None else None
     next_report = campaign.start + every
     try:
         while campaign.report.failure is None:
@@ -240,10 +240,9 @@ class _Campaign:
 class _Pool:
     """Worker processes, each replaying the batches of walks it is sent."""
 
-    def __init__(self, bounds: Bounds, backend: str, seed: int, jobs: int, config: str | None
-                 ) -> None:
-        self.workers = Workers.start(
-            _serve, [(bounds, backend, seed, faults.current(), config)] * jobs)
+    def __init__(self, bounds: Bounds, backend: str, seed: int, jobs: int, config: str | None,
+                 bug: str | None) -> None:
+        self.workers = Workers.start(_serve, [(bounds, backend, seed, bug, config)] * jobs)
         self.conns = self.workers.conns
         self.inflight: dict[Connection, int] = dict.fromkeys(self.conns, 0)
 
@@ -281,11 +280,10 @@ def _serve(bounds: Bounds, backend: str, seed: int, bug: str | None, config: str
            conn: Connection) -> None:
     """A worker: replay each batch it receives, answer with the results; None ends it."""
     one_core()
-    executor = Executor(bounds, backend, seed, config)
-    with faults.planted(bug):
-        while (batch := conn.recv()) is not None:
-            try:
-                conn.send([executor.run(walk) for walk in batch])
-            except Exception as e:  # a harness error, not a divergence: say it in one line
-                conn.send(f"{type(e).__name__}: {e}")
-                return
+    executor = Executor(bounds, backend, seed, config, bug)
+    while (batch := conn.recv()) is not None:
+        try:
+            conn.send([executor.run(walk) for walk in batch])
+        except Exception as e:  # a harness error, not a divergence: say it in one line
+            conn.send(f"{type(e).__name__}: {e}")
+            return

@@ -17,7 +17,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple, Protocol
 
+from .mutations import NONE, Mutations, mutations
 from .probe import ProbeSpec
+from .rows import Row
 
 TILE_WIDTH = 32
 
@@ -46,11 +48,14 @@ class MirrorSpec:
     readback_timeout_s: float | None = None
     """How long the host waits for a readback's event before it gives the step up as failed
     (`readback_complete` raises); None waits as long as it takes."""
+    mutations: Mutations = NONE
+    """Planted bugs of the mirror's device half (`mutations.py`); none by default."""
     report: Callable[[str, int], None] | None = field(default=None, compare=False)
     """Told of each device completion the host waits on and each host read of a copy, as
     (`device_wait` or `host_read`, slot), by a mirror on a device (the runner records them)."""
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "mutations", mutations(self.mutations))
         if self.logprobs < 0:
             raise ValueError(f"logprobs must be 0 or more, got {self.logprobs}")
         if self.rows < 1:
@@ -63,17 +68,34 @@ class MirrorSpec:
 
 @dataclass(frozen=True)
 class StepInputs:
-    """The host's part of one step's combine, one entry per row (unused rows are zeros).
+    """The host's part of one step's combine: the step's rows, as the combine staged them. The
+    device takes them as columns, one entry per row (a dropped row stages zeros everywhere):
 
     Row i consumes `slot[src][prev_map[i]]` when `use_mirror[i]` is 1, else `host_ids[i]`.
     """
 
-    host_ids: tuple[int, ...]
-    prev_map: tuple[int, ...]
-    use_mirror: tuple[int, ...]
-    positions: tuple[int, ...]
-    requests: tuple[int, ...] = ()
-    """Each row's request id: what a seeded sampler keys its draw on, with the position."""
+    rows: tuple[Row, ...]
+
+    @property
+    def host_ids(self) -> tuple[int, ...]:
+        return tuple(r.host_id if r.live and r.host_pos is not None else 0 for r in self.rows)
+
+    @property
+    def prev_map(self) -> tuple[int, ...]:
+        return tuple(r.prev_row if r.live and r.prev_row is not None else 0 for r in self.rows)
+
+    @property
+    def use_mirror(self) -> tuple[int, ...]:
+        return tuple(int(r.from_mirror) for r in self.rows)
+
+    @property
+    def positions(self) -> tuple[int, ...]:
+        return tuple(r.pos if r.live else 0 for r in self.rows)
+
+    @property
+    def requests(self) -> tuple[int, ...]:
+        """Each row's request id: what a seeded sampler keys its draw on, with the position."""
+        return tuple(r.req if r.live else 0 for r in self.rows)
 
 
 class TokenLogprobs(NamedTuple):

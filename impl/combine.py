@@ -26,8 +26,8 @@ from typing import Any
 
 import ttnn
 
-from . import faults
 from .backend import StepInputs
+from .mutations import NONE, Mutations
 from .ring import allocate_ids, host_uint32
 
 
@@ -35,9 +35,11 @@ class DeviceCombine:
     """Persistent step inputs and the two combine ops writing the persistent input ids."""
 
     def __init__(self, device: Any, width: int, cq: int = 0, other_cq: int | None = None,
-                 *, identity: bool = False) -> None:
+                 *, identity: bool = False, mutations: Mutations = NONE) -> None:
         """`other_cq`: the device's second queue, if it has one (only a planted bug uses it);
-        `identity`: also stage each row's request id (a seeded sampler keys its draws on it)."""
+        `identity`: also stage each row's request id (a seeded sampler keys its draws on it);
+        `mutations`: planted bugs (the mirror's)."""
+        self.mutations = mutations
         self.width = width
         self.cq = cq
         self.other_cq = other_cq
@@ -58,13 +60,13 @@ class DeviceCombine:
     def stage(self, inputs: StepInputs) -> None:
         """Host writes of the step's inputs, in queue order after the previous step's reads."""
         cq = self.cq
-        if faults.active("stage-cq1-no-event") and self.other_cq is not None:
+        if self._planted("stage-cq1-no-event") and self.other_cq is not None:
             cq = self.other_cq  # planted: the other queue, with no event before the combine
         mask = inputs.use_mirror
-        if faults.active("mask-inverted"):
+        if self._planted("mask-inverted"):
             mask = tuple(1 - m for m in mask)
         positions = inputs.positions
-        if faults.active("positions-stale") and self._staged_positions:
+        if self._planted("positions-stale") and self._staged_positions:
             positions = self._staged_positions
         self._staged_positions = inputs.positions
         staged = [
@@ -84,7 +86,7 @@ class DeviceCombine:
         Rows that take host ids still gather (index 0, discarded by `where`): one op sequence
         for every batch layout, so one captured trace serves them all.
         """
-        shift = 1 if faults.active("gather-off-by-one") else 0
+        shift = 1 if self._planted("gather-off-by-one") else 0
         with ttnn.command_queue(self.cq):
             for rows, tiles, plus in (
                 (source, self.source, 0),
@@ -95,6 +97,9 @@ class DeviceCombine:
                 ttnn.add(rows, plus, output_tensor=tiles)
             ttnn.gather(self.source, 3, self.index, out=self.gathered)
             chosen, other = self.gathered, self.fallback
-            if faults.active("where-swapped"):
+            if self._planted("where-swapped"):
                 chosen, other = other, chosen
             ttnn.where(self.mask, chosen, other, output_tensor=self.input_ids)
+
+    def _planted(self, bug: str) -> bool:
+        return bug in self.mutations

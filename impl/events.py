@@ -2,10 +2,11 @@
 
 Every call the runner accepts appends one `Event`, named and parameterised as the model's
 action it implements (`schedule` with its row order, `combine(q)`, `release(slot)`, ...), plus
-what the runner decided that the model decides too (the previous-row map, which rows are
-partial, the slot a step writes), so a checker can replay a run against the model and compare
-those decisions. A refused call records nothing. `chunk_prefill` (spec rule 11) is a model action
-that exploration never enables and validation does (`Bounds.chunk_per_step`).
+what the runner decided that the model decides too (a schedule's slot and its rows, a combine's
+rows with the host positions it staged: `rows.Row` records), so a checker can replay a run
+against the model and compare those decisions. A refused call records nothing. `chunk_prefill`
+(spec rule 11) is a model action that exploration never enables and validation does
+(`Bounds.chunk_per_step`).
 
 Recording is one tuple append per call (its cost is measured by `make bench-engine`).
 """

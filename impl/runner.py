@@ -23,7 +23,9 @@ A phase whose device call fails raises `DeviceFault` and changes nothing either 
 submission is atomic); the caller then decides, with `fail_step`, what the failure costs.
 
 `abstract()` returns an immutable snapshot of everything an abstraction function needs, and
-`events` records every accepted call as the model's action (`events.py`).
+`events` records every accepted call as the model's action (`events.py`). A step's rows are
+`rows.Row` records throughout. Planted bugs are a value of the configuration
+(`RunnerConfig.mutations`); each is tested beside the decision it corrupts.
 """
 
 from __future__ import annotations
@@ -36,10 +38,11 @@ from enum import IntEnum
 from types import MappingProxyType
 from typing import Any, NamedTuple
 
-from . import faults
 from .backend import Backend, Mirror, MirrorSpec, StepInputs, TokenLogprobs
 from .events import EventLog
+from .mutations import NONE, Mutations, mutations
 from .probe import ProbeSpec
+from .rows import Row
 
 PLACEHOLDER_ID = -1
 """What the host token table holds where the newest token is still on the device."""
@@ -116,8 +119,12 @@ class RunnerConfig:
     readback_timeout_s: float | None = None
     """How long `readback_complete` waits for the copy's event before it raises `DeviceFault`
     (None: as long as it takes)."""
+    mutations: Mutations = NONE
+    """Planted bugs (`mutations.py`), for the conformance suite's kill matrix; none by default.
+    The runner hands them to its mirror."""
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "mutations", mutations(self.mutations))
         if self.logprobs < 0:
             raise ValueError(f"logprobs must be 0 or more, got {self.logprobs}")
         if self.depth not in (1, 2):
@@ -133,18 +140,6 @@ class RunnerConfig:
 # --- read-only views (what abstract() returns) ----------------------------------------------------
 
 
-class RowView(NamedTuple):
-    req: int
-    pos: int
-    """Position of the input token the row consumes (0 = the prompt's last token)."""
-    prev_row: int | None
-    """Row of `req` in the previous step's slot (the previous-row map); None = host ids."""
-    live: bool
-    """False once its request finished, aborted or was preempted (drop): its token is dropped."""
-    partial: bool = False
-    """A partial-prefill row: it consumes a prompt chunk and its sampled id is discarded."""
-
-
 class StepView(NamedTuple):
     n: int
     """The step's number since load (step n writes slot n mod K)."""
@@ -152,7 +147,7 @@ class StepView(NamedTuple):
     src_slot: int | None
     """The previous step's slot, read by this step's combine; None when no row uses it."""
     phase: Phase
-    rows: tuple[RowView, ...]
+    rows: tuple[Row, ...]
     host_copy: tuple[int, ...] | None
     """Sampled ids per row, once the readback completed."""
 
@@ -197,20 +192,11 @@ class RunnerView(NamedTuple):
 
 
 @dataclass
-class _Row:
-    req: int
-    pos: int
-    prev_row: int | None
-    live: bool = True
-    partial: bool = False
-
-
-@dataclass
 class _Step:
     index: int
     slot: int
     src_slot: int | None
-    rows: list[_Row]
+    rows: tuple[Row, ...]
     phase: Phase = Phase.SCHEDULED
     pending: Any = None  # the mirror's readback handle, held until its event is synchronised
     host_copy: tuple[int, ...] | None = None
@@ -287,7 +273,7 @@ class Runner:
     def held_for_host(self, req: int) -> bool:
         """A host-sync request waits for its step in flight to be applied."""
         return (self.requests[req].host_sync and self.has_step_in_flight(req)
-                and not faults.active("host-sync-unguarded"))
+                and not self._planted("host-sync-unguarded"))
 
     def next_pos(self, req: int) -> int:
         """Position of `req`'s newest token: delivered ones plus those still in flight."""
@@ -338,7 +324,7 @@ class Runner:
             self.mirror = self.backend.open_mirror(
                 MirrorSpec(rows=c.rows, slots=c.slots, probe=c.probe, trace=c.trace,
                            logprobs=c.logprobs, readback_timeout_s=c.readback_timeout_s,
-                           report=self._device_event)
+                           mutations=c.mutations, report=self._device_event)
             )
         except (PhaseError, NotImplementedError):  # a refusal of ours, or no such path here
             raise
@@ -426,7 +412,7 @@ class Runner:
         if r.status != Status.PREEMPTED:
             raise PhaseError(f"resume(r{req}): it is {r.status.name}, not PREEMPTED")
         owed = self.live_rows(req)
-        if owed and not faults.active("resume-with-placeholder"):
+        if owed and not self._planted("resume-with-placeholder"):
             raise PhaseError(
                 f"resume(r{req}): it still owns {owed} placeholder(s): its in-flight token is "
                 "delivered first (apply), or its prefill would read a placeholder"
@@ -458,6 +444,28 @@ class Runner:
         reads its newest token from that step's slot at that row. Returns the queue position.
         """
         self._need_allocated("schedule")
+        rows_order = self._step_order(order)
+        prev = self.queue[-1] if self.queue else None
+        rows = self._rows(rows_order, prev)
+        step = _Step(
+            index=self.steps,
+            slot=self.next_slot,
+            src_slot=prev.slot if prev is not None and any(r.from_mirror for r in rows) else None,
+            rows=rows,
+        )
+        self._count_scheduled(rows)  # before the step joins the queue and its requests run
+        self.queue.append(step)
+        self.steps += 1
+        self.next_slot = (self.next_slot + 1) % self.config.slots
+        for r in rows_order:
+            req = self.requests[r]
+            req.status, req.unchecked = Status.RUNNING, False
+            req.prefill_left = max(req.prefill_left - 1, 0)
+        self.events.record("schedule", tuple(rows_order), slot=step.slot, rows=rows)
+        return len(self.queue) - 1
+
+    def _step_order(self, order: Sequence[int] | None) -> list[int]:
+        """The next step's rows, in order: every eligible request once, within depth and rows."""
         if len(self.queue) >= self.depth:
             raise PhaseError(
                 f"schedule: {len(self.queue)} steps in flight, the depth is {self.depth}; "
@@ -477,18 +485,13 @@ class Runner:
                 f"schedule: {len(rows_order)} eligible requests but steps hold {self.config.rows} "
                 "rows; admit fewer requests or raise rows"
             )
-        prev = self.queue[-1] if self.queue else None
-        feeds = faults.active("partial-prefill-feeds-mirror")
-        prev_rows = {
-            row.req: i for i, row in enumerate(prev.rows)
-            if row.live and (feeds or not row.partial)  # a partial row's id is discarded
-        } if prev else {}
-        if prev and faults.active("prev-row-skips-dropped"):
-            prev_rows = {row.req: i for i, row in enumerate(r for r in prev.rows if r.live)}
-        if prev and faults.active("prev-row-two-back"):
-            # planted: rows as of the last applied step, one behind while a step is in flight
-            prev_rows = {r: self._applied_rows.get(r, i) for r, i in prev_rows.items()}
-        guard = self.config.guard and not faults.active("guard-off")
+        return rows_order
+
+    def _rows(self, rows_order: list[int], prev: _Step | None) -> tuple[Row, ...]:
+        """The rows of a step over `rows_order`: each request's position, and where its newest
+        token is read from (the guard: the previous step's slot while it is in flight there)."""
+        prev_rows = self._previous_rows(prev)
+        guard = self.config.guard and not self._planted("guard-off")
         rows = []
         for i, r in enumerate(rows_order):
             req = self.requests[r]
@@ -496,84 +499,75 @@ class Runner:
             # input is built on the host: none of them reads the mirror.
             from_host = req.status == Status.WAITING or req.host_sync
             prev_row = prev_rows.get(r) if guard and not from_host else None
-            if prev_row is not None and faults.active("prev-row-not-remapped"):
-                prev_row = i
-            if prev_row is not None and prev_row != i:
+            if prev_row is not None and self._planted("prev-row-not-remapped"):
+                prev_row = i  # planted: rows assumed not to move between steps
+            rows.append(Row(req=r, pos=self.next_pos(r), prev_row=prev_row,
+                            partial=req.prefill_left > 0))
+        return tuple(rows)
+
+    def _previous_rows(self, prev: _Step | None) -> dict[int, int]:
+        """The previous-row map's source: each request's row in the previous in-flight step,
+        where that row will have sampled its newest token."""
+        if prev is None:
+            return {}
+        feeds = self._planted("partial-prefill-feeds-mirror")
+        if self._planted("prev-row-skips-dropped"):  # planted: dropped rows are not counted
+            return {row.req: i for i, row in enumerate(r for r in prev.rows if r.live)}
+        rows = {row.req: i for i, row in enumerate(prev.rows)
+                if row.live and (feeds or not row.partial)}  # a partial row's id is discarded
+        if self._planted("prev-row-two-back"):
+            # planted: rows as of the last applied step, one behind while a step is in flight
+            rows = {r: self._applied_rows.get(r, i) for r, i in rows.items()}
+        return rows
+
+    def _count_scheduled(self, rows: tuple[Row, ...]) -> None:
+        """What a new step's rows did: moved, re-entered, held back for the host."""
+        for i, row in enumerate(rows):
+            if row.prev_row is not None and row.prev_row != i:
                 self.stats["row_moves"] += 1
+            req = self.requests[row.req]
             if req.status == Status.WAITING and req.delivered:
                 self.stats["resumed_prefills"] += 1
-            rows.append(_Row(req=r, pos=self.next_pos(r), prev_row=prev_row,
-                             partial=req.prefill_left > 0))
-        uses_mirror = any(row.prev_row is not None for row in rows)
-        step = _Step(
-            index=self.steps,
-            slot=self.next_slot,
-            src_slot=prev.slot if (prev is not None and uses_mirror) else None,
-            rows=rows,
-        )
-        # Counted before the step joins the queue: those held back from it (never eligible).
+        # Those held back from the step (never eligible).
         self.stats["host_sync_held"] += sum(
             self.requests[r].status in (Status.WAITING, Status.RUNNING) and self.held_for_host(r)
             for r in self.open_requests()
         )
-        self.queue.append(step)
-        self.steps += 1
-        self.next_slot = (self.next_slot + 1) % self.config.slots
-        for r in rows_order:
-            req = self.requests[r]
-            req.status, req.unchecked = Status.RUNNING, False
-            req.prefill_left = max(req.prefill_left - 1, 0)
-        self.events.record("schedule", tuple(rows_order), slot=step.slot,
-                           prev_rows=tuple(row.prev_row for row in rows),
-                           partial=tuple(row.partial for row in rows))
-        return len(self.queue) - 1
 
     def combine(self, q: int) -> None:
         """Stage step q's host ids, previous-row map and mask, then combine on device."""
         step = self._step("combine", q, Phase.SCHEDULED)
-        if (
-            q > 0
-            and self.queue[q - 1].phase < Phase.LAUNCHED
-            and not faults.active("combine-before-launch")
-        ):
+        if q > 0 and self.queue[q - 1].phase < Phase.LAUNCHED and not self._planted(
+                "combine-before-launch"):
             raise PhaseError(
                 f"combine(q={q}): the previous step is {self.queue[q - 1].phase.name}; its "
                 "sampler must have written its slot (launch it first)"
             )
         if step.src_slot is not None and self.slots[step.src_slot].released:
             raise PhaseError(f"combine(q={q}): slot {step.src_slot} was released under it")
-        width = len(step.rows)
-        host_ids, prev_map, use_mirror, positions, requests = ([0] * width for _ in range(5))
-        staged: list[int | None] = [None] * width  # the position whose host id each row took
-        counts: Counter[str] = Counter()  # joins the stats only once the device accepted it all
-        for i, row in enumerate(step.rows):
-            if not row.live:
-                continue  # dropped: what the device computes there is never delivered
-            positions[i], requests[i] = row.pos, row.req
-            if row.partial:
-                counts["partial_rows"] += 1  # a prompt chunk: its sampled id is discarded
-            if row.prev_row is None:
-                pos = row.pos
-                if row.pos > 0 and self.requests[row.req].preemptions and faults.active(
-                    "stale-host-id-on-resume"
-                ):
-                    pos = row.pos - 1
-                staged[i], host_ids[i] = pos, self.host_token(row.req, pos)
-                if row.pos > 0:
-                    counts["host_decode_rows"] += 1
-            else:
-                prev_map[i], use_mirror[i] = row.prev_row, 1
-                counts["mirror_rows"] += 1
+        rows = tuple(self._staged(row) for row in step.rows)
         assert self.mirror is not None
         with self.device_call("combine", q):
-            self.mirror.stage(StepInputs(
-                tuple(host_ids), tuple(prev_map), tuple(use_mirror), tuple(positions),
-                tuple(requests)
-            ))
+            self.mirror.stage(StepInputs(rows))
             self.mirror.combine(step.slot)
-        self.stats.update(counts)
+        self.stats.update(+Counter(  # counted only once the device accepted it all
+            partial_rows=sum(r.live and r.partial for r in rows),
+            host_decode_rows=sum(r.host_pos is not None and r.pos > 0 for r in rows),
+            mirror_rows=sum(r.from_mirror for r in rows)))
+        step.rows = rows
         step.phase = Phase.COMBINED
-        self.events.record("combine", (q,), host_pos=tuple(staged))
+        self.events.record("combine", (q,), rows=rows)
+
+    def _staged(self, row: Row) -> Row:
+        """`row` as the combine stages it: a live row reading host ids takes the host token table's
+        id at its position (a dropped row's output is never delivered: it stages nothing)."""
+        if not row.live or row.prev_row is not None:
+            return row
+        pos = row.pos
+        if pos > 0 and self.requests[row.req].preemptions and self._planted(
+                "stale-host-id-on-resume"):
+            pos -= 1  # planted: a resumed request's host id one position stale
+        return row._replace(host_pos=pos, host_id=self.host_token(row.req, pos))
 
     def launch(self, q: int) -> None:
         """Forward + sample for step q; the sampler writes the step's slot."""
@@ -632,7 +626,7 @@ class Runner:
         for i, (row, token) in enumerate(zip(step.rows, step.host_copy, strict=True)):
             if row.partial:
                 continue  # a partial prefill's id is no token of the sequence
-            if not row.live and not faults.active("deliver-dropped"):
+            if not row.live and not self._planted("deliver-dropped"):
                 continue  # finished, aborted or preempted (drop) since scheduling: dropped
             r = self.requests[row.req]
             if row.live and r.status == Status.PREEMPTED:
@@ -673,20 +667,20 @@ class Runner:
             raise PhaseError(f"fail_step(q={q}): its readback completed; apply it")
         failed = sorted({row.req for row in step.rows if row.live})
         for req in failed:
-            if faults.active("fault-spares-later-rows"):  # planted: only this step's rows go
-                for row in step.rows:
-                    row.live = row.live and row.req != req
+            if self._planted("fault-spares-later-rows"):  # planted: only this step's rows go
+                step.rows = tuple(r._replace(live=False) if r.live and r.req == req else r
+                                  for r in step.rows)
             else:
                 self._drop(req, "fault_in_flight")
             r = self.requests[req]
             r.status, r.closed_at, r.unchecked, r.error = (
                 Status.FAILED, len(r.delivered), False, reason)
-        if step.pending is not None and not faults.active("fault-drops-pending-copy"):
+        if step.pending is not None and not self._planted("fault-drops-pending-copy"):
             assert self.mirror is not None
             self.mirror.abandon(step.pending)  # the copy may still land: its host tensor stays
         step.pending = None
         del self.queue[q]
-        if q == len(self.queue) and not faults.active("fault-keeps-ring-position"):
+        if q == len(self.queue) and not self._planted("fault-keeps-ring-position"):
             self.next_slot = step.slot  # the newest: the ring position goes back to its slot
         self.stats["faults"] += 1
         self.stats["failed_requests"] += len(failed)
@@ -709,8 +703,7 @@ class Runner:
                     slot=s.slot,
                     src_slot=s.src_slot,
                     phase=s.phase,
-                    rows=tuple(RowView(r.req, r.pos, r.prev_row, r.live, r.partial)
-                               for r in s.rows),
+                    rows=s.rows,
                     host_copy=s.host_copy,
                 )
                 for s in self.queue
@@ -773,14 +766,21 @@ class Runner:
         return step
 
     def _drop(self, req: int, stat: str) -> None:
-        hit = False
+        """`req`'s in-flight rows stop being live: their tokens are never delivered."""
+        dropped = 0
         for step in self.queue:
-            for row in step.rows:
-                if row.live and row.req == req:
-                    row.live, hit = False, True
-                    self.stats["dropped_rows"] += 1
-        if hit:
+            hits = sum(row.live and row.req == req for row in step.rows)
+            if hits:
+                step.rows = tuple(r._replace(live=False) if r.live and r.req == req else r
+                                  for r in step.rows)
+                dropped += hits
+        if dropped:
+            self.stats["dropped_rows"] += dropped
             self.stats[stat] += 1
+
+    def _planted(self, bug: str) -> bool:
+        """Is `bug` planted in this runner (`RunnerConfig.mutations`)?"""
+        return bug in self.config.mutations
 
     def _reader_outstanding(self, slot: int, q: int) -> str | None:
         """Why step q may not write `slot` now: its writer's readback or a later combine."""
@@ -801,8 +801,8 @@ class Runner:
         if s.released:
             return "it is already released"
         # planted: readback issued counts as done (always, or while the pipeline drains)
-        early = faults.active("release-at-issue") or (
-            faults.active("release-when-draining") and not self.eligible())
+        early = self._planted("release-at-issue") or (
+            self._planted("release-when-draining") and not self.eligible())
         for step in self.queue:
             writing = step.slot == slot and step.phase >= Phase.LAUNCHED
             if writing and not (early and step.phase >= Phase.READBACK_ISSUED):
@@ -810,7 +810,7 @@ class Runner:
             if (
                 step.src_slot == slot
                 and step.phase == Phase.SCHEDULED
-                and not faults.active("release-under-combine")
+                and not self._planted("release-under-combine")
             ):
                 return f"step {step.index}'s combine still reads it"
         return None

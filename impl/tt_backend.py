@@ -27,7 +27,6 @@ from typing import Any
 
 import ttnn
 
-from . import faults
 from .backend import Backend, Mirror, MirrorSpec, StepInputs, TokenLogprobs, logprob_rows
 from .combine import DeviceCombine
 from .devices import DeviceProvider, default_provider, device_info, provider_of
@@ -67,12 +66,14 @@ class TtMirror:
         self.ring = Ring(device, spec.rows, spec.slots, spec.logprobs)
         other = readback_cq if readback_cq != COMPUTE_CQ else None
         seeded = model is None and spec.probe.sampling is not None
-        self.combiner = DeviceCombine(device, self.ring.width, COMPUTE_CQ, other, identity=seeded)
+        self.combiner = DeviceCombine(device, self.ring.width, COMPUTE_CQ, other, identity=seeded,
+                                      mutations=spec.mutations)
         self.model = (
             model
             if model is not None
             else TtProbeModel(
-                device, spec.probe, self.ring.width, COMPUTE_CQ, requests=self.combiner.requests
+                device, spec.probe, self.ring.width, COMPUTE_CQ, requests=self.combiner.requests,
+                mutations=spec.mutations,
             )
         )
         self._launched: list[Any] = [None] * spec.slots  # CQ0 event after the slot's writer
@@ -103,14 +104,14 @@ class TtMirror:
 
     def _forward(self, slot: int) -> None:
         """Forward + sample into the slot (and its logprob part, when the ring has one)."""
-        target = 0 if faults.active("ring-reuse-k1") else slot  # planted: K=1 reuse
+        target = 0 if self._planted("ring-reuse-k1") else slot  # planted: K=1 reuse
         part = self.ring.logprobs[target] if self.ring.logprobs else None
         self.model.forward(self.combiner.input_ids, self.combiner.positions, self.ring[target],
                            logprobs=part)
 
     def _source(self, slot: int) -> ttnn.Tensor:
         """The slot the combine for `slot` reads: the previous step's."""
-        if faults.active("gather-current-slot"):
+        if self._planted("gather-current-slot"):
             return self.ring[slot]  # planted: the slot this step is about to write
         return self.ring.source_of(slot)
 
@@ -143,10 +144,10 @@ class TtMirror:
         cq = self.readback_cq
         pending = PendingReadback(slot, None, None, issued=self._next_issue())
         try:
-            if cq != COMPUTE_CQ and not faults.active("readback-cq1-no-wait"):
+            if cq != COMPUTE_CQ and not self._planted("readback-cq1-no-wait"):
                 ttnn.wait_for_event(cq, self._launched[slot])  # the copy starts after the sampler
             pending.host = self.ring[slot].cpu(blocking=False, cq_id=cq)
-            late = faults.active("logprobs-after-event")  # planted: the event misses the logprobs
+            late = self._planted("logprobs-after-event")  # planted: the event misses the logprobs
             pending.logprobs = self._copy_logprobs(slot, cq) if not late else None
             pending.event = ttnn.record_event(self.device, cq_id=cq)
             if late:
@@ -176,7 +177,7 @@ class TtMirror:
         return logprob_rows(values.reshape(width, -1).tolist(), ids.reshape(width, -1).tolist())
 
     def readback_complete(self, pending: Any) -> list[int]:
-        if faults.active("host-read-before-event"):
+        if self._planted("host-read-before-event"):
             values = self._host_read(pending)
             self._wait(pending)
             return values
@@ -214,6 +215,10 @@ class TtMirror:
         assert pending.host is not None
         values = ttnn.to_torch(pending.host).reshape(-1)
         return [int(v) for v in values.tolist()]
+
+    def _planted(self, bug: str) -> bool:
+        """Is `bug` planted in this mirror (`MirrorSpec.mutations`)?"""
+        return bug in self.spec.mutations
 
     def describe(self) -> dict[str, Any]:
         return {

@@ -31,8 +31,8 @@ from typing import Any
 import torch
 import ttnn
 
-from . import faults
 from .devices import provider_of
+from .mutations import NONE, Mutations
 from .probe import SAMPLING_K, ProbeSpec, logits_table
 from .ring import LogprobSlot, allocate_ids, ids_shape
 
@@ -49,9 +49,12 @@ def _row_major(device: Any, values: torch.Tensor, dtype: ttnn.DataType, cq: int)
 
 class TtProbeModel:
     def __init__(
-        self, device: Any, spec: ProbeSpec, width: int, cq: int = 0, *, requests: Any = None
+        self, device: Any, spec: ProbeSpec, width: int, cq: int = 0, *, requests: Any = None,
+        mutations: Mutations = NONE,
     ) -> None:
-        """`requests`: the device tensor of each row's request id (the seeded sampler's key)."""
+        """`requests`: the device tensor of each row's request id (the seeded sampler's key);
+        `mutations`: planted bugs (the mirror's)."""
+        self.mutations = mutations
         self.device = device
         self.cq = cq
         self.spec = spec
@@ -119,11 +122,14 @@ class TtProbeModel:
             ttnn.matmul(self.onehot_bf16, self.table, transpose_a=True,
                         optional_output_tensor=self.logits)
             requests, keyed_positions = self.requests, positions
-            if faults.active("sampler-keyed-by-row"):
+            if self._planted("sampler-keyed-by-row"):
                 requests = self.row_ids  # planted: the draw follows the row, not the request
-            if faults.active("sampler-keyed-by-step"):
+            if self._planted("sampler-keyed-by-step"):
                 ttnn.plus_one(self.steps)  # planted: the draw follows a device step counter
                 keyed_positions = self.steps
             self._provider.bind_sampling_identity(self.device, requests, keyed_positions)
             ttnn.sampling(self.logits, self.indices, self.k, self.p, self.temp,
                           seed=int(self.spec.sampling), output_tensor=slot)
+
+    def _planted(self, bug: str) -> bool:
+        return bug in self.mutations

@@ -21,6 +21,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 from ..impl.backend import TokenLogprobs
+from ..impl.mutations import NONE, Mutations
 from ..impl.probe import ProbeSpec
 from ..impl.runner import CLOSED, PhaseError, Status
 from .backend import ServingBackend
@@ -61,6 +62,9 @@ class ServingConfig:
     max_logprobs: int = 0
     """Top logprobs a request may ask for (vLLM's max_logprobs); above 0 the runner allocates the
     logprob ring beside the ids' ring at load, and every step fills it."""
+    mutations: Mutations = NONE
+    """Planted bugs of the runner and its mirror (`impl/mutations.py`), for the conformance
+    suite; none by default."""
 
 
 @dataclass
@@ -133,6 +137,7 @@ class ServingEngine(Engine):
                 logprobs=c.max_logprobs,
                 record_events=c.record_events,
                 readback_timeout_s=c.readback_timeout_s,
+                mutations=c.mutations,
             ),
             order,
         )

@@ -25,6 +25,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
 from ..impl.backend import Backend
+from ..impl.mutations import NONE, Mutations
 from ..impl.probe import ProbeSpec
 from ..impl.resolution import SchedulingConfig, resolve
 from ..impl.runner import CLOSED, DeviceFault, Runner, RunnerConfig
@@ -58,6 +59,8 @@ class EngineConfig:
     """The runner records every accepted call as the model's action (`impl/events.py`)."""
     readback_timeout_s: float | None = None
     """How long the host waits for a step's readback before it fails the step (None: forever)."""
+    mutations: Mutations = NONE
+    """Planted bugs (`impl/mutations.py`), handed to the runner; none by default."""
     drain_on_layout_change: bool = False
     """The TT plugin's policy, for comparison only: before a step whose rows differ from the
     previous step's (arrival, finish, preemption, reorder), retire every step in flight. The
@@ -85,6 +88,7 @@ class Engine:
                 logprobs=c.logprobs,
                 record_events=c.record_events,
                 readback_timeout_s=c.readback_timeout_s,
+                mutations=c.mutations,
             ),
         )
         self.order: Order = order or (lambda eligible: eligible)

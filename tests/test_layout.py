@@ -1,7 +1,9 @@
 """The layout holds: one home per concern, no import cycles, no private names across modules.
 
 Every rule reads the source with `ast` (nothing is imported), and each has a twin that plants a
-violation in a snippet and watches the rule catch it, so a green run is never vacuous.
+violation in a snippet and watches the rule catch it, so a green run is never vacuous. One check
+runs code: two runners in one process, one with a planted bug and one without, and only the first
+misbehaves (planted bugs are values of a configuration, never process state).
 """
 
 from __future__ import annotations
@@ -276,3 +278,78 @@ def test_readme_names_every_module_of_the_core_packages(folder: str) -> None:
     modules = sorted(p.name for p in (ROOT / folder).glob("*.py") if p.name != "__init__.py")
     assert len(modules) >= 8
     assert [m for m in modules if f"`{m}`" not in what] == []
+
+
+# --- planted bugs are values ---------------------------------------------------------------------
+
+
+def globals_assigned(modules: dict[str, tuple[Path, str]], prefix: str) -> list[str]:
+    """`global` statements in modules under `prefix`: where process-wide state is rebound."""
+    return [f"{name}:{node.lineno} global {', '.join(node.names)}"
+            for name, (_, source) in modules.items() if name.startswith(prefix)
+            for node in ast.walk(ast.parse(source)) if isinstance(node, ast.Global)]
+
+
+def test_the_mirror_rebinds_no_process_global() -> None:
+    modules = sources()
+    assert globals_assigned(modules, "ttmirror.impl") == []
+    # The twin: the old switch (`planted(bug)` rebinding a module's `_active`) is caught.
+    planted = dict(modules)
+    path, source = modules["ttmirror.impl.mutations"]
+    switch = "\n_active = None\ndef planted(bug):\n    global _active\n    _active = bug\n"
+    planted["ttmirror.impl.mutations"] = (path, source + switch)
+    assert globals_assigned(planted, "ttmirror.impl") == [
+        f"ttmirror.impl.mutations:{source.count(chr(10)) + 4} global _active"]
+
+
+def _serve_side_by_side(mutated: frozenset[str]) -> list[list[list[int]]]:
+    """Two runners in one process, each on its own emulated device, driven step for step in
+    turn (so a process-wide switch would reach both): the first with `mutated` planted, the
+    second with nothing. Each request's delivered ids, per runner."""
+    import ttnn
+
+    from ttmirror.emulator import open_device
+    from ttmirror.impl.runner import Runner, RunnerConfig
+    from ttmirror.impl.tt_backend import TtBackend
+
+    devices = [open_device(num_command_queues=2, emulated=True) for _ in range(2)]
+    runners = [Runner(TtBackend(d), RunnerConfig(depth=2, slots=2, rows=2, max_tokens=4,
+                                                 mutations=m))
+               for d, m in zip(devices, (mutated, frozenset()), strict=True)]
+    try:
+        for r in runners:
+            r.allocate()
+            r.arrive(0, 3)
+            r.arrive(1, 5)
+        while any(r.queue or r.eligible() for r in runners):
+            for r in runners:
+                if r.can_schedule():
+                    q = r.schedule()
+                    r.combine(q)
+                    r.launch(q)
+                    r.readback_issue(q)
+                if r.queue and (len(r.queue) == r.depth or not r.can_schedule()):
+                    r.readback_complete(0)
+                    slot = r.queue[0].slot
+                    r.apply()
+                    if r.releasable(slot):
+                        r.release(slot)
+        return [[list(r.requests[i].delivered) for i in (0, 1)] for r in runners]
+    finally:
+        for r in runners:
+            r.close()
+        for d in devices:
+            ttnn.close_mesh_device(d)
+
+
+@pytest.mark.parametrize("bug", ["guard-off", "gather-off-by-one"])
+def test_two_runners_in_one_process_only_the_planted_one_misbehaves(bug: str) -> None:
+    """A runner's bug (guard-off: the runner's books) and a mirror's (the gather index: what
+    the device computes) each reach only the runner whose configuration carries it."""
+    from ttmirror.impl.probe import ProbeReference, ProbeSpec
+
+    ref = ProbeReference(ProbeSpec())
+    owed = [ref.sequence(3, 4), ref.sequence(5, 4)]
+    planted, clean = _serve_side_by_side(frozenset({bug}))
+    assert clean == owed
+    assert planted != owed and all(len(t) == 4 for t in planted)  # it ran, and went wrong

@@ -7,11 +7,13 @@ from here; none of them imports another's names.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import NoReturn
 
+from .impl.mutations import BUGS
 from .model.state import VARIANTS, Bounds, validate_bounds
 
 DEFAULTS = Bounds()
@@ -22,6 +24,20 @@ AddParser = Callable[..., argparse.ArgumentParser]
 
 class UsageError(Exception):
     """Bad arguments or input: reported in one line, exit 2."""
+
+
+BUG_VARIABLE = "TTMIRROR_BUG"
+"""The environment's way to plant a bug in `fuzz` and `replay` (and `make fuzz-long`): the
+command line reads it and passes the bug on as a value; nothing else reads it."""
+
+
+def planted_bug(given: str | None = None) -> str | None:
+    """The bug to plant in the lockstep: `given` (an option), else $TTMIRROR_BUG, else None;
+    UsageError, naming the choices, for one that is not a planted bug of the lockstep."""
+    bug = given if given is not None else (os.environ.get(BUG_VARIABLE) or None)
+    if bug is not None and bug not in BUGS:
+        raise UsageError(f"unknown bug {bug!r}; choose from: {', '.join(BUGS)}")
+    return bug
 
 
 class Parser(argparse.ArgumentParser):

@@ -21,7 +21,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .arguments import AddParser, UsageError, add_bounds, bounds_from, writable_dir
+from .arguments import (
+    AddParser,
+    UsageError,
+    add_bounds,
+    bounds_from,
+    planted_bug,
+    writable_dir,
+)
 from .model.state import Bounds
 
 if TYPE_CHECKING:  # imported for real inside the commands: they load torch and ttnn
@@ -105,12 +112,12 @@ def cmd_fuzz(ns: argparse.Namespace) -> int:
 
     started = time.perf_counter()
     bounds = _fuzz_bounds(ns)
+    ns.planted = planted_bug()  # $TTMIRROR_BUG: a campaign against a planted bug
     writable_dir(ns.traces)
     # Checked before the imports below: they load torch and ttnn, which take seconds.
     from .conformance import campaign, profiles, shards
     from .conformance.coverage import Coverage
     from .conformance.walk_bound import walks_lower_bound
-    from .impl import faults
     from .model.explore import explore
 
     start = time.perf_counter()
@@ -142,7 +149,7 @@ def cmd_fuzz(ns: argparse.Namespace) -> int:
                               seed=hypothesis_seed,
                               trace_dir=Path(ns.traces), on_run=cov.record,
                               max_examples=max(1, ns.examples), config=ns.config,
-                              deadline=deadline, bug=faults.current(), database=ns.example_db)
+                              deadline=deadline, bug=ns.planted, database=ns.example_db)
         walked: Report | None = None
         failure: _Failure | None = None
         stopped = "failure"
@@ -323,23 +330,22 @@ def _walk(ns: argparse.Namespace, bounds: Bounds, cov: Coverage, seconds: float
     """The guided walks, for at most `seconds`; a failing walk is written as an ITF trace named
     after seed and walk."""
     from .conformance import branches, itf, walks
-    from .impl import faults
 
     every = 10.0 if sys.stderr.isatty() else 30.0
     if ns.shard is None and _walk_mode(ns.backend) == "branches":
         # The implementation's state can be saved: each edge is walked once, from a saved state.
         walked = branches.run(cov, ns.backend, seed=ns.seed, until=ns.min_edges, seconds=seconds,
                               jobs=ns.jobs, progress=_walk_progress, every=every,
-                              config=ns.config)
+                              config=ns.config, bug=ns.planted)
     else:  # a chip cannot be saved, and a shard takes its share of one plan: planned walks
         walked = walks.run(cov, ns.backend, seed=ns.seed, until=ns.min_edges, seconds=seconds,
                            jobs=ns.jobs, progress=_walk_progress, every=every, config=ns.config,
-                           shard=ns.shard)
+                           shard=ns.shard, bug=ns.planted)
     failed = walked.failure
     if failed is None:
         return walked, None
     trace = itf.to_itf(bounds, ns.backend, failed.prompts, failed.moves, failed.states,
-                       failure=failed.error, bug=faults.current(), seed=ns.seed,
+                       failure=failed.error, bug=ns.planted, seed=ns.seed,
                        config=ns.config, sampling=failed.sampling,
                        sampling_seed=failed.sampling_seed)
     name = f"walk-{ns.backend}-{ns.config}-seed{ns.seed}-walk{failed.walk}.itf.json"
@@ -379,18 +385,17 @@ def _walk_progress(report: Report, cov: Coverage) -> None:
 def cmd_mutants(ns: argparse.Namespace) -> int:
     from .conformance import mutants, profiles
     from .conformance.configs import CONFIGS
-    from .impl import faults
+    from .impl import mutations
 
-    known = ({**faults.BUGS, **faults.SERVING_BUGS, **faults.FAULT_BUGS} if ns.backend == "tt"
-             else faults.BUGS)
+    known = mutations.ALL if ns.backend == "tt" else mutations.BUGS
     for bug in ns.bug or []:
         if bug not in known:
             raise UsageError(f"unknown bug {bug!r}; choose from: {', '.join(known)}")
     configs = [_config(ns.backend, c) for c in ns.config or CONFIGS[ns.backend]]
     writable_dir(ns.traces)
-    lockstep_bugs = [b for b in ns.bug or [] if b in faults.BUGS]
-    serving_bugs = [b for b in ns.bug or [] if b in faults.SERVING_BUGS]
-    fault_bugs = [b for b in ns.bug or [] if b in faults.FAULT_BUGS]
+    lockstep_bugs = [b for b in ns.bug or [] if b in mutations.BUGS]
+    serving_bugs = [b for b in ns.bug or [] if b in mutations.SERVING_BUGS]
+    fault_bugs = [b for b in ns.bug or [] if b in mutations.FAULT_HANDLING_BUGS]
     kills = []
     if not ns.bug or lockstep_bugs:
         kills = mutants.matrix(Bounds(), ns.backend, profiles.profile(ns.profile),
@@ -421,22 +426,18 @@ def cmd_mutants(ns: argparse.Namespace) -> int:
 def cmd_replay(ns: argparse.Namespace) -> int:
     from .conformance import itf
     from .conformance.replay import CONFORMS, INVALID, replay
-    from .impl import faults
 
     try:
         loaded = itf.load(Path(ns.trace))
     except itf.TraceError as e:
         raise UsageError(str(e)) from None
-    bug = ns.bug if ns.bug is not None else faults.current()
-    if bug is not None and bug not in faults.BUGS:
-        raise UsageError(f"unknown bug {bug!r}; choose from: {', '.join(faults.BUGS)}")
+    bug = planted_bug(ns.bug)
     backend = ns.backend or loaded.backend
     config = _config(backend, ns.config or (loaded.config if backend == loaded.backend else None))
     try:
-        with faults.planted(bug):
-            outcome = replay(loaded.bounds, backend, loaded.prompts, loaded.moves,
-                             claimed=loaded.states[1:], config=config, sampling=loaded.sampling,
-                             sampling_seed=loaded.sampling_seed)
+        outcome = replay(loaded.bounds, backend, loaded.prompts, loaded.moves,
+                         claimed=loaded.states[1:], config=config, sampling=loaded.sampling,
+                         sampling_seed=loaded.sampling_seed, bug=bug)
     except (ValueError, KeyError, IndexError) as e:
         raise UsageError(f"{ns.trace} is not for this model: {e}") from None
     if outcome.status == INVALID:
@@ -458,7 +459,8 @@ def cmd_validate(ns: argparse.Namespace) -> int:
     from collections import deque
     from itertools import chain
 
-    from .conformance.validate import EventsError, bounds_of, read_itf, validate
+    from .conformance.itf import EventsError, read_events
+    from .conformance.validate import bounds_of, validate
 
     path = Path(ns.trace)
     tty = sys.stderr.isatty()
@@ -480,8 +482,8 @@ def cmd_validate(ns: argparse.Namespace) -> int:
 
     started = time.perf_counter()
     try:
-        stream = read_itf(path)
-        first = next(stream)  # read_itf raises EventsError for a trace without events
+        stream = read_events(path)
+        first = next(stream)  # read_events raises EventsError for a trace without events
         bounds = bounds_of(first)
         d = validate(seen(chain([first], stream)), bounds, progress)
         if d is not None:

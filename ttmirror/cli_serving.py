@@ -133,12 +133,12 @@ def _validated(engine: Any) -> bool:
 
 def _write_trace(path: Path, engine: Any) -> None:
     """The run's recorded events as an ITF trace (the tokens were printed first: kept)."""
-    from .conformance.validate import write_itf
+    from .conformance.itf import write_events
 
     events = engine.runner.events.events
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        write_itf(events, path)
+        write_events(events, path)
     except OSError as e:
         raise UsageError(f"cannot write the trace {path}: {e.strerror}") from None
     print(f"trace: {len(events)} events written to {path} (check it: ttmirror validate {path})")
@@ -183,15 +183,17 @@ def _open_engine(ns: argparse.Namespace, model: DecoderModel) -> tuple[ServingBa
     sampling = SamplingParams(seed=ns.seed) if ns.sampling == "seeded" else SamplingParams()
     options: dict[str, Any] = {}
     if ns.backend == "tt":
-        from .emulator import Emulator
-        from .emulator.decoder import dram_bytes
-        from .emulator.device import DEFAULT_DRAM_SIZE
-        from .impl.backend import padded_rows
+        from .impl.devices import chip_present
 
-        # Without a chip: an emulated device with room for the model's vocabulary.
-        options["emulator"] = Emulator(
-            dram_size=DEFAULT_DRAM_SIZE + dram_bytes(model, padded_rows(8), 8)
-        )
+        if not chip_present():
+            from .emulator import Emulator
+            from .emulator.decoder import dram_bytes
+            from .emulator.device import DEFAULT_DRAM_SIZE
+            from .impl.backend import padded_rows
+
+            # An emulated device with room for the model's vocabulary.
+            options["provider"] = Emulator(
+                dram_size=DEFAULT_DRAM_SIZE + dram_bytes(model, padded_rows(8), 8))
     backend = ServingBackend(get_backend(ns.backend, **options), model, sampling)
     try:
         config = ServingConfig(async_scheduling=ns.async_scheduling, kv_tokens=ns.kv_tokens,

@@ -14,10 +14,10 @@ from pathlib import Path
 
 import pytest
 
+from ttmirror.arguments import BUG_VARIABLE
 from ttmirror.conformance import branches
 from ttmirror.conformance.coverage import Coverage
 from ttmirror.conformance.replay import CONFORMS, FAILS, replay
-from ttmirror.impl import faults
 from ttmirror.model.explore import explore
 from ttmirror.model.state import Bounds
 
@@ -75,15 +75,13 @@ def test_a_planted_bug_is_found_and_its_trace_replays_from_the_initial_state(
         small: Coverage, jobs: int) -> None:
     bug = "guard-off"
     cov = Coverage(small.ex)
-    with faults.planted(bug):
-        report = branches.run(cov, "tt", seed=0, seconds=300, jobs=jobs)
+    report = branches.run(cov, "tt", seed=0, seconds=300, jobs=jobs, bug=bug)
     assert report.stopped == "failure" and report.failure is not None
     failed = report.failure
     moves = failed.moves[: failed.step + 1]
     assert moves[0].action.name == "allocate"  # the whole history, not the last branch
-    with faults.planted(bug):
-        assert replay(SMALL, "tt", failed.prompts, moves, sampling=failed.sampling,
-                      sampling_seed=failed.sampling_seed).status == FAILS
+    assert replay(SMALL, "tt", failed.prompts, moves, sampling=failed.sampling,
+                  sampling_seed=failed.sampling_seed, bug=bug).status == FAILS
     assert replay(SMALL, "tt", failed.prompts, moves, sampling=failed.sampling,
                   sampling_seed=failed.sampling_seed).status == CONFORMS
 
@@ -93,7 +91,7 @@ def test_fuzz_default_bounds(tmp_path: Path) -> None:
 
     Its JSON is kept as out/fuzz-default.json (the figures the closing note and README quote).
     """
-    env = {k: v for k, v in os.environ.items() if k != faults.ENV}
+    env = {k: v for k, v in os.environ.items() if k != BUG_VARIABLE}
     done = subprocess.run(
         [sys.executable, "-m", "ttmirror.cli", "fuzz", "--json", "--traces", str(tmp_path)],
         capture_output=True, text=True, timeout=1500, env=env,

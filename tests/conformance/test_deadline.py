@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
+from ttmirror.arguments import BUG_VARIABLE
 from ttmirror.cli import main
 from ttmirror.conformance import campaign, machine, profiles
 from ttmirror.conformance.lockstep import Lockstep
-from ttmirror.impl import faults
 from ttmirror.model.state import Bounds
 
 
@@ -53,13 +53,13 @@ def test_hypothesis_shrinks_and_the_deadline_keeps_the_smallest_failure_so_far(
 
 
 def test_fuzz_seconds_bounds_the_whole_run_shrinking_included(
-        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+        tmp_path: Path, capsys: pytest.CaptureFixture[str],
+        monkeypatch: pytest.MonkeyPatch) -> None:
     # Unbounded, this bug's shrinking alone runs some 2,000 examples (minutes); --seconds 20 must
     # end the run at about 20 s, with the smallest failure found by then and its trace.
     start = time.perf_counter()
-    with faults.planted("stale-host-id-on-resume"):
-        code = main(["fuzz", "--seconds", "20", "--jobs", "1", "--traces", str(tmp_path),
-                     "--json"])
+    monkeypatch.setenv(BUG_VARIABLE, "stale-host-id-on-resume")
+    code = main(["fuzz", "--seconds", "20", "--jobs", "1", "--traces", str(tmp_path), "--json"])
     elapsed = time.perf_counter() - start
     out = capsys.readouterr()
     assert code == 1 and elapsed < 20 + 15, elapsed  # one last move and the trace past it

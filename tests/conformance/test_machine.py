@@ -83,11 +83,11 @@ def test_device_moves_reveal_the_data_the_model_says(config: str) -> None:
         assert ls.device_ready(0)
         before = ls.observe()
         # Issued, not computed: the combine's output and the slot are not there yet.
-        assert before.queue[0].rows[0][4] is None and before.slots[0][0] == PENDING
+        assert before.queue[0].rows[0].consumed is None and before.slots[0][0] == PENDING
         while ls.device_ready(0):
             ls.advance_device(0)  # each move checks the data against the model
         after = ls.observe()
-        assert after.queue[0].rows[0][4] == (0, 0)  # the row consumed the prompt id
+        assert after.queue[0].rows[0].consumed == (0, 0)  # the row consumed the prompt id
         assert after.slots[0][0] == ((0, 1),)  # the sampler wrote the request's next token
         assert ls.observation.startswith("device data")
     finally:

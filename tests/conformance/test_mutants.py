@@ -12,54 +12,56 @@ from ttmirror.conformance import abstraction, itf, mutants, profiles
 from ttmirror.conformance.configs import CONFIGS
 from ttmirror.conformance.lockstep import Divergence, Lockstep
 from ttmirror.conformance.replay import CONFORMS, FAILS, replay
-from ttmirror.impl import faults
+from ttmirror.impl import mutations
 from ttmirror.model.explore import Exploration
 from ttmirror.model.state import Bounds
 
 REGRESSIONS = Path(__file__).parent.parent / "regressions"
-DATA_BUGS = sorted(faults.DEVICE_HALF - {"stage-cq1-no-event"})
+DATA_BUGS = sorted(mutants.DEVICE_HALF - {"stage-cq1-no-event"})
 """Device-half bugs that change what the device computes (the other one is a race)."""
 KILLS = [
     (backend, config, bug)
     for backend in ("tt", "cpu")
     for config in CONFIGS[backend]
-    for bug in sorted(faults.BUGS)
+    for bug in sorted(mutations.BUGS)
     if mutants.applies(bug, backend, config)
 ]
 
 
-def _replay(trace: itf.Loaded, moves: list | None = None) -> str:  # type: ignore[type-arg]
+def _replay(trace: itf.Loaded, moves: list | None = None,  # type: ignore[type-arg]
+            bug: str | None = None) -> str:
     return replay(trace.bounds, trace.backend, trace.prompts,
                   trace.moves if moves is None else moves, config=trace.config,
-                  sampling=trace.sampling, sampling_seed=trace.sampling_seed).status
+                  sampling=trace.sampling, sampling_seed=trace.sampling_seed, bug=bug).status
 
 
 def test_catalog_has_every_bug_class_and_a_trace_each() -> None:
-    assert len(faults.BUGS) >= 20 and len(faults.DEVICE_HALF) >= 8
+    assert len(mutations.BUGS) >= 20 and len(mutants.DEVICE_HALF) >= 8
     assert {p.name.removesuffix(".itf.json") for p in REGRESSIONS.glob("*.itf.json")} == set(
-        faults.BUGS
+        mutations.BUGS
     )
 
 
-@pytest.mark.parametrize("bug", sorted(faults.BUGS))
+@pytest.mark.parametrize("bug", sorted(mutations.BUGS))
 def test_regression_trace_fails_with_its_bug_and_passes_without(bug: str) -> None:
     trace = itf.load(REGRESSIONS / f"{bug}.itf.json")
     assert trace.meta["bug"] == bug
-    with faults.planted(bug):
-        on = replay(trace.bounds, trace.backend, trace.prompts, trace.moves, trace.states[1:],
-                    config=trace.config, sampling=trace.sampling,
-                    sampling_seed=trace.sampling_seed)
+    on = replay(trace.bounds, trace.backend, trace.prompts, trace.moves, trace.states[1:],
+                config=trace.config, sampling=trace.sampling, sampling_seed=trace.sampling_seed,
+                bug=bug)
     off = replay(trace.bounds, trace.backend, trace.prompts, trace.moves, trace.states[1:],
                  config=trace.config, sampling=trace.sampling, sampling_seed=trace.sampling_seed)
     assert on.status == FAILS, on.reason
     assert off.status == CONFORMS, off.rows[-1:]
 
 
-def _effects(trace: itf.Loaded, moves: list) -> set[tuple[str, int]]:  # type: ignore[type-arg]
+def _effects(trace: itf.Loaded, moves: list,  # type: ignore[type-arg]
+             bug: str) -> set[tuple[str, int]]:
     """The device effects (combine outputs, sampler writes, by step) that came into being
-    during `moves` (a slot's content is overwritten later, so it is collected move by move)."""
+    during `moves`, `bug` planted (a slot's content is overwritten later, so it is collected
+    move by move)."""
     ls = Lockstep(trace.bounds, trace.backend, trace.prompts, config=trace.config,
-                  sampling=trace.sampling, sampling_seed=trace.sampling_seed)
+                  sampling=trace.sampling, sampling_seed=trace.sampling_seed, bug=bug)
     effects: set[tuple[str, int]] = set()
     try:
         for move in moves:
@@ -87,12 +89,12 @@ def test_device_half_traces_fail_when_the_wrong_data_comes_into_being(bug: str) 
     # once: then the host copy differs beside it).
     assert "(device data)" in failure["message"]
     assert failure["step"] == len(trace.moves)
-    with faults.planted(bug):
-        assert _replay(trace) == FAILS
-        assert _replay(trace, trace.moves[:-1]) == CONFORMS  # nothing showed before that move
-        # ... and the failing move is the one in which the wrong data came into being: a
-        # combine output or a sampler write that did not exist before it (not a later read).
-        assert _effects(trace, trace.moves) > _effects(trace, trace.moves[:-1])
+    assert _replay(trace, bug=bug) == FAILS
+    # Nothing showed before that move...
+    assert _replay(trace, trace.moves[:-1], bug=bug) == CONFORMS
+    # ... and the failing move is the one in which the wrong data came into being: a combine
+    # output or a sampler write that did not exist before it (not a later read).
+    assert _effects(trace, trace.moves, bug) > _effects(trace, trace.moves[:-1], bug)
 
 
 @pytest.mark.parametrize(("backend", "config", "bug"), KILLS)
@@ -115,8 +117,7 @@ def test_suite_kills_bug_in_every_configuration(backend: str, config: str, bug: 
         assert kill.trace_len is not None and kill.trace_len <= 40
     loaded = itf.load(Path(kill.trace))
     assert loaded.config == config
-    with faults.planted(bug):
-        assert _replay(loaded) == FAILS
+    assert _replay(loaded, bug=bug) == FAILS
 
 
 def test_a_harness_error_is_not_a_kill(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
@@ -140,10 +141,8 @@ def test_layers_name_the_check() -> None:
     assert abstraction.PENDING == "pending"
 
 
-def test_bugs_are_inert_when_off() -> None:
-    assert faults.current() is None
-    with faults.planted("guard-off"):
-        assert faults.active("guard-off") and not faults.active("deliver-dropped")
-    assert faults.current() is None
-    with pytest.raises(ValueError, match="unknown planted bug"), faults.planted("no-such-bug"):
-        pass
+def test_a_bug_is_a_value_checked_against_the_catalog() -> None:
+    assert mutations.mutations(["guard-off", None]) == frozenset({"guard-off"})
+    assert mutations.mutations() == mutations.NONE == frozenset()
+    with pytest.raises(ValueError, match="unknown planted bug 'no-such-bug'"):
+        mutations.mutations(["no-such-bug"])

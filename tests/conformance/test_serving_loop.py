@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 from hypothesis import Phase, settings
 
+from ttmirror.conformance.itf import read_events
 from ttmirror.conformance.profiles import serving_settings
 from ttmirror.conformance.serving_loop import FAILURE, TRACE_DIR, ServingLoop, Tally
-from ttmirror.conformance.validate import bounds_of, read_itf, validate
-from ttmirror.impl import faults
+from ttmirror.conformance.validate import bounds_of, validate
 
 
 def test_every_serving_run_validates_and_equals_depth_1() -> None:
@@ -40,9 +40,10 @@ def test_twin_the_machine_finds_a_slot_released_early(tmp_path: Path,
     ServingLoop.tally = Tally()
     test = ServingLoop.TestCase
     test.settings = settings(serving_settings(), phases=[Phase.generate])
-    with faults.planted("release-when-draining"), pytest.raises(
+    monkeypatch.setattr(ServingLoop, "bug", "release-when-draining")
+    with pytest.raises(
             AssertionError, match=r"release\(\d+,\)\): not enabled"):
         test("runTest").runTest()
-    events = list(read_itf(tmp_path / FAILURE))
+    events = list(read_events(tmp_path / FAILURE))
     d = validate(events, bounds_of(events))
     assert d is not None and d.event.action == "release"

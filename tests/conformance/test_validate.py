@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from ttmirror.conformance.validate import bounds_of, validate
 from ttmirror.impl.cpu_backend import CpuBackend
 from ttmirror.impl.events import Event
+from ttmirror.impl.rows import Row
 from ttmirror.impl.runner import CLOSED, Status
 from ttmirror.model.state import Bounds
 from ttmirror.serving.engine import Engine, EngineConfig
@@ -84,15 +87,28 @@ def test_a_release_before_its_readback_completes_diverges() -> None:
     assert d is not None and d.index == issue + 1 and d.event.args == (slot,)
 
 
+def _with_rows(e: Event, change: Callable[[Row], Row]) -> Event:
+    """`e` with each of its rows changed by `change`."""
+    return Event(e.action, e.args, tuple(
+        (k, tuple(change(r) for r in v) if k == "rows" else v) for k, v in e.detail))
+
+
 def test_a_decision_the_model_would_not_make_diverges() -> None:
     events = _run(2, 2)
     i = next(i for i, e in enumerate(events)
-             if e.action == "schedule" and any(p is not None for p in e.get("prev_rows")))
-    e = events[i]
-    wrong = Event(e.action, e.args, tuple(
-        (k, tuple(None for _ in v) if k == "prev_rows" else v) for k, v in e.detail))
+             if e.action == "schedule" and any(r.prev_row is not None for r in e.get("rows")))
+    wrong = _with_rows(events[i], lambda r: r._replace(prev_row=None))
     d = validate([*events[:i], wrong, *events[i + 1:]], Bounds())
     assert d is not None and d.index == i and "prev_rows" in d.reason
+
+
+def test_a_position_the_model_would_not_give_diverges() -> None:
+    events = _run(2, 2)
+    i = next(i for i, e in enumerate(events) if e.action == "schedule" and any(
+        r.pos > 0 for r in e.get("rows")))
+    wrong = _with_rows(events[i], lambda r: r._replace(pos=r.pos + 1))
+    d = validate([*events[:i], wrong, *events[i + 1:]], Bounds())
+    assert d is not None and d.index == i and "positions" in d.reason
 
 
 def test_an_enabled_but_unsafe_transition_diverges_on_the_invariant() -> None:
@@ -107,11 +123,9 @@ def test_an_enabled_but_unsafe_transition_diverges_on_the_invariant() -> None:
 def test_a_host_id_staged_from_the_wrong_position_diverges_at_its_combine() -> None:
     events = _run(2, 2)
     i = next(i for i, e in enumerate(events)
-             if e.action == "combine" and any(p for p in e.get("host_pos") if p is not None))
-    e = events[i]
-    stale = tuple(None if p is None else max(p - 1, 0) for p in e.get("host_pos"))
-    wrong = Event(e.action, e.args, tuple(
-        (k, stale if k == "host_pos" else v) for k, v in e.detail))
+             if e.action == "combine" and any(r.host_pos for r in e.get("rows")))
+    wrong = _with_rows(events[i], lambda r: r if r.host_pos is None else r._replace(
+        host_pos=max(r.host_pos - 1, 0)))
     d = validate([*events[:i], wrong, *events[i + 1:]], Bounds())
     assert d is not None and d.index == i and "host ids of positions" in d.reason
 

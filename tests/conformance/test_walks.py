@@ -15,12 +15,13 @@ from pathlib import Path
 import networkx as nx
 import pytest
 
+from ttmirror.arguments import BUG_VARIABLE
 from ttmirror.conformance import walks
 from ttmirror.conformance.coverage import Coverage, Planner
-from ttmirror.conformance.lockstep import Lockstep, model_step
+from ttmirror.conformance.lockstep import Lockstep
 from ttmirror.conformance.replay import CONFORMS, FAILS, replay
 from ttmirror.conformance.walk_bound import walks_lower_bound
-from ttmirror.impl import faults
+from ttmirror.model.actions import take
 from ttmirror.model.explore import Exploration, explore
 from ttmirror.model.state import Bounds, initial_state
 
@@ -44,7 +45,7 @@ def test_planner_covers_every_edge_with_paths_from_the_initial_state(small: Cove
         seen |= set(edges)
         state = initial_state(SMALL)  # each edge's action leads where the graph says
         for e, (_, v) in zip(path, edges, strict=True):
-            state = model_step(state, SMALL, planner.action(e))
+            state = take(state, SMALL, planner.action(e))
             assert state == small.ex.states[v]
     assert seen == set(g.edges()) and planner.closed == g.number_of_edges()
     # No fewer walks than the DAG needs: one per unit of out-degree over in-degree.
@@ -105,20 +106,18 @@ def test_walks_in_worker_processes_find_a_planted_bug_and_its_trace_replays(
 ) -> None:
     bug = "prev-row-not-remapped"
     cov = Coverage(default_run)
-    with faults.planted(bug):
-        report = walks.run(cov, "tt", seed=0, until=1.0, seconds=120, jobs=2)
+    report = walks.run(cov, "tt", seed=0, until=1.0, seconds=120, jobs=2, bug=bug)
     assert report.stopped == "failure" and report.failure is not None
     failed = report.failure
     moves = failed.moves[: failed.step + 1]
-    with faults.planted(bug):
-        assert replay(Bounds(), "tt", failed.prompts, moves).status == FAILS
+    assert replay(Bounds(), "tt", failed.prompts, moves, bug=bug).status == FAILS
     assert replay(Bounds(), "tt", failed.prompts, moves).status == CONFORMS
 
 
 def _fuzz(tmp_path: Path, *args: str, bug: str | None = None) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if k != faults.ENV}
+    env = {k: v for k, v in os.environ.items() if k != BUG_VARIABLE}
     if bug is not None:
-        env[faults.ENV] = bug
+        env[BUG_VARIABLE] = bug
     return subprocess.run(
         [sys.executable, "-m", "ttmirror.cli", "fuzz", "--requests", "1", "--examples", "20",
          "--jobs", "2", "--traces", str(tmp_path), *args],
@@ -145,7 +144,7 @@ def test_fuzz_with_a_planted_bug_fails_with_a_trace_that_replays(tmp_path: Path)
     assert done.returncode == 1
     trace = json.loads(done.stdout)["trace"]
     assert trace and Path(trace).exists() and "seed 0" in done.stderr
-    env = {**os.environ, faults.ENV: "guard-off"}
+    env = {**os.environ, BUG_VARIABLE: "guard-off"}
     again = subprocess.run([sys.executable, "-m", "ttmirror.cli", "replay", trace],
                            capture_output=True, text=True, timeout=300, env=env)
     assert again.returncode == 1, again.stdout[-2000:]

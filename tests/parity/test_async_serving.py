@@ -26,7 +26,7 @@ from ttmirror.conformance.serving import logprob_errors
 from ttmirror.conformance.validate import bounds_of, validate
 from ttmirror.emulator import Emulator, SeededScheduler, open_device
 from ttmirror.emulator.decoder import dram_bytes
-from ttmirror.impl import faults
+from ttmirror.impl import mutations
 from ttmirror.impl.backend import padded_rows
 from ttmirror.impl.events import Event
 from ttmirror.impl.probe import ProbeReference
@@ -78,6 +78,8 @@ class Run:
     """The per-step token budget that chunks prefills (None: none)."""
     max_logprobs: int = 0
     """Above 0: the engine allocates the logprob ring (requests may ask up to this many)."""
+    bug: str | None = None
+    """A bug planted in the run's runner and mirror (`impl/mutations.py`)."""
 
 
 def _require_async(enabled: bool, batches: int) -> None:
@@ -117,6 +119,7 @@ def _serve(run: Run, plan: list[RequestPlan], events: list[Event] | None = None)
                 prefill_chunk=run.prefill_chunk,
                 max_step_tokens=run.max_step_tokens,
                 max_logprobs=run.max_logprobs,
+                mutations=mutations.mutations([run.bug]),
             ),
         )
         try:
@@ -207,10 +210,11 @@ def _check_scenario(out: Outcome, plan: list[RequestPlan], depth: int,
 
 
 def _parity_case(model: str, sampling: str, async_scheduling: str = "auto",
-                 policy: str = "keep") -> None:
+                 policy: str = "keep", bug: str | None = None) -> None:
     plan = standard_plan(_model(model).vocab)
-    depth2 = _outcome(Run(model, sampling, async_scheduling, preempt_policy=policy), gate=True)
-    depth1 = _outcome(Run(model, sampling, "off", preempt_policy=policy))
+    depth2 = _outcome(Run(model, sampling, async_scheduling, preempt_policy=policy, bug=bug),
+                      gate=True)
+    depth1 = _outcome(Run(model, sampling, "off", preempt_policy=policy, bug=bug))
     _check_scenario(depth2, plan, depth=2, policy=policy)
     _check_scenario(depth1, plan, depth=1, policy=policy)
     for p in plan:
@@ -361,8 +365,8 @@ def test_a_constrained_request_without_host_sync_is_caught() -> None:
     # and its mask would miss its newest token; the engine refuses to build it.
     plan = [replace(p, constraint="alternating-parity" if p.req == 1 else None)
             for p in standard_plan(_model("probe").vocab)]
-    with faults.planted("host-sync-unguarded"), pytest.raises(RunLeftTheModel) as caught:
-        _serve(Run("probe", "greedy"), plan)
+    with pytest.raises(RunLeftTheModel) as caught:
+        _serve(Run("probe", "greedy", bug="host-sync-unguarded"), plan)
     # Caught twice: the run had left the model at that schedule, and the engine refused the mask.
     assert isinstance(caught.value.__cause__, RuntimeError)
     assert "in flight" in str(caught.value.__cause__)
@@ -571,10 +575,8 @@ def test_twin_logprobs_copied_after_the_event_are_a_hazard() -> None:
     from ttmirror.emulator import HazardError
 
     plan = [_with_logprobs(p) for p in standard_plan(_model("probe").vocab)]
-    with faults.planted("logprobs-after-event"), pytest.raises(
-        HazardError, match="unsynchronised-readback"
-    ):
-        _serve(Run("probe", "seeded", max_logprobs=LOGPROBS), plan)
+    with pytest.raises(HazardError, match="unsynchronised-readback"):
+        _serve(Run("probe", "seeded", max_logprobs=LOGPROBS, bug="logprobs-after-event"), plan)
 
 
 def test_a_request_asking_more_logprobs_than_the_engine_serves_is_refused() -> None:
@@ -646,7 +648,7 @@ def _plan_for(kind: str | None) -> list[RequestPlan]:
 def test_every_runner_bug_is_either_killed_by_validation_or_unreachable_in_the_loop() -> None:
     # The data bugs (tt) change what the device computes, not the protocol's events: the
     # battery's token comparison and the hazard checks kill those.
-    runner_bugs = set(faults.BUGS) - faults.TT_ONLY
+    runner_bugs = set(mutations.BUGS) - mutations.TT_ONLY
     assert set(VALIDATION_KILLS).isdisjoint(UNREACHABLE_IN_THE_LOOP)
     assert runner_bugs <= set(VALIDATION_KILLS) | set(UNREACHABLE_IN_THE_LOOP)
 
@@ -655,8 +657,8 @@ def test_every_runner_bug_is_either_killed_by_validation_or_unreachable_in_the_l
 def test_validation_alone_kills_each_serving_loop_bug(bug: str) -> None:
     run, kind = VALIDATION_KILLS[bug]
     events: list[Event] = []
-    with faults.planted(bug), pytest.raises(RunLeftTheModel):
-        _serve(run, _plan_for(kind), events)
+    with pytest.raises(RunLeftTheModel):
+        _serve(replace(run, bug=bug), _plan_for(kind), events)
     # Non-vacuous: the bug really changed the run (the same run without it validates).
     clean: list[Event] = []
     _serve(run, _plan_for(kind), clean)
@@ -668,8 +670,7 @@ def test_a_bug_the_loop_cannot_reach_leaves_its_runs_unchanged(bug: str) -> None
     for run in (Run("probe", "greedy"), Run("probe", "greedy", prefill_chunk=CHUNK)):
         on: list[Event] = []
         off: list[Event] = []
-        with faults.planted(bug):
-            _serve(run, _plan_for(None), on)
+        _serve(replace(run, bug=bug), _plan_for(None), on)
         _serve(run, _plan_for(None), off)
         assert on == off
 
@@ -681,12 +682,9 @@ def test_twin_validation_is_what_kills_a_slot_released_early(
     tokens agree with depth 1 and every scenario happens: with validation switched off the
     battery's case passes; with it on, the run leaves the model at that release."""
     bug = "release-when-draining"
-    with faults.planted(bug):
-        monkeypatch.setattr(sys.modules[__name__], "VALIDATE", False)
-        _runs.clear()
-        _parity_case("probe", "greedy")  # passes: the tokens cannot show it
-        monkeypatch.setattr(sys.modules[__name__], "VALIDATE", True)
-        _runs.clear()
-        with pytest.raises(RunLeftTheModel, match=r"release\(\d+,\)\): not enabled"):
-            _parity_case("probe", "greedy")
-    _runs.clear()  # the cache holds runs made with the bug on
+    monkeypatch.setattr(sys.modules[__name__], "VALIDATE", False)
+    _parity_case("probe", "greedy", bug=bug)  # passes: the tokens cannot show it
+    monkeypatch.setattr(sys.modules[__name__], "VALIDATE", True)
+    _runs.clear()  # the runs above were cached unvalidated
+    with pytest.raises(RunLeftTheModel, match=r"release\(\d+,\)\): not enabled"):
+        _parity_case("probe", "greedy", bug=bug)

@@ -11,7 +11,7 @@ import ttnn
 
 from ttmirror.conformance import fault_runs
 from ttmirror.conformance.fault_runs import KINDS, faulted_run, promise_errors, sync_tokens
-from ttmirror.impl import faults
+from ttmirror.impl import mutations
 from ttmirror.impl.runner import DeviceFault, Status
 from ttmirror.serving.workload import run_workload
 
@@ -80,7 +80,7 @@ def test_a_refused_phase_changes_nothing_in_the_runner() -> None:
         ttnn.close_mesh_device(device)
 
 
-@pytest.mark.parametrize("bug", sorted(faults.FAULT_BUGS))
+@pytest.mark.parametrize("bug", sorted(mutations.FAULT_HANDLING_BUGS))
 def test_the_fault_half_kills_each_planted_fault_bug(bug: str) -> None:
     killed, verdict = fault_runs.kill(bug)
     assert killed, f"{bug} survived the fault half"

@@ -1,19 +1,21 @@
-"""Planted bugs: a catalog of known-bad variants of the implementation, switched at run time.
+"""Planted bugs (mutations): a catalog of known-bad variants of the implementation.
 
 Each entry is one real bug class from the async-scheduling and ttnn runtime references; the
 conformance suite must rediscover every one ("a checker that cannot rediscover known bugs proves
-nothing when it is green"). A bug is switched on for a block with `planted(id)` or for a whole
-process with the environment variable ``TTMIRROR_BUG=<id>``. Off (the default), every hook is a
-single failed comparison and the implementation behaves exactly as without this module.
+nothing when it is green"). A bug is planted as a value, never a process setting: a frozen set of
+these ids in the runner's configuration (`RunnerConfig.mutations`), which hands it to its mirror
+(`MirrorSpec.mutations`); each hook is a membership test beside the decision it corrupts. The
+empty set (the default) is the implementation exactly as without this module. The command line
+fills the value from ``TTMIRROR_BUG`` (`ttmirror.arguments`); nothing here reads the environment.
 """
 
 from __future__ import annotations
 
-import contextlib
-import os
-from collections.abc import Iterator
+from collections.abc import Iterable
 
-ENV = "TTMIRROR_BUG"
+Mutations = frozenset[str]
+"""The planted bugs a runner and its mirror carry (empty: none)."""
+NONE: Mutations = frozenset()
 
 BUGS: dict[str, str] = {
     "guard-off": "schedule: no previous-row map, in-flight rows combine from host placeholders",
@@ -64,7 +66,7 @@ SERVING_BUGS: dict[str, str] = {
 probe, which computes no logprobs, so the serving half (`conformance/serving.py`) kills these;
 `ttmirror mutants` lists them beside the lockstep's, `by: serving`."""
 
-FAULT_BUGS: dict[str, str] = {
+FAULT_HANDLING_BUGS: dict[str, str] = {
     "fault-spares-later-rows": "fail_step: the failed requests' rows in the other in-flight step "
     "stay live, so a failed request is delivered a token",
     "fault-keeps-ring-position": "fail_step: a failed newest step does not give its slot back to "
@@ -83,54 +85,16 @@ TT_ONLY = frozenset(
         "positions-stale", "sampler-keyed-by-row", "sampler-keyed-by-step",
     }
 )
-DEVICE_HALF = frozenset(
-    {
-        "where-swapped", "mask-inverted", "gather-off-by-one", "gather-current-slot",
-        "positions-stale", "stage-cq1-no-event", "sampler-keyed-by-row", "sampler-keyed-by-step",
-    }
-)
-"""Bugs in what the device computes (the combine's ops and inputs), not the runner's books."""
-NEEDS_BOUNDS: dict[str, dict[str, int | bool]] = {
-    "prev-row-two-back": {"max_tokens": 3},
-    "partial-prefill-feeds-mirror": {"prefill_chunks": 2},
-    "host-sync-unguarded": {"host_sync": True},
-}
-"""Bounds a bug needs to occur at all (beyond the defaults): a request must have a row in three
-steps for "two back" and "one back" to differ; chunked prefill; a host-sync request."""
-TWO_QUEUES = frozenset({"readback-cq1-no-wait", "stage-cq1-no-event"})
-"""Bugs that need a second command queue: they cannot occur in the one-queue configuration."""
+"""Bugs of the tt mirror's device half (its queues, events and ops): the cpu backend has none."""
 
-_ALL = {**BUGS, **SERVING_BUGS, **FAULT_BUGS}
-_active: str | None = None
+ALL: dict[str, str] = {**BUGS, **SERVING_BUGS, **FAULT_HANDLING_BUGS}
+"""Every planted bug, by id."""
 
 
-def _from_env() -> str | None:
-    value = os.environ.get(ENV) or None
-    if value is not None and value not in _ALL:
-        raise ValueError(f"{ENV}={value!r} is not a planted bug; choose one of: {', '.join(_ALL)}")
-    return value
-
-
-_active = _from_env()
-
-
-def active(bug: str) -> bool:
-    """True while `bug` is switched on (the hooks' one question)."""
-    return _active == bug
-
-
-def current() -> str | None:
-    return _active
-
-
-@contextlib.contextmanager
-def planted(bug: str | None) -> Iterator[None]:
-    """Switch `bug` on for the block (None: every bug off); restores the previous setting."""
-    global _active
-    if bug is not None and bug not in _ALL:
-        raise ValueError(f"unknown planted bug {bug!r}; choose one of: {', '.join(_ALL)}")
-    previous, _active = _active, bug
-    try:
-        yield
-    finally:
-        _active = previous
+def mutations(ids: Iterable[str | None] = ()) -> Mutations:
+    """The set of `ids` (None entries ignored), or ValueError naming an unknown one."""
+    chosen = frozenset(i for i in ids if i is not None)
+    unknown = sorted(chosen - set(ALL))
+    if unknown:
+        raise ValueError(f"unknown planted bug {unknown[0]!r}; choose one of: {', '.join(ALL)}")
+    return chosen

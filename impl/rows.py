@@ -1,0 +1,38 @@
+"""One row of a step, as the implementation knows it: the one record of a row.
+
+The runner keeps its in-flight steps' rows as these, its view (`Runner.abstract()`) shows them,
+its recorded events carry them (`events.py`), the combine stages its device inputs from them
+(`backend.StepInputs`) and the serving engine builds its per-step context tables from them. The
+model's `Row` (`ttmirror.model.state`) is the only other record of a row; the abstraction maps
+one onto the other field by field.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+
+class Row(NamedTuple):
+    """Which request a row serves, the input it consumes, and where that input comes from."""
+
+    req: int
+    pos: int
+    """Position of the input token the row consumes (0 = the prompt's last token)."""
+    prev_row: int | None
+    """Row of `req` in the previous step's slot (the previous-row map); None = host ids."""
+    live: bool = True
+    """False once its request finished, aborted, failed or was preempted (drop): its token is
+    dropped."""
+    partial: bool = False
+    """A partial-prefill row: it consumes a prompt chunk and its sampled id is discarded."""
+    host_pos: int | None = None
+    """Set by the combine: the position whose host id it staged for this row (None: not combined
+    yet, reads the mirror, or dropped)."""
+    host_id: int = 0
+    """Set by the combine with `host_pos`: that host id (a prompt's, a delivered token's, or the
+    placeholder)."""
+
+    @property
+    def from_mirror(self) -> bool:
+        """It consumes the previous step's sampled id from the device (the guard's rows)."""
+        return self.live and self.prev_row is not None
