@@ -3,9 +3,9 @@
 `step_calls()` runs the tt mirror (the probe model) on an emulated device for three steps of
 two requests at depth 2, and reports the third: a step whose rows read their newest token from
 the previous step's slot. It lists each ttnn op the step issues with, per tensor argument, its
-dtype, layout and shape and the documented rule it satisfies (`support.py`), and counts
-the device commands the step costs, eagerly and with the decode step captured as a trace. The
-calls are the same on a chip; only the emulated device can count them here.
+dtype, layout and shape and the documented rule it satisfies (`support.py`, via `checker.py`),
+and counts the device commands the step costs, eagerly and with the decode step captured as a
+trace. The calls are the same on a chip; only the emulated device can count them here.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import ttnn
 
 from ..impl.runner import Runner, RunnerConfig
 from ..impl.tt_backend import TtBackend
-from . import routing, support
+from . import checker, routing
 from .entry import Emulator, open_device
 
 STEPS = 3
@@ -39,7 +39,7 @@ def step_calls(*, trace: bool = False) -> dict[str, Any]:
             _one_step(runner)
         ttnn.synchronize_device(device)
         before, host_before = len(device.completion_log), Counter(routing.HOST_CALLS)
-        with support.recording() as calls:
+        with checker.recording(device) as calls:
             _one_step(runner)
         ttnn.synchronize_device(device)
         names = [c.split("#")[0] for c in device.completion_log[before:]]
@@ -76,5 +76,5 @@ def _one_step(runner: Runner) -> None:
             runner.release(slot)
 
 
-def _describe(call: support.Satisfied) -> dict[str, Any]:
+def _describe(call: checker.Satisfied) -> dict[str, Any]:
     return {"op": f"ttnn.{call.op}", "documented": call.documented, "args": call.args}

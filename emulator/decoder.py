@@ -42,8 +42,8 @@ from ..impl.ring import LogprobSlot
 from ..serving.context import (
     BANNED,
     NO_ROWS,
-    ContextRows,
     SamplingParams,
+    StepContext,
     allowed_table,
     constraint_tables,
     decode_rows,
@@ -241,7 +241,7 @@ class DeviceDecoder:
             for value in (sampling.top_p, 1.0 / sampling.temperature)
         )
 
-    def stage(self, rows: ContextRows) -> None:
+    def stage(self, rows: StepContext) -> None:
         """Host writes of the step's context inputs, in queue order before its forward."""
         w = self.width
         for values, target in (
@@ -267,7 +267,7 @@ class DeviceDecoder:
             ])
         self._stage_constraints(rows)
 
-    def _stage_constraints(self, rows: ContextRows) -> None:
+    def _stage_constraints(self, rows: StepContext) -> None:
         """Penalties, min_tokens' banned ids and grammar masks of the step's rows."""
         params, banned = constraint_tables(rows, self.width)
         self._write_when_changed(

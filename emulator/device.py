@@ -14,7 +14,7 @@ import time
 import weakref
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import ttnn
@@ -48,6 +48,9 @@ from .tensors import (
     storage_bytes,
 )
 from .traces import Trace
+
+if TYPE_CHECKING:
+    from .checker import Satisfied
 
 DEFAULT_DRAM_SIZE = 64 << 20
 # Nominal trace-buffer bytes per captured command: real sizes depend on the program, but a
@@ -103,6 +106,9 @@ class EmulatedMeshDevice:
         """Called with each command as it completes, its writes done: how a conformance harness
         sees device data the moment it exists, without a command of its own (emulated only)."""
         self.sampling_identity: tuple[DeviceTensor, DeviceTensor] | None = None
+        self.checked_calls: list[Satisfied] | None = None
+        """While `checker.recording(self)` runs: each op call that passed the support check,
+        with the documented rows it met."""
         self._last_id = 0  # plain ints, not itertools counters: the state must copy as data
         self._last_trace_id = -1
         self._traces: dict[int, Trace] = {}

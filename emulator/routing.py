@@ -25,8 +25,8 @@ from typing import Any
 import ttnn
 
 from ..impl.devices import chip_present
+from . import checker, ops, readbacks
 from . import device as device_module
-from . import ops, readbacks, support
 from .commands import MeshEvent
 from .device import EmulatedMeshDevice
 from .signatures import Signature, introspect, introspect_method
@@ -302,7 +302,7 @@ def _op_route(name: str) -> Handler:
     plan = ops.OPS[name]
 
     def handler(call: Call) -> Any:
-        support.check(name, call.bound)  # what a chip refuses, refused here: eager or captured
+        checker.check(name, call.bound)  # what a chip refuses, refused here: eager or captured
         return plan(call.bound, current_cq())
 
     return handler

@@ -1,110 +1,29 @@
 """What a Tenstorrent chip accepts: each ttnn op's documented dtypes, layouts and shape rules.
 
-The rows come from the installed ttnn's own docstrings. Where a docstring has a "Supported dtypes
-and layouts" list-table, a rule names the table by its caption and holds its rows; where it says
-it in prose, a rule quotes the sentences and tabulates them by hand. `tests/device/test_support.py`
-re-reads the docstrings and fails when a row here and the documentation disagree, so a new ttnn
-cannot change the rules silently.
+The rows come from the installed ttnn's own docstrings (read by `docstrings.py`). Where a
+docstring has a "Supported dtypes and layouts" list-table, a rule names the table by its caption
+and holds its rows; where it says it in prose, a rule quotes the sentences and tabulates them by
+hand. `audit.py` re-reads the docstrings and reports where a row here and the documentation
+disagree (`tests/device/test_support.py` requires none), so a new ttnn cannot change the rules
+silently.
 
-The emulated device refuses every call outside these rows (`check`), eagerly and inside a trace
-capture alike, with tt-metal's wording: a `TT_FATAL` RuntimeError naming the op, the argument,
-what it got and what is supported. Ops whose docstrings state no dtype or layout (`documented` is
-False: embedding, copy, slice, concat, to_layout) are held only to the rules their docstrings do
-state; the mirror path uses none of them (`ttmirror info --backend tt --json` lists its ops).
+The emulated device refuses every call outside these rows (`checker.py`), eagerly and inside a
+trace capture alike. Ops whose docstrings state no dtype or layout (`documented` is False:
+embedding, copy, slice, concat, to_layout) are held only to the rules their docstrings do state;
+the mirror path uses none of them (`ttmirror info --backend tt --json` lists its ops).
 """
 
 from __future__ import annotations
 
-import contextlib
-import re
-from collections.abc import Callable, Iterable, Iterator, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
-import ttnn
-
+from .docstrings import FLOATS, Row, row, squash
 from .tensors import DeviceTensor
 
-FLOATS = frozenset({"BFLOAT16", "BFLOAT8_B", "BFLOAT4_B", "FLOAT32"})
-DTYPES = frozenset(n for n in dir(ttnn.DataType) if n.isupper() and n != "INVALID")
-LAYOUTS = frozenset({"TILE", "ROW_MAJOR"})
 Bound = Mapping[str, Any]
-
-
-class OpNotSupported(RuntimeError):
-    """A call a chip refuses: outside the op's documented dtypes, layouts or shapes."""
-
-
-# --- the docstrings' list-tables -----------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Row:
-    """One row of a support table: any of these dtypes, in any of these layouts."""
-
-    dtypes: frozenset[str]
-    layouts: frozenset[str]
-
-    def admits(self, dtype: str, layout: str) -> bool:
-        return dtype in self.dtypes and layout in self.layouts
-
-    def render(self) -> str:
-        return f"{', '.join(sorted(self.dtypes))} in {' or '.join(sorted(self.layouts))}"
-
-
-def row(dtypes: str, layouts: str) -> Row:
-    """A row from the docstring's own spelling, e.g. row("UINT16, UINT32", "TILE")."""
-    return Row(_names(dtypes, DTYPES), _names(layouts, LAYOUTS))
-
-
-@dataclass(frozen=True)
-class DocTable:
-    caption: str
-    """The table's title (`.. list-table:: k, p`), else the sentence just before it."""
-    rows: tuple[Row, ...]
-
-
-def doc_tables(doc: str) -> list[DocTable]:
-    """Every dtype/layout list-table of a docstring, its header row dropped."""
-    lines = doc.splitlines()
-    tables = []
-    for i, line in enumerate(lines):
-        match = re.match(r"(\s*)\.\. list-table::\s*(.*)$", line)
-        if not match:
-            continue
-        caption = match.group(2).strip()
-        if not caption:
-            before = [b.strip() for b in lines[:i] if b.strip()]
-            caption = before[-1] if before else ""
-        cells: list[list[str]] = []
-        for body in lines[i + 1 :]:
-            text = body.strip()
-            if not text or text.startswith(":"):
-                continue
-            if text.startswith("* -"):
-                cells.append([text[3:].strip()])
-            elif text.startswith("-") and cells:
-                cells[-1].append(text[1:].strip())
-            else:
-                break
-        rows = tuple(row(c[0], c[1]) for c in cells[1:] if len(c) >= 2)
-        tables.append(DocTable(caption, rows))
-    return tables
-
-
-def _names(cell: str, known: frozenset[str]) -> frozenset[str]:
-    while re.search(r"\([^()]*\)", cell):
-        cell = re.sub(r"\([^()]*\)", "", cell)  # "UINT32 (range: [0, 4294967295])"
-    return frozenset(n for n in re.split(r"[,/\s]+", cell.upper()) if n in known)
-
-
-def tokens(text: str) -> tuple[frozenset[str], frozenset[str]]:
-    """The dtype and layout names a sentence mentions (BFLOAT16/FLOAT32 counts both)."""
-    words = set(re.split(r"[^A-Z0-9_]+", text.upper()))
-    return frozenset(words & DTYPES), frozenset(words & LAYOUTS)
-
-
-# --- the rules -----------------------------------------------------------------------------------
+"""A call's arguments, bound by name against the installed ttnn's signature."""
 
 
 @dataclass(frozen=True)
@@ -121,7 +40,7 @@ class Source:
     def cite(self) -> str:
         if self.table is not None:
             return f"docstring table '{self.table}'"
-        return "docstring: " + " / ".join(f"'{_squash(q)}'" for q in self.quotes)
+        return "docstring: " + " / ".join(f"'{squash(q)}'" for q in self.quotes)
 
 
 @dataclass(frozen=True)
@@ -544,175 +463,3 @@ TABLE: dict[str, OpSupport] = {
     "to_layout": OpSupport("to_layout"),
 }
 """ttnn op name -> what its installed docstring says a chip accepts."""
-
-
-# --- checking a call -----------------------------------------------------------------------------
-
-
-@dataclass
-class Satisfied:
-    """How one call met the table: per tensor argument, its spec and the rule it matched."""
-
-    op: str
-    args: dict[str, dict[str, Any]] = field(default_factory=dict)
-    documented: bool = False
-    """Every tensor argument matched a documented row (and the op has a documented table)."""
-
-
-_recorders: list[list[Satisfied]] = []
-
-
-@contextlib.contextmanager
-def recording() -> Iterator[list[Satisfied]]:
-    """Collect how every checked call met the table, for the block (what `ttmirror info` lists)."""
-    calls: list[Satisfied] = []
-    _recorders.append(calls)
-    try:
-        yield calls
-    finally:
-        _recorders.remove(calls)
-
-
-def check(op: str, bound: Bound) -> None:
-    """Refuse a call outside `op`'s documented rows, as the chip would (on every op call: lean)."""
-    support = TABLE.get(op)
-    if support is None:
-        raise OpNotSupported(
-            f"TT_FATAL @ ttnn.{op} (emulated device): no support table for this op; the "
-            "emulated device runs only ops whose documented rules it enforces"
-        )
-    if support.interleaved:
-        for name, value in _tensors(bound):
-            if not value.interleaved:
-                _fail(op, name, value, "INTERLEAVED memory",
-                      "the emulated device stores interleaved tensors only")
-    for rule in support.rules:
-        if rule.when is not None and not rule.when(bound):
-            continue
-        for name in rule.args:
-            arg = bound.get(name)
-            if isinstance(arg, DeviceTensor) and not any(
-                r.admits(*arg.spec_names) for r in rule.rows
-            ):
-                supported = "; ".join(r.render() for r in rule.rows)
-                where = f" when {rule.case}" if rule.case else ""
-                _fail(op, name, arg, supported + where, rule.source.cite())
-    for shape in support.shapes:
-        problem = shape.problem(bound)
-        if problem is not None:
-            raise OpNotSupported(
-                f"TT_FATAL @ ttnn.{op} (emulated device): {problem}\ninfo:\n"
-                f"ttnn.{op}: docstring: '{_squash(shape.quote)}'"
-            )
-    if _recorders:
-        met = satisfied(op, bound)
-        for calls in _recorders:
-            calls.append(met)
-
-
-def satisfied(op: str, bound: Bound) -> Satisfied:
-    """How a call that passed `check` met the table: per tensor argument, the row it matched."""
-    support = TABLE[op]
-    met = Satisfied(op)
-    for rule in support.rules:
-        if rule.when is not None and not rule.when(bound):
-            continue
-        for name in rule.args:
-            value = bound.get(name)
-            if not isinstance(value, DeviceTensor):
-                continue
-            matched = next(r for r in rule.rows if r.admits(*value.spec_names))
-            met.args[name] = {
-                "dtype": value.spec_names[0],
-                "layout": value.spec_names[1],
-                "shape": list(value.dims),
-                "row": matched.render(),
-                "rule": (f"{rule.case}: " if rule.case else "") + rule.source.cite(),
-            }
-    for name, value in _tensors(bound):
-        met.args.setdefault(name, {"dtype": value.spec_names[0], "layout": value.spec_names[1],
-                                   "shape": list(value.dims), "row": None, "rule": None})
-    met.documented = support.documented and all(a["rule"] for a in met.args.values())
-    return met
-
-
-def _tensors(bound: Bound) -> Iterable[tuple[str, DeviceTensor]]:
-    for name, value in bound.items():
-        if isinstance(value, DeviceTensor):
-            yield name, value
-        elif isinstance(value, list | tuple):
-            for i, item in enumerate(value):
-                if isinstance(item, DeviceTensor):
-                    yield f"{name}[{i}]", item
-
-
-def _fail(op: str, arg: str, value: DeviceTensor, supported: str, source: str) -> None:
-    raise OpNotSupported(
-        f"TT_FATAL @ ttnn.{op} (emulated device): {arg} is {value.dtype.name} "
-        f"{value.layout.name}; supported: {supported}\ninfo:\n"
-        f"ttnn.{op} does not support {arg} as {value.dtype.name} {value.layout.name} "
-        f"(shape {list(value.shape)}); {source}"
-    )
-
-
-def _squash(text: str) -> str:
-    return " ".join(text.split())
-
-
-# --- agreement with the installed documentation --------------------------------------------------
-
-
-def audit(table: Mapping[str, OpSupport] | None = None) -> list[str]:
-    """Where `table` and the installed ttnn's docstrings disagree (empty: they agree).
-
-    A table rule must hold exactly the rows of the docstring table it names. A prose rule's
-    quotes must appear in the docstring, and name exactly the dtypes and layouts of its rows
-    (one quote per row, or all quotes for all rows), save what its `implied` note adds.
-    """
-    found: list[str] = []
-    for op, support in (TABLE if table is None else table).items():
-        doc = getattr(getattr(ttnn, op, None), "__doc__", None)
-        if not doc:
-            found.append(f"{op}: ttnn.{op} has no docstring")
-            continue
-        text = _squash(doc)
-        tables = {t.caption: t.rows for t in doc_tables(doc)}
-        for rule in support.rules:
-            where = f"{op} {rule.args}" + (f" ({rule.case})" if rule.case else "")
-            found += [f"{where}: {p}" for p in _rule_disagrees(rule, text, tables)]
-        for shape in support.shapes:
-            if _squash(shape.quote) not in text:
-                found.append(f"{op}: shape rule quote not in the docstring: {shape.quote!r}")
-    return found
-
-
-def _rule_disagrees(rule: ArgRule, text: str, tables: Mapping[str, tuple[Row, ...]]) -> list[str]:
-    source = rule.source
-    if source.table is not None:
-        if source.table not in tables:
-            return [f"no docstring table captioned {source.table!r}"]
-        if tables[source.table] != rule.rows:
-            return [f"rows {[r.render() for r in rule.rows]} != documented "
-                    f"{[r.render() for r in tables[source.table]]}"]
-        return []
-    problems = [f"quote not in the docstring: {q!r}" for q in source.quotes
-                if _squash(q) not in text]
-    extra_dtypes, extra_layouts = tokens(source.implied)
-    for quoted in re.findall(r'"([^"]+)"', source.implied):
-        if _squash(quoted) not in text:
-            problems.append(f"implied note quotes what the docstring does not say: {quoted!r}")
-    pairs = (
-        list(zip(source.quotes, rule.rows, strict=True))
-        if len(source.quotes) == len(rule.rows)
-        else [(" ".join(source.quotes), Row(
-            frozenset().union(*(r.dtypes for r in rule.rows)),
-            frozenset().union(*(r.layouts for r in rule.rows)),
-        ))]
-    )
-    for quote, r in pairs:
-        dtypes, layouts = tokens(quote)
-        if not dtypes <= r.dtypes or not r.dtypes <= dtypes | extra_dtypes:
-            problems.append(f"row dtypes {sorted(r.dtypes)} != quoted {sorted(dtypes)}")
-        if not layouts <= r.layouts or not r.layouts <= layouts | extra_layouts:
-            problems.append(f"row layouts {sorted(r.layouts)} != quoted {sorted(layouts)}")
-    return problems

@@ -19,8 +19,8 @@ from ..impl.probe import ProbeSpec
 from ..impl.sampling import sample_rows
 from .context import (
     NO_ROWS,
-    ContextRows,
     SamplingParams,
+    StepContext,
     allowed_table,
     constraint_tables,
     decode_rows,
@@ -32,7 +32,7 @@ from .models import DecoderModel
 
 
 class ContextStage(Protocol):
-    def stage(self, rows: ContextRows) -> None: ...
+    def stage(self, rows: StepContext) -> None: ...
 
 
 class CpuDecoder:
@@ -50,7 +50,7 @@ class CpuDecoder:
         self.logits = torch.zeros(width, model.vocab)
         """The last forward's logits: what the logprobs of its draw come from."""
 
-    def stage(self, rows: ContextRows) -> None:
+    def stage(self, rows: StepContext) -> None:
         self.rows = rows
 
     def _column(self, values: tuple[int, ...]) -> torch.Tensor:

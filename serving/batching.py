@@ -23,9 +23,10 @@ from dataclasses import dataclass, field
 from ..impl.backend import TokenLogprobs
 from ..impl.mutations import NONE, Mutations
 from ..impl.probe import ProbeSpec
+from ..impl.rows import Row
 from ..impl.runner import CLOSED, PhaseError, Status
 from .backend import ServingBackend
-from .context import BANNED, REQUEST_IDS, ContextRows, SamplingParams, draw_key
+from .context import BANNED, REQUEST_IDS, ContextRow, SamplingParams, StepContext, draw_key
 from .engine import Engine, EngineConfig, Order
 from .grammar import GRAMMARS
 from .models import DecoderModel
@@ -274,69 +275,47 @@ class ServingEngine(Engine):
     def _scheduled(self, q: int) -> None:
         """Stage the step's context rows: block, write index, and prefill from host tokens."""
         step = self.runner.queue[q]
-        active, block, write_at, prefill, request = ([] for _ in range(5))
-        top_k: list[int] = []
-        top_p: list[float] = []
-        temperature: list[float] = []
-        constraints: list[tuple[float, float, float, float]] = []
-        banned: list[tuple[int, ...]] = []
-        allowed: list[frozenset[int] | None] = []
-        prefill_ids: list[tuple[int, ...]] = []
         live = [row for row in step.rows if row.live]
         if any(row.partial for row in live) and any(row.prev_row is not None for row in live):
             self.kv.chunks_beside_mirror += 1
-        for row in step.rows:
-            w = self.requests[row.req]
-            at = len(w.prompt) - 1 + row.pos
-            fresh = row.live and row.req in self.needs_prefill
-            if fresh and row.partial:
-                # A partial chunk ends inside the context: its sampled id is discarded.
-                at = self.prefilled.get(row.req, 0) + self.chunk[row.req] - 1
-                self.prefilled[row.req] = at + 1
-                self.kv.partial_chunks += 1
-            active.append(int(row.live))
-            block.append(self.block_of.get(row.req, 0))
-            write_at.append(at)
-            prefill.append(int(fresh))
-            request.append(draw_key(row.req, w.sampling))
-            own = w.sampling or self.sampling
-            # A greedy request on the sampler path draws its single most likely id.
-            top_k.append(1 if own.greedy else own.top_k)
-            top_p.append(1.0 if own.greedy else own.top_p)
-            temperature.append(1.0 if own.greedy else own.temperature)
-            constraints.append((own.presence_penalty, own.frequency_penalty,
-                                own.repetition_penalty, float(own.min_tokens)))
-            banned.append(tuple(sorted(w.stop_ids)) if own.min_tokens else ())
-            allowed.append(self._allowed(q, row.req) if row.live and w.constraint else None)
-            if fresh:
-                # Re-entering: the block is rebuilt from the host's authoritative tokens.
-                known = w.prompt + tuple(self.runner.requests[row.req].delivered)
-                prefill_ids.append(known[:at])
-                if not row.partial:
-                    self.needs_prefill.discard(row.req)
-                    self.prefilled.pop(row.req, None)
-                    self.kv.prefills += 1
-            else:
-                prefill_ids.append(())
-        live_params = {(top_k[i], top_p[i], temperature[i]) for i, row in enumerate(step.rows)
-                       if row.live}
+        context = StepContext(tuple(self._context_row(q, row) for row in step.rows))
+        live_params = {(k, p, t) for k, p, t, active in zip(
+            context.top_k, context.top_p, context.temperature, context.active, strict=True)
+            if active}
         if len(live_params) > 1:
             self.kv.mixed_sampling_steps += 1  # requests with different parameters, one step
-        self.context.stage(
-            ContextRows(
-                tuple(active),
-                tuple(block),
-                tuple(write_at),
-                tuple(prefill),
-                tuple(prefill_ids),
-                tuple(request),
-                tuple(top_k),
-                tuple(top_p),
-                tuple(temperature),
-                tuple(constraints),
-                tuple(banned),
-                tuple(allowed),
-            )
+        self.context.stage(context)
+
+    def _context_row(self, q: int, row: Row) -> ContextRow:
+        """What the decoder op needs of `row` of step q beside the runner's record."""
+        w = self.requests[row.req]
+        at = len(w.prompt) - 1 + row.pos
+        fresh = row.live and row.req in self.needs_prefill
+        if fresh and row.partial:
+            # A partial chunk ends inside the context: its sampled id is discarded.
+            at = self.prefilled.get(row.req, 0) + self.chunk[row.req] - 1
+            self.prefilled[row.req] = at + 1
+            self.kv.partial_chunks += 1
+        allowed = self._allowed(q, row.req) if row.live and w.constraint else None
+        prefill = None
+        if fresh:
+            # Re-entering: the block is rebuilt from the host's authoritative tokens.
+            known = w.prompt + tuple(self.runner.requests[row.req].delivered)
+            prefill = known[:at]
+            if not row.partial:
+                self.needs_prefill.discard(row.req)
+                self.prefilled.pop(row.req, None)
+                self.kv.prefills += 1
+        own = w.sampling or self.sampling
+        return ContextRow(
+            row=row,
+            block=self.block_of.get(row.req, 0),
+            write_at=at,
+            prefill=prefill,
+            key=draw_key(row.req, w.sampling),
+            sampling=own,
+            banned=tuple(sorted(w.stop_ids)) if own.min_tokens else (),
+            allowed=allowed,
         )
 
     # --- KV blocks and budget --------------------------------------------------------------------

@@ -16,9 +16,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import cached_property
+from typing import NamedTuple
 
 import torch
 
+from ..impl.rows import Row
 from .models import DecoderModel
 
 UINT32_MASK = 0xFFFFFFFF
@@ -70,32 +73,90 @@ class SamplingParams:
                 f"min_tokens={self.min_tokens})")
 
 
-@dataclass(frozen=True)
-class ContextRows:
-    """The host's part of one step's context, one entry per row (unused rows: inactive)."""
+class ContextRow(NamedTuple):
+    """One row of a step as the serving engine stages it: the runner's row record and what the
+    engine adds to it for the decoder op."""
 
-    active: tuple[int, ...]
-    block: tuple[int, ...]
-    write_at: tuple[int, ...]
+    row: Row
+    """The runner's record: request, position, live, partial."""
+    block: int
+    """The KV block (row of `history`) its request holds."""
+    write_at: int
     """Index in the context where the row's input id goes (prompt length - 1 + pos)."""
-    prefill: tuple[int, ...]
-    prefill_ids: tuple[tuple[int, ...], ...]
-    """For prefill rows: the context before `write_at`, from the host's token list."""
-    request: tuple[int, ...]
-    """Each row's draw key (`draw_key`): seeded sampling draws by (engine seed, key, position)."""
-    top_k: tuple[int, ...] = ()
-    """Per row, on the sampler path: the request's top-k (1 for a greedy request)."""
-    top_p: tuple[float, ...] = ()
-    temperature: tuple[float, ...] = ()
-    constraints: tuple[tuple[float, float, float, float], ...] = ()
-    """Per row: (presence, frequency, repetition, min_tokens); empty = none on any row."""
-    banned: tuple[tuple[int, ...], ...] = ()
-    """Per row: the ids masked while it has generated fewer than min_tokens (its stop ids)."""
-    allowed: tuple[frozenset[int] | None, ...] = ()
-    """Per row: the ids its grammar allows next (built on the host), or None: every id."""
+    prefill: tuple[int, ...] | None
+    """The context before `write_at`, from the host's token list, when the row (re)enters its
+    block (arrival, resume); None: it decodes from the block as the device holds it."""
+    key: int
+    """Its draw key (`draw_key`): seeded sampling draws by (engine seed, key, position)."""
+    sampling: SamplingParams
+    """Its request's own parameters, else the engine's."""
+    banned: tuple[int, ...] = ()
+    """The ids masked while it has generated fewer than min_tokens (its stop ids)."""
+    allowed: frozenset[int] | None = None
+    """The ids its grammar allows next (built on the host), or None: every id."""
+
+
+@dataclass(frozen=True)
+class StepContext:
+    """The host's part of one step's context: its rows, and the per-row tables the decoder op
+    reads, derived from them (unused rows: inactive)."""
+
+    rows: tuple[ContextRow, ...] = ()
+
+    @cached_property
+    def active(self) -> tuple[int, ...]:
+        return tuple(int(r.row.live) for r in self.rows)
+
+    @cached_property
+    def block(self) -> tuple[int, ...]:
+        return tuple(r.block for r in self.rows)
+
+    @cached_property
+    def write_at(self) -> tuple[int, ...]:
+        return tuple(r.write_at for r in self.rows)
+
+    @cached_property
+    def prefill(self) -> tuple[int, ...]:
+        return tuple(int(r.prefill is not None) for r in self.rows)
+
+    @cached_property
+    def prefill_ids(self) -> tuple[tuple[int, ...], ...]:
+        return tuple(r.prefill or () for r in self.rows)
+
+    @cached_property
+    def request(self) -> tuple[int, ...]:
+        return tuple(r.key for r in self.rows)
+
+    # On the sampler path a greedy request draws its single most likely id: top-k 1.
+    @cached_property
+    def top_k(self) -> tuple[int, ...]:
+        return tuple(1 if r.sampling.greedy else r.sampling.top_k for r in self.rows)
+
+    @cached_property
+    def top_p(self) -> tuple[float, ...]:
+        return tuple(1.0 if r.sampling.greedy else r.sampling.top_p for r in self.rows)
+
+    @cached_property
+    def temperature(self) -> tuple[float, ...]:
+        return tuple(1.0 if r.sampling.greedy else r.sampling.temperature for r in self.rows)
+
+    @cached_property
+    def constraints(self) -> tuple[tuple[float, float, float, float], ...]:
+        """Per row: (presence, frequency, repetition, min_tokens)."""
+        return tuple((r.sampling.presence_penalty, r.sampling.frequency_penalty,
+                      r.sampling.repetition_penalty, float(r.sampling.min_tokens))
+                     for r in self.rows)
+
+    @cached_property
+    def banned(self) -> tuple[tuple[int, ...], ...]:
+        return tuple(r.banned for r in self.rows)
+
+    @cached_property
+    def allowed(self) -> tuple[frozenset[int] | None, ...]:
+        return tuple(r.allowed for r in self.rows)
 
     def any_prefill(self) -> bool:
-        return any(self.prefill)
+        return any(r.prefill is not None for r in self.rows)
 
 
 REQUEST_IDS = 1 << 30
@@ -112,12 +173,12 @@ def draw_key(req: int, own: SamplingParams | None) -> int:
     return REQUEST_IDS | ((x ^ (x >> 29)) & (REQUEST_IDS - 1))
 
 
-NO_ROWS = ContextRows((), (), (), (), (), ())
+NO_ROWS = StepContext()
 """A step with no rows staged: every per-row table at its neutral (the engine's) value."""
 
 
 def row_sampling(
-    rows: ContextRows, default: SamplingParams, width: int
+    rows: StepContext, default: SamplingParams, width: int
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Per row: top-k, top-p and 1/temperature for the sampler (the engine's where unstaged)."""
     k = torch.full((width,), default.top_k, dtype=torch.int32)
@@ -132,7 +193,7 @@ BANNED = 64
 """Stop ids per row that min_tokens can mask (the device table's width)."""
 
 
-def constraint_tables(rows: ContextRows, width: int) -> tuple[torch.Tensor, torch.Tensor]:
+def constraint_tables(rows: StepContext, width: int) -> tuple[torch.Tensor, torch.Tensor]:
     """The per-row constraint tables the decoder op reads: [width, 4] float32 parameters
     (presence, frequency, repetition, min_tokens; neutral on unstaged rows) and [width, BANNED]
     int32 banned ids (-1 = none)."""
@@ -173,7 +234,7 @@ def constrain(logits: torch.Tensor, context: torch.Tensor, generated: int,
     return out
 
 
-def allowed_table(rows: ContextRows, width: int, vocab: int) -> torch.Tensor:
+def allowed_table(rows: StepContext, width: int, vocab: int) -> torch.Tensor:
     """[width, vocab] int32: 1 where a row's next token may be the id (all 1 on free rows)."""
     table = torch.ones(width, vocab, dtype=torch.int32)
     for i, ids in enumerate(rows.allowed):

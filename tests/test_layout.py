@@ -353,3 +353,85 @@ def test_two_runners_in_one_process_only_the_planted_one_misbehaves(bug: str) ->
     planted, clean = _serve_side_by_side(frozenset({bug}))
     assert clean == owed
     assert planted != owed and all(len(t) == 4 for t in planted)  # it ran, and went wrong
+
+
+# --- validating a recorded run needs the model and the events only -------------------------------
+
+VALIDATION = ("ttmirror.conformance.validate", "ttmirror.conformance.itf")
+NOT_FOR_VALIDATION = ("ttmirror.impl.runner", "ttmirror.impl.tt_backend", "ttmirror.emulator",
+                      "ttmirror.conformance.lockstep", "ttmirror.serving", "torch", "ttnn")
+"""What checking a recorded run must not load: the runner, any device, the lockstep."""
+
+
+def validation_reaches(modules: dict[str, tuple[Path, str]]) -> list[str]:
+    graph = nx.DiGraph()
+    for name, (path, source) in modules.items():
+        for imp in imports(source, name, is_package=path.name == "__init__.py"):
+            if not imp.type_only:
+                graph.add_edge(name, imp.module)
+                graph.add_edges_from((name, f"{imp.module}.{n}") for n in imp.names)
+    reached = set().union(*(nx.descendants(graph, v) | {v} for v in VALIDATION if v in graph))
+    return sorted(r for r in reached if r.startswith(NOT_FOR_VALIDATION))
+
+
+def test_validation_imports_only_the_model_and_the_recorded_events() -> None:
+    modules = sources()
+    assert validation_reaches(modules) == []
+    # The twin: what validate once did, taking the model's step function from the lockstep.
+    planted = dict(modules)
+    path, source = modules["ttmirror.conformance.validate"]
+    planted["ttmirror.conformance.validate"] = (path, source + "\nfrom .lockstep import take\n")
+    assert "ttmirror.impl.runner" in validation_reaches(planted)
+
+
+def test_ttmirror_validate_loads_no_runner(tmp_path: Path) -> None:
+    """The command itself, in a fresh interpreter, on a real recorded run."""
+    import subprocess
+    import sys
+
+    from ttmirror.conformance.itf import write_events
+    from ttmirror.impl.events import Event
+    from ttmirror.impl.rows import Row
+
+    trace = tmp_path / "run.json"
+    write_events([
+        Event("allocate", (), (("depth", 2), ("slots", 2), ("guard", True),
+                               ("preempt_policy", "keep"), ("prefill_chunks", 1))),
+        Event("arrive", (0,), (("prompt", 3), ("max_tokens", 2), ("host_sync", False),
+                               ("prefill_chunks", 1))),
+        Event("schedule", (0,), (("slot", 0), ("rows", (Row(0, 0, None),)))),
+    ], trace)
+    probe = ("import sys, ttmirror.cli as c; code = c.main(['validate', sys.argv[1]]); "
+             "print(sorted(m for m in sys.modules if m.startswith(('torch', 'ttnn', "
+             "'ttmirror.impl.runner', 'ttmirror.emulator', 'ttmirror.conformance.lockstep')))); "
+             "sys.exit(code)")
+    done = subprocess.run([sys.executable, "-c", probe, str(trace)], capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines()[0].startswith("valid: 3 events")
+    assert done.stdout.splitlines()[-1] == "[]"
+
+
+LONGEST_PUBLIC_METHOD = 40
+"""Lines a public method of the runner may take: each phase reads as one decision, the rest
+(planted branches, counts, events) in helpers beside it."""
+
+
+def long_public_methods(source: str, cls: str) -> list[str]:
+    out = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.ClassDef) and node.name == cls:
+            for f in node.body:
+                if (isinstance(f, ast.FunctionDef) and not f.name.startswith("_")
+                        and (n := f.end_lineno - f.lineno + 1) > LONGEST_PUBLIC_METHOD):
+                    out.append(f"{cls}.{f.name}: {n} lines")
+    return out
+
+
+def test_no_public_method_of_the_runner_is_longer_than_forty_lines() -> None:
+    _, source = sources()["ttmirror.impl.runner"]
+    assert "def schedule(" in source and long_public_methods(source, "Runner") == []
+    body = "".join(f"        x{i} = {i}\n" for i in range(LONGEST_PUBLIC_METHOD))
+    planted = f"class Runner:\n    def schedule(self):\n{body}    def _helper(self):\n{body}"
+    assert long_public_methods(planted, "Runner") == [
+        f"Runner.schedule: {LONGEST_PUBLIC_METHOD + 1} lines"]

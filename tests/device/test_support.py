@@ -1,9 +1,9 @@
 """The emulated device refuses what a chip refuses: each op's documented dtypes, layouts and shapes.
 
-The table (`emulator/support.py`) is read back against the installed docstrings; every op the
-mirror path uses is called once outside its documented rows (the chip's TT_FATAL) and once inside
-them (the golden result); the check holds inside a trace capture too. TILE tensors keep their
-padded shape, and layout conversions are device commands.
+The table (`emulator/support.py`) is read back against the installed docstrings (`audit.py`);
+every op the mirror path uses is called once outside its documented rows (the chip's TT_FATAL)
+and once inside them (the golden result); the check holds inside a trace capture too. TILE
+tensors keep their padded shape, and layout conversions are device commands.
 """
 
 from __future__ import annotations
@@ -17,7 +17,9 @@ import torch
 import ttnn
 
 from ttmirror.emulator import EmulatedMeshDevice, HazardError, ops, support
-from ttmirror.emulator.support import OpNotSupported, Row, row
+from ttmirror.emulator.audit import audit
+from ttmirror.emulator.checker import OpNotSupported
+from ttmirror.emulator.docstrings import Row, doc_tables, row
 from ttmirror.impl.devices import bind_sampling_identity
 
 TILE, RM = ttnn.TILE_LAYOUT, ttnn.ROW_MAJOR_LAYOUT
@@ -41,7 +43,7 @@ def _host(t: ttnn.Tensor) -> list[Any]:
 
 
 def test_the_table_agrees_with_the_installed_docstrings() -> None:
-    assert support.audit() == []
+    assert audit() == []
     assert set(ops.OPS) <= set(support.TABLE)  # every op the emulated device runs has its rules
     documented = {op for op, s in support.TABLE.items() if s.documented}
     assert {"gather", "where", "add", "argmax", "typecast", "sampling", "fill"} <= documented
@@ -78,15 +80,15 @@ def _with_rule(op: str, index: int, **changes: Any) -> dict[str, support.OpSuppo
     ],
 )
 def test_a_changed_row_is_caught(op: str, index: int, changes: dict[str, Any], said: str) -> None:
-    found = support.audit(_with_rule(op, index, **changes))
+    found = audit(_with_rule(op, index, **changes))
     assert found and all(f.startswith(op) for f in found) and said in " ".join(found)
 
 
 def test_the_docstring_parser_reads_captions_and_strips_notes() -> None:
-    tables = {t.caption: t.rows for t in support.doc_tables(ttnn.sampling.__doc__ or "")}
+    tables = {t.caption: t.rows for t in doc_tables(ttnn.sampling.__doc__ or "")}
     assert tables["input_indices_tensor, k"] == (Row(frozenset({"UINT32", "INT32"}),
                                                      frozenset({"ROW_MAJOR"})),)
-    gather = {t.caption for t in support.doc_tables(ttnn.gather.__doc__ or "")}
+    gather = {t.caption for t in doc_tables(ttnn.gather.__doc__ or "")}
     assert gather == {"Supported dtypes and layout for input tensor values:",
                       "Supported dtypes and layout for index tensor values:"}
 
@@ -298,3 +300,24 @@ def test_a_conversion_that_allocates_after_capture_is_unsafe_at_replay(
         ttnn.execute_trace(device, trace, cq_id=0, blocking=True)
     assert converted.is_allocated()
     ttnn.release_trace(device, trace)
+
+
+def test_a_recording_holds_its_own_devices_calls_only() -> None:
+    """What `ttmirror info` lists is recorded on the device (no process-wide recorder): calls on
+    another device, during the same block, stay out of it."""
+    from ttmirror.emulator import checker
+
+    from .conftest import open_emulated
+
+    mine, other = open_emulated(), open_emulated()
+    try:
+        a, b = _ids(mine, [1, 2], RM), _ids(other, [1, 2], RM)
+        with checker.recording(mine) as calls:
+            ttnn.add(b, b, output_tensor=_ids(other, [0, 0], RM))
+            ttnn.add(a, a, output_tensor=_ids(mine, [0, 0], RM))
+            ttnn.add(b, 1, output_tensor=_ids(other, [0, 0], RM))
+        assert [c.op for c in calls] == ["add"] and calls[0].documented
+        assert mine.checked_calls is None and other.checked_calls is None
+    finally:
+        ttnn.close_mesh_device(mine)
+        ttnn.close_mesh_device(other)
