@@ -75,3 +75,25 @@ def test_at_the_default_bounds_the_page_shows_what_check_json_prints(tmp_path: P
     data = json.loads(re.search(r'<script type="application/json" id="review-data">(.*?)'
                                 r"</script>", page, re.S).group(1))  # type: ignore[union-attr]
     assert set(data["views"]) == {"slot", "request"} and data["counterexamples"]
+
+
+def test_values_on_the_page_are_escaped(tmp_path: Path) -> None:
+    """The page comes from templates with escaping on: a planted bug's id full of markup (from a
+    kill matrix file) shows as text, never as markup."""
+    import json
+
+    from ttmirror.review import TEMPLATES
+
+    evil = "<script>alert('kill')</script>"
+    kills = tmp_path / "kills.json"
+    kills.write_text(json.dumps([{"id": evil, "killed": True, "config": "eager-2cq"}]))
+    assert main(["report", "--requests", "1", "--fuzz-seconds", "0", "--no-tlc", "--mutants",
+                 str(kills), "-o", str(tmp_path / "site")]) == 0
+    page = (tmp_path / "site" / "index.html").read_text()
+    assert evil not in page and "&lt;script&gt;alert(&#39;kill&#39;)&lt;/script&gt;" in page
+    # The twin: the same section without escaping carries the markup, so the check can fail.
+    table = {"rows": [{"id": evil, "killed": True}], "note": "1 of 1"}
+    raw = TEMPLATES.overlay(autoescape=False).get_template("sections.html").module
+    assert evil in str(raw.kill_matrix(table))  # type: ignore[attr-defined]
+    escaped = TEMPLATES.get_template("sections.html").module
+    assert evil not in str(escaped.kill_matrix(table))  # type: ignore[attr-defined]

@@ -10,13 +10,15 @@ script and its style sheet, no network at view time.
 
 from __future__ import annotations
 
-import html
 import json
 import shutil
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from jinja2 import Environment, PackageLoader, StrictUndefined, select_autoescape
+from markupsafe import Markup
 
 from . import report
 from .manifest import PATH as MANIFEST
@@ -223,8 +225,9 @@ def bench_engine(path: Path | None) -> dict[str, Any] | None:
     return dict(data)
 
 
-def speedup_plot(points: list[Mapping[str, Any]]) -> str:
-    """An SVG plot: depth-2 over depth-1 speedup and its ideal, against the measured d/h (log)."""
+def plot_geometry(points: list[Mapping[str, Any]]) -> dict[str, Any]:
+    """Where `plot.svg` draws depth-2 over depth-1 speedup and its ideal against the measured d/h
+    (log scale): the frame, each line's points and the ticks, in SVG coordinates."""
     import math
 
     width, height, pad = 560, 300, 48
@@ -233,61 +236,27 @@ def speedup_plot(points: list[Mapping[str, Any]]) -> str:
     x0, x1 = min(xs) - 0.3, max(xs) + 0.3
     y0, y1 = min(0.8, *ys), max(2.1, *ys)
 
-    def at(x: float, y: float) -> str:
-        px = pad + (x - x0) / (x1 - x0) * (width - 2 * pad)
-        py = height - pad - (y - y0) / (y1 - y0) * (height - 2 * pad)
-        return f"{px:.1f},{py:.1f}"
+    def at(x: float, y: float) -> tuple[float, float]:
+        return (pad + (x - x0) / (x1 - x0) * (width - 2 * pad),
+                height - pad - (y - y0) / (y1 - y0) * (height - 2 * pad))
 
-    def line(key: str, colour: str, dash: str) -> str:
-        pts = " ".join(at(x, float(p[key])) for x, p in zip(xs, points, strict=True))
-        marks = "".join(f'<circle cx="{at(x, float(p[key])).split(",")[0]}" '
-                        f'cy="{at(x, float(p[key])).split(",")[1]}" r="3.5" fill="{colour}"/>'
-                        for x, p in zip(xs, points, strict=True))
-        return (f'<polyline points="{pts}" fill="none" stroke="{colour}" stroke-width="2" '
-                f'stroke-dasharray="{dash}"/>{marks}')
-
-    ticks = "".join(
-        f'<text x="{at(x, y0).split(",")[0]}" y="{height - pad + 16}" text-anchor="middle">'
-        f'{float(p["measured_ratio"]):.2g}</text>' for x, p in zip(xs, points, strict=True))
-    yticks = "".join(
-        f'<text x="{pad - 6}" y="{float(at(x0, v).split(",")[1]) + 4:.1f}" text-anchor="end">'
-        f'{v:g}x</text><line x1="{pad}" x2="{width - pad}" y1="{at(x0, v).split(",")[1]}" '
-        f'y2="{at(x0, v).split(",")[1]}" stroke="#eaeded"/>'
-        for v in (1.0, 1.5, 2.0) if y0 <= v <= y1)
-    return (f'<svg class="plot" viewBox="0 0 {width} {height}" width="{width}" '
-            f'height="{height}" font-size="11" font-family="sans-serif" role="img" '
-            f'aria-label="speedup against the ideal">{yticks}'
-            f'<line x1="{pad}" y1="{height - pad}" x2="{width - pad}" y2="{height - pad}" '
-            f'stroke="#566573"/>{ticks}'
-            f'<text x="{width / 2}" y="{height - 8}" text-anchor="middle">measured d/h '
-            "(log scale)</text>"
-            f'{line("ideal", "#7f8c8d", "5,4")}{line("speedup", "#1f618d", "")}'
-            f'<text x="{width - pad}" y="{pad - 18}" text-anchor="end" fill="#1f618d">'
-            "measured depth 2 / depth 1</text>"
-            f'<text x="{width - pad}" y="{pad - 4}" text-anchor="end" fill="#7f8c8d">'
-            "ideal (h+d)/max(h,d)</text></svg>")
+    lines = [{"colour": colour, "dash": dash,
+              "points": [at(x, float(p[key])) for x, p in zip(xs, points, strict=True)]}
+             for key, colour, dash in (("ideal", "#7f8c8d", "5,4"), ("speedup", "#1f618d", ""))]
+    return {
+        "width": width, "height": height, "pad": pad, "lines": lines,
+        "xticks": [{"x": at(x, y0)[0], "value": float(p["measured_ratio"])}
+                   for x, p in zip(xs, points, strict=True)],
+        "yticks": [{"y": at(x0, v)[1], "value": v} for v in (1.0, 1.5, 2.0) if y0 <= v <= y1],
+    }
 
 
-def _bench(data: Mapping[str, Any] | None) -> str:
-    if data is None:
-        return ('<section id="bench"><h2>Benchmarks</h2><p>Not in this report: run <code>make '
-                "bench-engine</code> (it writes <code>out/bench-engine.json</code>), then "
-                "<code>ttmirror report --bench-engine out/bench-engine.json</code>.</p></section>")
-    rows = "".join(
-        f"<tr><td>{float(p['ratio']):g}</td><td>{float(p['measured_ratio']):.2f}</td>"
-        f"<td>{float(p['speedup']):.2f}x</td><td>{float(p['ideal']):.2f}x</td>"
-        f"<td>{float(p['speedup']) / float(p['ideal']):.0%}</td>"
-        f"<td>{float(p.get('overlapped', 0)):.1%}</td>"
-        f"<td>{float(p.get('overlapped_drain', 0)):.1%}</td></tr>" for p in data["points"])
-    return f"""<section id="bench"><h2>Benchmarks</h2>
-<p>Serving tokens/s at depth 2 over depth 1 on the emulated device (<code>make bench-engine</code>,
-median of {data.get('rounds', '?')} rounds per point), beside the ideal (h+d)/max(h,d). Where the
-host is the bottleneck, the emulated kernels' Python shares the host's GIL and depth 2 cannot
-reach the ideal (the benchmark prints by how much).</p>
-{speedup_plot(data['points'])}
-<table><tr><th>d/h asked</th><th>d/h measured</th><th>speedup</th><th>ideal</th>
-<th>share</th><th>overlapped under churn</th><th>with the drain policy</th></tr>{rows}</table>
-</section>"""
+def _bench_rows(data: Mapping[str, Any]) -> list[dict[str, float]]:
+    return [{"ratio": float(p["ratio"]), "measured_ratio": float(p["measured_ratio"]),
+             "speedup": float(p["speedup"]), "ideal": float(p["ideal"]),
+             "share": float(p["speedup"]) / float(p["ideal"]),
+             "overlapped": float(p.get("overlapped", 0)),
+             "overlapped_drain": float(p.get("overlapped_drain", 0))} for p in data["points"]]
 
 
 # --- the page -----------------------------------------------------------------------------------
@@ -302,52 +271,6 @@ def spec_html() -> str:
                              extension_configs={"toc": {"permalink": False}})
 
 
-def _e(text: object) -> str:
-    return html.escape(str(text))
-
-
-def _verdicts(check: Mapping[str, Any], tlc: Mapping[str, Any] | None) -> str:
-    rows = []
-    for name, verdict in check["invariants"].items():
-        cls = "ok" if verdict == "ok" else "bad"
-        rows.append(f'<tr class="{cls}"><td>{_e(name)}</td><td data-verdict="{_e(name)}">'
-                    f'{_e(verdict)}</td><td>{_e(invariant_text(name))}</td></tr>')
-    sometimes = "".join(
-        f'<tr class="{"ok" if hit else "bad"}"><td>{_e(name)}</td><td>'
-        f'{"reached" if hit else "NOT reached"}</td><td>{_e(_sometimes_text(name))}</td></tr>'
-        for name, hit in check["sometimes"].items())
-    if tlc is None:
-        tlc_line = "<p>TLC: not run (no Java here, or <code>--no-tlc</code>).</p>"
-    else:
-        tlc_line = (f'<p id="tlc">TLC: {tlc["tlc_states"]:,} states, verdicts '
-                    f'{"agree" if tlc["agree"] else "DISAGREE"} with the explorer'
-                    + ("" if tlc.get("guard_off") is None else
-                       f'; guard off: {"agree" if tlc["guard_off"]["agree"] else "DISAGREE"}')
-                    + ".</p>")
-    b = check["params"]
-    bounds = ", ".join(f"{k} {v}" for k, v in b.items())
-    return f"""
-<section id="verdicts"><h2>Verdicts</h2>
-<p>Bounds: {_e(bounds)}. <span class="{'ok' if check['passed'] else 'bad'}" id="passed">
-{'PASS: every property holds and every situation was reached' if check['passed'] else 'FAIL'}
-</span></p>
-<table class="figures"><tr><th>states</th><th>transitions</th><th>deadlocks</th>
-<th>states that cannot finish</th><th>final states</th></tr>
-<tr><td data-figure="states">{check['states']:,}</td>
-<td data-figure="transitions">{check['transitions']:,}</td>
-<td data-figure="deadlocks">{check['deadlocks']}</td>
-<td data-figure="cannot_finish">{check['cannot_finish']}</td>
-<td data-figure="final_states">{check['final_states']:,}</td></tr></table>
-<h3>Invariants and graph properties</h3>
-<table><tr><th>property</th><th>verdict</th><th>what it says</th></tr>{''.join(rows)}</table>
-<h3>"Sometimes": the situation really occurred</h3>
-<table><tr><th>check</th><th>reached</th><th>what it means</th></tr>{sometimes}</table>
-{tlc_line}
-<details><summary><code>ttmirror check --json</code>, as printed</summary>
-<pre id="check-json">{_e(json.dumps(check, indent=1))}</pre></details>
-</section>"""
-
-
 def _sometimes_text(name: str) -> str:
     for c in SOMETIMES:
         if c.name == name:
@@ -355,91 +278,13 @@ def _sometimes_text(name: str) -> str:
     return name
 
 
-def _graph(g: GraphView, coverage: Mapping[str, Any] | None) -> str:
-    walked = ""
-    if coverage is not None:
-        walked = (f'<p class="coverage">Edges of this view walked by the fuzz: '
-                  f'<span data-walked="{g.key}">{g.walked} of {g.edges}</span> (green: '
-                  f'walked; grey dashed: not walked).</p>')
-    return f"""
-<section id="view-{g.key}" class="view"><h2>{_e(g.title)}</h2><p>{_e(g.caption)}</p>{walked}
-<div class="graph-wrap"><div class="zoom">
-<button type="button" data-zoom="in">+</button><button type="button" data-zoom="out">&minus;
-</button><button type="button" data-zoom="reset">fit</button></div>
-<div class="graph" data-view="{g.key}">{g.svg}</div>
-<aside class="state-panel" id="state-{g.key}"><p>Click a state in the graph.</p></aside></div>
-</section>"""
-
-
-def _counterexamples(cexs: list[dict[str, Any]]) -> str:
-    items = []
-    for i, c in enumerate(cexs):
-        if c["violated"] is None:
-            items.append(f'<div class="cex"><h3>{_e(c["variant"])}</h3><p>{_e(c["about"])}: '
-                         "every property holds at these bounds.</p></div>")
-            continue
-        items.append(f"""<div class="cex" id="cex-{i}" data-cex="{i}">
-<h3>{_e(c['variant'])}: {_e(c['violated'])} in {len(c['steps']) - 1} steps</h3>
-<p>{_e(c['about'])} ({c['states']:,} states explored).</p>
-<div class="stepper"><button type="button" data-step="first">&laquo;</button>
-<button type="button" data-step="prev">previous</button><span class="where"></span>
-<button type="button" data-step="next">next</button>
-<button type="button" data-step="last">&raquo;</button></div>
-<div class="step-action"></div><table class="state"></table><div class="verdict"></div></div>""")
-    return ('<section id="counterexamples"><h2>Known-bad variants: shortest counterexamples'
-            "</h2><p>Each variant of the manifest that must fail, on these bounds; step through "
-            "its shortest path: the variables the action changed are highlighted, and the last "
-            "step names the property it breaks.</p>" + "".join(items) + "</section>")
-
-
-def _coverage(cov: Mapping[str, Any] | None) -> str:
-    if cov is None:
-        return ('<section id="coverage"><h2>Fuzz coverage</h2><p>Not run '
-                "(<code>--fuzz-seconds 0</code>).</p></section>")
-    failed = "" if not cov.get("failure") else (
-        f'<p class="bad">A walk FAILED: {_e(cov["failure"])}</p>')
-    return f"""<section id="coverage"><h2>Fuzz coverage</h2>
-<p>Guided walks on the emulated TT device (seed {cov['seed']}, {cov['seconds']} s, stopped:
-{_e(cov['stopped'])}): <span data-figure="edges_covered">{cov['edges_covered']:.4f}</span> of the
-{cov['total_edges']:,} edges of the state graph walked and checked in lockstep
-({cov['walked_edges']:,} edges, {cov['walks']:,} walks); actions covered
-{cov['actions_covered']:.3f}. The lifecycle views above colour the edges walked.</p>{failed}
-</section>"""
-
-
-def _kills(k: Mapping[str, Any]) -> str:
-    if not k["rows"]:
-        return f'<section id="kills"><h2>Kill matrix</h2><p>{_e(k["note"])}.</p></section>'
-    head = ("<tr><th>planted bug</th><th>config</th><th>killed</th><th>by</th><th>layer</th>"
-            "<th>examples / walks</th><th>seconds</th><th>trace length</th></tr>")
-    rows = "".join(
-        f'<tr class="{"ok" if r.get("killed") else "bad"}"><td>{_e(r["id"])}</td>'
-        f'<td>{_e(r.get("config", ""))}</td><td>{"yes" if r.get("killed") else "SURVIVED"}</td>'
-        f'<td>{_e(r.get("by") or "-")}</td><td>{_e(r.get("layer") or "-")}</td>'
-        f'<td>{_e(r.get("examples") if r.get("examples") is not None else "-")}</td>'
-        f'<td>{_e(r.get("seconds") if r.get("seconds") is not None else "-")}</td>'
-        f'<td>{_e(r.get("trace_len") if r.get("trace_len") is not None else "-")}</td></tr>'
-        for r in k["rows"])
-    return (f'<section id="kills"><h2>Kill matrix</h2><p>{_e(k["note"])}.</p>'
-            f"<table>{head}{rows}</table></section>")
-
-
-def _traces(traces: list[dict[str, Any]]) -> str:
-    parts = []
-    for t in traces:
-        if "error" in t:
-            parts.append(f"<details><summary>{_e(t['name'])}: {_e(t['error'])}</summary>"
-                         "</details>")
-            continue
-        rows = "".join(f"<tr><td>{r['index']}</td><td>{_e(r['action'])}</td>"
-                       f"<td>{_e(', '.join(r['changed']))}</td></tr>" for r in t["rows"])
-        failure = t.get("failure") or {}
-        parts.append(f"<details><summary>{_e(t['name'])}: {_e(t['description'])}</summary>"
-                     f"<p>Planted bug: {_e(t.get('bug') or 'none')}; failure: "
-                     f"{_e(failure.get('message', '-'))}</p><table><tr><th>state</th>"
-                     f"<th>action</th><th>variables changed</th></tr>{rows}</table></details>")
-    return ('<section id="traces"><h2>Regression traces</h2><p>Each ITF trace a regression '
-            "test replays, as a step table.</p>" + "".join(parts) + "</section>")
+TEMPLATES = Environment(
+    loader=PackageLoader("ttmirror", "templates"),
+    autoescape=select_autoescape(("html", "svg")),
+    undefined=StrictUndefined,
+    keep_trailing_newline=True,
+)
+"""The site's templates (`ttmirror/templates/`), escaping every value they are given."""
 
 
 def page(data: Mapping[str, Any]) -> str:
@@ -449,35 +294,28 @@ def page(data: Mapping[str, Any]) -> str:
         "views": {g.key: g.nodes for g in views},
         "counterexamples": data["counterexamples"],
     }
-    nav = "".join(f'<a href="#{anchor}">{_e(text)}</a>' for anchor, text in (
-        ("verdicts", "Verdicts"), *((f"view-{g.key}", g.title) for g in views),
-        ("counterexamples", "Counterexamples"), ("coverage", "Coverage"), ("kills", "Kills"),
-        ("traces", "Traces"), ("bench", "Benchmarks"), ("vocabulary", "Vocabulary"),
-        ("spec", "Spec")))
-    vocab = "".join(f"<tr><td>{_e(w)}</td><td><code>{_e(a)}</code></td><td>{_e(t)}</td></tr>"
-                    for w, a, t in VOCABULARY)
-    # "</" closes a script element wherever it appears: escape it inside the JSON.
-    payload = json.dumps(script_data).replace("</", "<\\/")
-    return f"""<!doctype html>
-<html lang="en"><head><meta charset="utf-8">
-<title>ttmirror review: mirrored sampled ids</title>
-<link rel="stylesheet" href="review.css"></head>
-<body><header><h1>ttmirror review: mirrored sampled ids</h1><nav>{nav}</nav></header><main>
-{_verdicts(data['check'], data['tlc'])}
-{''.join(_graph(g, data['coverage']) for g in views)}
-{_counterexamples(data['counterexamples'])}
-{_coverage(data['coverage'])}
-{_kills(data['kills'])}
-{_traces(data['traces'])}
-{_bench(data.get('bench'))}
-<section id="vocabulary"><h2>Vocabulary</h2><table><tr><th>word</th><th>model action</th>
-<th>meaning</th></tr>{vocab}</table></section>
-<section id="spec"><h2>Design spec</h2><div class="spec">{data['spec']}</div></section>
-</main>
-<footer>Written by <code>ttmirror report</code>; every figure computed in that run.</footer>
-<script type="application/json" id="review-data">{payload}</script>
-<script src="review.js"></script></body></html>
-"""
+    nav = [("verdicts", "Verdicts"), *((f"view-{g.key}", g.title) for g in views),
+           ("counterexamples", "Counterexamples"), ("coverage", "Coverage"), ("kills", "Kills"),
+           ("traces", "Traces"), ("bench", "Benchmarks"), ("vocabulary", "Vocabulary"),
+           ("spec", "Spec")]
+    bench = data.get("bench")
+    return TEMPLATES.get_template("index.html").render(
+        check=data["check"], check_json=json.dumps(data["check"], indent=1), tlc=data["tlc"],
+        views=[_with_svg(g) for g in views], coverage=data["coverage"],
+        cexs=data["counterexamples"], kills=data["kills"], traces=data["traces"],
+        bench=None if bench is None else {"data": bench, "rows": _bench_rows(bench)},
+        plot=None if bench is None else plot_geometry(bench["points"]),
+        nav=nav, vocabulary=VOCABULARY, spec=Markup(data["spec"]),
+        # "</" closes a script element wherever it appears: escape it inside the JSON.
+        payload=Markup(json.dumps(script_data).replace("</", "<\\/")),
+        invariant_text=invariant_text, sometimes_text=_sometimes_text,
+    )
+
+
+def _with_svg(g: GraphView) -> GraphView:
+    """`g` with its SVG marked as markup: Graphviz wrote it in this run, from our labels (which
+    Graphviz itself escapes)."""
+    return GraphView(g.key, g.title, g.caption, Markup(g.svg), g.nodes, g.walked, g.edges)
 
 
 def write(data: Mapping[str, Any], out: Path) -> Path:
