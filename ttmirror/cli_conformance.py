@@ -17,7 +17,6 @@ import json
 import os
 import sys
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -32,8 +31,7 @@ from .arguments import (
 from .model.state import Bounds
 
 if TYPE_CHECKING:  # imported for real inside the commands: they load torch and ttnn
-    from .conformance.coverage import Coverage
-    from .conformance.walks import Report
+    pass
 
 
 def register(add_parser: AddParser) -> None:
@@ -108,112 +106,31 @@ def register(add_parser: AddParser) -> None:
 
 
 def cmd_fuzz(ns: argparse.Namespace) -> int:
-    import gc
-
     started = time.perf_counter()
     bounds = _fuzz_bounds(ns)
-    ns.planted = planted_bug()  # $TTMIRROR_BUG: a campaign against a planted bug
+    bug = planted_bug()  # $TTMIRROR_BUG: a campaign against a planted bug
     writable_dir(ns.traces)
-    # Checked before the imports below: they load torch and ttnn, which take seconds.
-    from .conformance import campaign, profiles, shards
-    from .conformance.coverage import Coverage
-    from .conformance.walk_bound import walks_lower_bound
-    from .model.explore import explore
+    # Checked before the import below: it loads torch and ttnn, which take seconds.
+    from .conformance import fuzz
 
-    start = time.perf_counter()
-    # The whole run: the imports above, exploration, Hypothesis and its shrinking, the walks.
-    deadline = started + ns.seconds
-
-    def explore_progress(states: int, transitions: int, frontier: int) -> None:
-        if time.perf_counter() > deadline:
-            raise _OutOfTime(states)
-
-    try:
-        cov = Coverage(explore(bounds, progress=explore_progress))
-    except _OutOfTime as out:
-        # Not a usage error (exit 2): the run did what it was told and covered nothing (exit 1).
-        print(f"ttmirror: --seconds {ns.seconds:g} ran out while exploring the model "
-              f"({out.states:,} states so far): nothing walked; raise --seconds", file=sys.stderr)
-        return 1
-    gc.freeze()  # the graph lives to the end: keep the collector from rescanning it
-    try:
-        lower_bound = walks_lower_bound(cov.ex.graph)
-        explored = time.perf_counter()
-        _say(f"explored {cov.total_edges:,} edges in {explored - start:.0f} s (walks from the "
-             f"initial state cover them in no fewer than {lower_bound:,}); "
-             f"Hypothesis: {ns.examples} examples")
-        # Shards divide the Hypothesis phase by seed (shard i of a campaign seeded s draws with
-        # s + i - 1), as they divide the walks by index: no two draw from the same seed.
-        hypothesis_seed = ns.seed + (ns.shard[0] - 1 if ns.shard else 0)
-        result = campaign.run(bounds, ns.backend, profiles.profile(ns.profile),
-                              seed=hypothesis_seed,
-                              trace_dir=Path(ns.traces), on_run=cov.record,
-                              max_examples=max(1, ns.examples), config=ns.config,
-                              deadline=deadline, bug=ns.planted, database=ns.example_db)
-        walked: Report | None = None
-        failure: _Failure | None = None
-        stopped = "failure"
-        if result.failed:
-            failure = _Failure(result.trace_path, result.error)
-            if result.out_of_time:
-                _say("--seconds ran out while Hypothesis shrank a failure: its trace is the "
-                     "smallest failing run found by then")
-        elif result.out_of_time:
-            stopped = "seconds"
-            _say(f"--seconds ran out during the Hypothesis phase ({result.examples} examples); "
-                 "no guided walks")
-        else:
-            _say(f"Hypothesis: {result.examples} examples, edges_covered {cov.edges_covered:.4f}; "
-                 f"guided walks on {ns.jobs} worker(s) until {ns.min_edges}")
-            walked, failure = _walk(ns, bounds, cov, max(0.0, deadline - time.perf_counter()))
-            stopped = walked.stopped
-        report = {
-            "backend": ns.backend,
-            "config": ns.config,
-            "observation": result.observation,
-            "bounds": bounds._asdict(),
-            "seed": ns.seed,
-            "hypothesis_seed": hypothesis_seed,
-            **_coverage_figures(cov, time.perf_counter() - explored),
-            "explore_seconds": round(explored - start, 2),
-            "hypothesis_examples": result.examples,
-            "hypothesis_first_failure_example": result.first_failure_examples,
-            "database": ns.database,
-            "walk_mode": "from-initial" if ns.shard else _walk_mode(ns.backend),
-            "walks": walked.walks if walked else 0,
-            "shard": f"{ns.shard[0]}/{ns.shard[1]}" if ns.shard else None,
-            "covered_edges": shards.encode_ids(shards.edge_ids(cov)),
-            "walks_taken": shards.encode_ids(walked.taken if walked else ()),
-            "walks_lower_bound": lower_bound,
-            "jobs": ns.jobs,
-            "stopped": stopped,
-            "min_edges": ns.min_edges,
-            "failure": failure.message if failure else None,
-            "trace": str(failure.path) if failure and failure.path else None,
-            "total_seconds": round(time.perf_counter() - started, 1),
-        }
-        if ns.shard:  # a shard covers its share; `coverage merge` judges the union
-            ok = failure is None and walked is not None and walked.stopped == "covered"
-        else:
-            ok = (failure is None and cov.actions_covered == 1.0
-                  and cov.edges_covered >= ns.min_edges)
-        _print_report(report, ns.json)
-        if failure is not None:
-            seeds = f"seed {ns.seed}" + (f" (Hypothesis seed {hypothesis_seed})"
-                                         if hypothesis_seed != ns.seed else "")
-            print(f"ttmirror: conformance failure with {seeds}; trace {failure.path}; "
-                  f"replay with `ttmirror replay {failure.path}`", file=sys.stderr)
-        elif not ok and ns.shard:
-            print(f"ttmirror: shard {report['shard']} did not take its whole share of the plan "
-                  f"(walks stopped: {report['stopped']}; raise --seconds or --jobs)",
-                  file=sys.stderr)
-        elif not ok:
-            print(f"ttmirror: coverage below the minimum: actions {cov.actions_covered:.3f}, "
-                  f"edges {cov.edges_covered:.4f} < {ns.min_edges} (walks stopped: "
-                  f"{report['stopped']}; raise --seconds or --jobs)", file=sys.stderr)
-        return 0 if ok else 1
-    finally:
-        gc.unfreeze()  # frozen objects are never collected: ttnn ones would outlive exit
+    result = fuzz.run(fuzz.Options(
+        bounds=bounds, backend=ns.backend, config=ns.config, seed=ns.seed, examples=ns.examples,
+        started=started, seconds=ns.seconds, min_edges=ns.min_edges, jobs=ns.jobs,
+        profile=ns.profile, traces=Path(ns.traces), database=ns.database,
+        example_db=ns.example_db, shard=ns.shard, bug=bug,
+        walk_mode="from-initial" if ns.shard else _walk_mode(ns.backend),
+        progress_every=10.0 if sys.stderr.isatty() else 30.0), _say)
+    if result.report is not None:
+        _print_report(result.report, ns.json)
+    if result.failure is not None:
+        report = result.report or {}
+        seeds = f"seed {ns.seed}" + (f" (Hypothesis seed {report['hypothesis_seed']})"
+                                     if report.get("hypothesis_seed", ns.seed) != ns.seed else "")
+        print(f"ttmirror: conformance failure with {seeds}; trace {result.failure.path}; "
+              f"replay with `ttmirror replay {result.failure.path}`", file=sys.stderr)
+    elif result.problem is not None:
+        print(f"ttmirror: {result.problem}", file=sys.stderr)
+    return 0 if result.ok else 1
 
 
 def cmd_coverage_merge(ns: argparse.Namespace) -> int:
@@ -309,61 +226,6 @@ def _config(backend: str, config: str | None) -> str:
         raise UsageError(str(e)) from None
 
 
-class _OutOfTime(Exception):
-    """`fuzz --seconds` ran out during the exploration, after `states` states."""
-
-    def __init__(self, states: int) -> None:
-        super().__init__(states)
-        self.states = states
-
-
-@dataclass(frozen=True)
-class _Failure:
-    """A conformance failure: where its ITF trace was written, and what diverged."""
-
-    path: Path | None
-    message: str | None
-
-
-def _walk(ns: argparse.Namespace, bounds: Bounds, cov: Coverage, seconds: float
-          ) -> tuple[Report, _Failure | None]:
-    """The guided walks, for at most `seconds`; a failing walk is written as an ITF trace named
-    after seed and walk."""
-    from .conformance import branches, itf, walks
-
-    every = 10.0 if sys.stderr.isatty() else 30.0
-    if ns.shard is None and _walk_mode(ns.backend) == "branches":
-        # The implementation's state can be saved: each edge is walked once, from a saved state.
-        walked = branches.run(cov, ns.backend, seed=ns.seed, until=ns.min_edges, seconds=seconds,
-                              jobs=ns.jobs, progress=_walk_progress, every=every,
-                              config=ns.config, bug=ns.planted)
-    else:  # a chip cannot be saved, and a shard takes its share of one plan: planned walks
-        walked = walks.run(cov, ns.backend, seed=ns.seed, until=ns.min_edges, seconds=seconds,
-                           jobs=ns.jobs, progress=_walk_progress, every=every, config=ns.config,
-                           shard=ns.shard, bug=ns.planted)
-    failed = walked.failure
-    if failed is None:
-        return walked, None
-    trace = itf.to_itf(bounds, ns.backend, failed.prompts, failed.moves, failed.states,
-                       failure=failed.error, bug=ns.planted, seed=ns.seed,
-                       config=ns.config, sampling=failed.sampling,
-                       sampling_seed=failed.sampling_seed)
-    name = f"walk-{ns.backend}-{ns.config}-seed{ns.seed}-walk{failed.walk}.itf.json"
-    return walked, _Failure(itf.write(Path(ns.traces) / name, trace), str(failed.error))
-
-
-def _coverage_figures(cov: Coverage, seconds: float) -> dict[str, Any]:
-    return {
-        "actions_covered": round(cov.actions_covered, 4),
-        "edges_covered": round(cov.edges_covered, 4),
-        "edges": len(cov.edges),
-        "total_edges": cov.total_edges,
-        "steps": cov.steps,
-        "steps_per_second": round(cov.steps / seconds, 1) if seconds > 0 else None,
-        "seconds": round(seconds, 2),
-    }
-
-
 def _print_report(report: dict[str, Any], as_json: bool) -> None:
     if as_json:
         print(json.dumps(report, indent=1))
@@ -374,12 +236,6 @@ def _print_report(report: dict[str, Any], as_json: bool) -> None:
 
 def _say(line: str) -> None:
     print(f"ttmirror fuzz: {line}", file=sys.stderr, flush=True)
-
-
-def _walk_progress(report: Report, cov: Coverage) -> None:
-    rate = report.steps / report.seconds if report.seconds > 0 else 0.0
-    _say(f"{report.seconds:6.0f} s  walks {report.walks:,}  edges_covered "
-         f"{cov.edges_covered:.4f}  {rate:,.0f} steps/s")
 
 
 def cmd_mutants(ns: argparse.Namespace) -> int:
