@@ -22,14 +22,21 @@ Decoder = Callable[..., Any]
 `forward(input_ids, positions, slot, logprobs=None)`."""
 
 
+class NoDecoder(NotImplementedError):
+    """No decoder op is declared for the device's kind (a chip: no ttnn kernel computes a
+    `transformers` model); a NotImplementedError, so the runner's load lets it through as "no
+    such path here", not as a device fault."""
+
+
 @functools.cache
 def decoder_for(kind: str) -> Decoder:
-    """The decoder op declared for devices of `kind` (ValueError naming the kinds that have
-    one, when it has none)."""
+    """The decoder op declared for devices of `kind`; `NoDecoder` (one line, naming the kinds
+    that have one) when it has none."""
     found = {e.name: e for e in importlib.metadata.entry_points(group=GROUP)}
     if kind not in found:
         have = ", ".join(sorted(found)) or "none"
-        raise ValueError(f"no serving decoder op for a {kind} device (entry point group {GROUP}:"
-                         f" {have}); a chip serves through its TT model stack, not shipped here")
+        raise NoDecoder(f"the serving forward runs as an emulated-device op; on a {kind} device "
+                        "it needs the TT model stack's decode, which is not part of ttmirror "
+                        f"(use the emulated device; {GROUP} declares: {have})")
     decoder: Decoder = found[kind].load()
     return decoder
