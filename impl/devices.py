@@ -91,7 +91,7 @@ class Chip:
         )
 
     def owns(self, device: Any) -> bool:
-        return not any(p.owns(device) for p in plugged_in())
+        return isinstance(device, ttnn.MeshDevice)
 
     def bind_sampling_identity(self, device: Any, request_ids: Any, positions: Any) -> None:
         pass  # a chip's sampler keys its draw itself
@@ -129,7 +129,11 @@ def default_provider() -> DeviceProvider:
 
 
 def provider_of(device: Any) -> DeviceProvider:
-    """The provider that opened `device` (a chip's when no other claims it)."""
+    """The provider that opened `device`: a chip's `ttnn.MeshDevice` is the chip's (no other
+    provider is loaded to say so), else the plugged-in provider that claims it, else the chip's
+    (a device object this process did not open through a provider)."""
+    if CHIP.owns(device):
+        return CHIP
     return next((p for p in plugged_in() if p.owns(device)), CHIP)
 
 

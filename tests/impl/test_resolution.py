@@ -94,3 +94,25 @@ def test_info_with_async_off() -> None:
     info = backend_info("tt", async_scheduling="off")
     assert info["supports_async_sampled_token_readback"] is True
     assert (info["async_scheduling_enabled"], info["max_concurrent_batches"]) == (False, 1)
+
+
+def test_a_chips_device_is_known_without_loading_any_other_provider() -> None:
+    """On a chip the mirror never loads the emulator: a `ttnn.MeshDevice` is the chip's by its
+    type alone (run in a fresh interpreter, where nothing has loaded a provider yet)."""
+    import subprocess
+    import sys
+
+    probe = ("import sys, ttnn; from ttmirror.impl import devices\n"
+             "class FakeChip(ttnn.MeshDevice):\n"
+             "    def __init__(self): pass\n"
+             "loaded = lambda: any(m.startswith('ttmirror.emulator') for m in sys.modules)\n"
+             "kind = devices.provider_of(FakeChip()).kind\n"
+             "after_chip = loaded()\n"
+             "other = devices.provider_of(object()).kind\n"
+             "print(kind, after_chip, other, loaded())")
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    # The chip's device loaded nothing; an unknown object asked the plugged-in providers, which
+    # loads the emulator (the twin: the check above can see a load).
+    assert done.stdout.split() == ["chip", "False", "chip", "True"]
