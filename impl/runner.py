@@ -511,10 +511,10 @@ class Runner:
         if prev is None:
             return {}
         feeds = self._planted("partial-prefill-feeds-mirror")
-        if self._planted("prev-row-skips-dropped"):  # planted: dropped rows are not counted
-            return {row.req: i for i, row in enumerate(r for r in prev.rows if r.live)}
         rows = {row.req: i for i, row in enumerate(prev.rows)
                 if row.live and (feeds or not row.partial)}  # a partial row's id is discarded
+        if self._planted("prev-row-skips-dropped"):  # planted: dropped rows are not counted
+            rows = {row.req: i for i, row in enumerate(r for r in prev.rows if r.live)}
         if self._planted("prev-row-two-back"):
             # planted: rows as of the last applied step, one behind while a step is in flight
             rows = {r: self._applied_rows.get(r, i) for r, i in rows.items()}
