@@ -81,7 +81,7 @@ def test_a_refused_phase_changes_nothing_in_the_runner() -> None:
 
 
 @pytest.mark.parametrize("bug", sorted(mutations.FAULT_HANDLING_BUGS))
-def test_the_fault_half_kills_each_planted_fault_bug(bug: str) -> None:
+def test_the_fault_half_kills_each_planted_fault_handling_bug(bug: str) -> None:
     killed, verdict = fault_runs.kill(bug)
     assert killed, f"{bug} survived the fault half"
     assert verdict.layer in ("model", "hazard", "device data", "crash")
