@@ -228,9 +228,11 @@ def _move(row: dict[str, Any]) -> Move:
 # --- recorded runs (`ttmirror validate`) ---------------------------------------------------------
 
 EVENTS_FORMAT = "ttmirror-events"
-EVENTS_VERSION = 2
-"""2: a schedule and a combine carry their rows as `Row` records (1 had parallel tuples); a
-version-1 file is refused with its version."""
+EVENTS_VERSION = 3
+"""2: a schedule and a combine carry their rows as `Row` records (1 had parallel tuples); 3: each
+step phase carries the step's phase as the runner's state shows it once done, and an apply how
+many tokens each request it delivered to now holds. An older file is refused with its
+version."""
 
 
 class EventsError(TraceError):
@@ -263,11 +265,12 @@ _SCHEMA: dict[str, tuple[int | None, dict[str, Any], frozenset[str]]] = {
     "arrive": (1, {"prompt": _INT, "max_tokens": _INT, "host_sync": _BOOL,
                    "prefill_chunks": _INT}, frozenset()),
     "schedule": (None, {"slot": _INT, "rows": _ROWS}, frozenset()),
-    "combine": (1, {"rows": _ROWS}, frozenset()),
-    "launch": (1, {}, frozenset()),
-    "readback_issue": (1, {}, frozenset()),
-    "readback_complete": (1, {}, frozenset()),
-    "apply": (0, {"step": _INT, "delivered": ("tuple", ("pair", _INT))}, frozenset()),
+    "combine": (1, {"rows": _ROWS, "phase": _STR}, frozenset()),
+    "launch": (1, {"phase": _STR}, frozenset()),
+    "readback_issue": (1, {"phase": _STR}, frozenset()),
+    "readback_complete": (1, {"phase": _STR}, frozenset()),
+    "apply": (0, {"step": _INT, "delivered": ("tuple", ("pair", _INT)),
+                  "counts": ("tuple", ("pair", _INT))}, frozenset()),
     "release": (1, {}, frozenset()),
     "finish": (1, {}, frozenset()),
     "abort": (1, {}, frozenset()),

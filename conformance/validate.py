@@ -4,11 +4,13 @@ It needs the model and the recorded events only (`itf.read_events` reads a file 
 the runner, not the emulator.
 
 No exploration: from the initial state, each event (`impl.events.Event`) must be an action the
-model enables in the current state, and what the runner decided with it must be what the model
+model enables in the current state, what the runner decided with it must be what the model
 decides (the previous-row map, partial rows and the slot of a schedule, the requests an apply
-delivered to); the model's next state is then the current one. A run of any length validates in
-time linear in its events: a closed request's model index is recycled once nothing names it, so
-the model state holds only the run's live requests.
+delivered to), and what the runner's state showed when it recorded the event must be what the
+model's action leaves (the step's phase, the tokens a request holds): a recorded event means
+its action happened. The model's next state is then the current one. A run of any length
+validates in time linear in its events: a closed request's model index is recycled once nothing
+names it, so the model state holds only the run's live requests.
 """
 
 from __future__ import annotations
@@ -46,6 +48,34 @@ class Divergence:
         """One line: which event left the model, and why."""
         return (f"the run left the model at event {self.index + 1} "
                 f"({self.event.action}{self.event.args}): {self.reason}")
+
+
+STEP_PHASES = ("combine", "launch", "readback_issue", "readback_complete")
+"""The step phases whose events carry the step's phase as the runner's state showed it."""
+
+
+def _happened(event: Event, before: State, after: State, ids: _Requests) -> str | None:
+    """Why the runner's state, as the event recorded it, shows that its action did not happen
+    (None: it did): a step phase's step is in the phase the model's action leaves it in; a fault
+    names the phase the model's step was in; an apply's requests hold as many tokens as the
+    model's. An event recorded before its device call (one that then failed) says otherwise."""
+    if event.action in STEP_PHASES:
+        want = after.queue[event.args[0]].phase.name.lower()
+        if event.get("phase") != want:
+            return (f"the runner's step was {event.get('phase')} when it recorded "
+                    f"{event.action}, the model's is {want}: recorded before it happened")
+    if event.action == FAULT:
+        want = before.queue[event.args[0]].phase.name.lower()
+        if event.get("phase") != want:
+            return f"the failed step was {event.get('phase')} in the runner, {want} in the model"
+    if event.action == "apply":
+        for req, count in event.get("counts", ()):
+            idx = ids.index.get(req)
+            held = None if idx is None else len(after.requests[idx].delivered)
+            if count != held:
+                return (f"request {req} holds {count} tokens after the apply in the runner, "
+                        f"{held} in the model")
+    return None
 
 
 def _decided(event: Event, before: State, after: State, ids: _Requests) -> str | None:
@@ -259,7 +289,8 @@ def validate(events: Iterable[Event], bounds: Bounds,
             allowed = tuple(a.label() for a, _ in successors(s, b))
             reason = "not enabled in this state" if known else "not a model action"
             return Divergence(i, event, s, reason, allowed)
-        why = _decided(event, s, after, ids) or _broken(event.action, after, b)
+        why = (_decided(event, s, after, ids) or _happened(event, s, after, ids)
+               or _broken(event.action, after, b))
         if why is None and event.action == "readback_issue":
             copies.seen[s.queue[args[0]].slot] = "issued"
         if why is None and event.action == "readback_complete":

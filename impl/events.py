@@ -4,7 +4,11 @@ Every call the runner accepts appends one `Event`, named and parameterised as th
 action it implements (`schedule` with its row order, `combine(q)`, `release(slot)`, ...), plus
 what the runner decided that the model decides too (a schedule's slot and its rows, a combine's
 rows with the host positions it staged: `rows.Row` records), so a checker can replay a run
-against the model and compare those decisions. A refused call records nothing. `chunk_prefill`
+against the model and compare those decisions, and what the runner's state shows of each step
+phase once it is done (the step's phase, the slot's writer, how many tokens each request now
+holds), so a checker can tell an event that happened from one recorded too early. A refused
+call records nothing: an event recorded inside a device call that raised is forgotten
+(`Runner.device_call`). `chunk_prefill`
 (spec rule 11) is a model action that exploration never enables and validation does
 (`Bounds.chunk_per_step`).
 
@@ -39,6 +43,10 @@ class EventLog:
     def record(self, action: str, args: tuple[int, ...] = (), **detail: Any) -> None:
         if self.enabled:
             self.events.append(Event(action, args, tuple(detail.items())))
+
+    def forget(self, count: int) -> None:
+        """Drop the events after the first `count`: recorded inside a call that then raised."""
+        del self.events[count:]
 
     def __len__(self) -> int:
         return len(self.events)

@@ -73,6 +73,8 @@ FAULT_HANDLING_BUGS: dict[str, str] = {
     "the ring position, so the next step takes the older in-flight step's slot",
     "fault-drops-pending-copy": "fail_step: the failed step's readback copy is dropped, not "
     "left to the mirror, while the device may still write into it",
+    "event-before-device-call": "launch: the launch event is recorded before the device call, "
+    "so a launch the device refused leaves an event for a step that never ran",
 }
 """Bugs of the fault handling (spec rule 12): the lockstep drives no faults, so the fault half
 (`conformance/fault_runs.py`: serving runs that meet one device fault each) kills these;

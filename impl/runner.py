@@ -556,7 +556,7 @@ class Runner:
             mirror_rows=sum(r.from_mirror for r in rows)))
         step.rows = rows
         step.phase = Phase.COMBINED
-        self.events.record("combine", (q,), rows=rows)
+        self.events.record("combine", (q,), rows=rows, phase=step.phase.name.lower())
 
     def _staged(self, row: Row) -> Row:
         """`row` as the combine stages it: a live row reading host ids takes the host token table's
@@ -576,6 +576,8 @@ class Runner:
         if blocker is not None:
             raise SlotBusyError(f"launch(q={q}): slot {step.slot} {blocker}; raise K (slots)")
         assert self.mirror is not None
+        if self._planted("event-before-device-call"):  # planted: recorded before it happened
+            self._record_launch(step, q)
         with self.device_call("launch", q):
             self.mirror.launch(step.slot)
         slot = self.slots[step.slot]
@@ -586,7 +588,12 @@ class Runner:
         slot.written, slot.released, slot.writer = True, False, step.index
         step.phase = Phase.LAUNCHED
         self.stats["launches"] += 1
-        self.events.record("launch", (q,))
+        if not self._planted("event-before-device-call"):
+            self._record_launch(step, q)
+
+    def _record_launch(self, step: _Step, q: int) -> None:
+        """The launch event, with the step's phase as the runner's state shows it."""
+        self.events.record("launch", (q,), phase=step.phase.name.lower())
 
     def readback_issue(self, q: int) -> None:
         """Enqueue the non-blocking copy of step q's slot to a host tensor, and its event."""
@@ -595,7 +602,7 @@ class Runner:
         with self.device_call("readback_issue", q):
             step.pending = self.mirror.readback_issue(step.slot)
         step.phase = Phase.READBACK_ISSUED
-        self.events.record("readback_issue", (q,))
+        self.events.record("readback_issue", (q,), phase=step.phase.name.lower())
 
     def readback_complete(self, q: int) -> None:
         """Synchronise step q's readback event; only then is the host copy read."""
@@ -611,7 +618,7 @@ class Runner:
         step.pending = None  # synchronised: the host tensor may go now
         step.host_copy = tuple(ids[: len(step.rows)])
         step.phase = Phase.READBACK_DONE
-        self.events.record("readback_complete", (q,))
+        self.events.record("readback_complete", (q,), phase=step.phase.name.lower())
 
     def apply(self) -> dict[int, int]:
         """Retire the oldest step: deliver each live row's token; returns {req: token}."""
@@ -639,7 +646,9 @@ class Runner:
                 r.status, r.closed_at, r.unchecked = Status.FINISHED, len(r.delivered), False
             else:
                 r.unchecked = True
-        self.events.record("apply", (), step=step.index, delivered=tuple(sorted(delivered.items())))
+        self.events.record("apply", (), step=step.index, delivered=tuple(sorted(delivered.items())),
+                           counts=tuple(sorted((req, len(self.requests[req].delivered))
+                                               for req in delivered)))
         return delivered
 
     def release(self, slot: int) -> None:
@@ -738,11 +747,14 @@ class Runner:
         """A phase's device calls: a RuntimeError from the device becomes a DeviceFault (the
         caller has changed nothing yet); the runner's own refusals and a NotImplementedError (a
         RuntimeError too, but no fault: the path does not exist here) pass through."""
+        recorded = len(self.events)
         try:
             yield
-        except (PhaseError, NotImplementedError):
-            raise
-        except RuntimeError as error:
+        except BaseException as error:
+            self.events.forget(recorded)  # an event means its action happened: this one did not
+            if isinstance(error, (PhaseError, NotImplementedError)) or not isinstance(
+                    error, RuntimeError):
+                raise
             raise DeviceFault(phase, q, error) from error
 
     def _need_allocated(self, name: str) -> None:

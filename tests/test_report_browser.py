@@ -49,7 +49,7 @@ def site(tmp_path_factory: pytest.TempPathFactory) -> Path:
         {"ratio": r, "measured_ratio": r, "speedup": s, "ideal": i, "overlapped": 0.99,
          "overlapped_drain": 0.25} for r, s, i in ((0.5, 1.1, 1.5), (1, 1.6, 2.0), (4, 1.2, 1.25))
     ]}))
-    code = main(["report", "--requests", "1", "--fuzz-seconds", "60", "-o", str(out / "site"),
+    code = main(["report", "--requests", "1", "--fuzz-seconds", "3600", "-o", str(out / "site"),
                  "--mutants", str(kills), "--bench-engine", str(bench)])
     assert code == 0
     return out / "site"

@@ -7,6 +7,7 @@ The default-bounds run (`ttmirror fuzz` to edges_covered 1.0) is `test_fuzz_defa
 from __future__ import annotations
 
 import json
+import math
 import os
 import subprocess
 import sys
@@ -51,14 +52,14 @@ def test_one_process_replays_its_search_from_the_seed(small: Coverage) -> None:
     runs = []
     for _ in range(2):
         cov = Coverage(small.ex)
-        report = branches.run(cov, "tt", seed=7, seconds=300, jobs=1)
+        report = branches.run(cov, "tt", seed=7, seconds=math.inf, jobs=1)
         runs.append((report.stopped, report.walks, report.steps, cov.edges_covered))
     assert runs[0] == runs[1] and runs[0][0] == "covered" and runs[0][3] == 1.0
 
 
 def test_worker_processes_share_the_branch_points_and_cover_every_edge(small: Coverage) -> None:
     cov = Coverage(small.ex)
-    report = branches.run(cov, "tt", seed=0, seconds=300, jobs=2)
+    report = branches.run(cov, "tt", seed=0, seconds=math.inf, jobs=2)
     assert report.failure is None and report.stopped == "covered"
     assert cov.edges_covered == 1.0 and report.jobs == 2
     assert report.walks >= cov.total_edges  # a race may walk an edge twice, never skip one
@@ -66,7 +67,7 @@ def test_worker_processes_share_the_branch_points_and_cover_every_edge(small: Co
 
 def test_until_stops_the_search_once_reached(small: Coverage) -> None:
     cov = Coverage(small.ex)
-    report = branches.run(cov, "tt", seed=0, seconds=300, until=0.5, jobs=1)
+    report = branches.run(cov, "tt", seed=0, seconds=math.inf, until=0.5, jobs=1)
     assert report.stopped == "covered" and 0.5 <= cov.edges_covered < 1.0
 
 
@@ -75,7 +76,7 @@ def test_a_planted_bug_is_found_and_its_trace_replays_from_the_initial_state(
         small: Coverage, jobs: int) -> None:
     bug = "guard-off"
     cov = Coverage(small.ex)
-    report = branches.run(cov, "tt", seed=0, seconds=300, jobs=jobs, bug=bug)
+    report = branches.run(cov, "tt", seed=0, seconds=math.inf, jobs=jobs, bug=bug)
     assert report.stopped == "failure" and report.failure is not None
     failed = report.failure
     moves = failed.moves[: failed.step + 1]

@@ -36,11 +36,14 @@ def redis_url() -> Iterator[str]:
         import redis
 
         client = redis.Redis(port=port)
-        for _ in range(100):
+        # Wait for the server however slow its start (a loaded machine); the cap only guards a
+        # server that never comes up, and one that died is reported at once.
+        for _ in range(1200):
             try:
                 client.ping()
                 break
             except redis.ConnectionError:
+                assert server.poll() is None, f"redis-server exited with {server.returncode}"
                 time.sleep(0.05)
         yield f"redis://127.0.0.1:{port}"
     finally:

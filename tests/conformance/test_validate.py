@@ -137,3 +137,31 @@ def test_every_invariant_is_checked_after_some_action() -> None:
 
     named = {name for names in CHECKED_AFTER.values() for name in names}
     assert named == {inv.name for inv in INVARIANTS}
+
+
+def _edited(events: list[Event], action: str, name: str, value: object) -> tuple[int, list[Event]]:
+    """`events` with the first `action`'s detail `name` set to `value`, and that event's index."""
+    i = next(i for i, e in enumerate(events) if e.action == action)
+    e = events[i]
+    detail = tuple((k, value if k == name else v) for k, v in e.detail)
+    return i, [*events[:i], e._replace(detail=detail), *events[i + 1:]]
+
+
+def test_an_event_recorded_before_it_happened_diverges() -> None:
+    # The runner's state, as each event recorded it, must show the action done: a launch recorded
+    # while its step was still combined (before the device call) is not a launch.
+    events = _run(2, 2)
+    assert all(e.get("phase") for e in events if e.action in ("launch", "readback_complete"))
+    i, edited = _edited(events, "launch", "phase", "combined")
+    d = validate(edited, Bounds())
+    assert d is not None and d.index == i and "recorded before it happened" in d.reason
+
+
+def test_an_apply_whose_requests_hold_other_counts_diverges() -> None:
+    events = _run(2, 2)
+    i = next(i for i, e in enumerate(events) if e.action == "apply" and e.get("delivered"))
+    (req, count), *rest = events[i].get("counts")
+    assert count >= 1  # non-vacuous: the apply delivered, and said how many its request holds
+    _, edited = _edited(events[i:], "apply", "counts", ((req, count + 1), *rest))
+    d = validate([*events[:i], *edited], Bounds())
+    assert d is not None and d.index == i and f"request {req} holds {count + 1} tokens" in d.reason

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import math
 import os
 import random
 import subprocess
@@ -67,8 +68,8 @@ def test_planner_gain_is_the_longest_path_of_open_edges(small: Coverage) -> None
 
 def test_the_plan_depends_on_the_seed_not_on_the_jobs(small: Coverage) -> None:
     one, two = Coverage(small.ex), Coverage(small.ex)
-    a = walks.run(one, "tt", seed=5, until=1.0, seconds=120, jobs=1)
-    b = walks.run(two, "tt", seed=5, until=1.0, seconds=120, jobs=2)
+    a = walks.run(one, "tt", seed=5, until=1.0, seconds=math.inf, jobs=1)
+    b = walks.run(two, "tt", seed=5, until=1.0, seconds=math.inf, jobs=2)
     assert a.failure is None and b.failure is None
     assert a.stopped == b.stopped == "covered" and one.edges_covered == 1.0
     assert a.walks == b.walks and one.edges == two.edges and a.steps == b.steps
@@ -106,7 +107,7 @@ def test_walks_in_worker_processes_find_a_planted_bug_and_its_trace_replays(
 ) -> None:
     bug = "prev-row-not-remapped"
     cov = Coverage(default_run)
-    report = walks.run(cov, "tt", seed=0, until=1.0, seconds=120, jobs=2, bug=bug)
+    report = walks.run(cov, "tt", seed=0, until=1.0, seconds=math.inf, jobs=2, bug=bug)
     assert report.stopped == "failure" and report.failure is not None
     failed = report.failure
     moves = failed.moves[: failed.step + 1]

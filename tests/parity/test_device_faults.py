@@ -109,3 +109,25 @@ def test_mutants_lists_the_fault_half_kills() -> None:
     assert done.returncode == 0, done.stderr[-2000:]
     (kill,) = json.loads(done.stdout)
     assert kill["id"] == "fault-keeps-ring-position" and kill["killed"] and kill["by"] == "faults"
+
+
+def test_an_event_recorded_inside_a_device_call_that_raised_is_forgotten() -> None:
+    """A recorded event means its action happened: what a phase recorded inside its device call
+    is dropped when the call raises (the twin, recording outside the call, is the planted
+    `event-before-device-call`, killed above by validation)."""
+    device = fault_runs.open_emulated()
+    try:
+        r = fault_runs.engine_on(device).runner
+        before = len(r.events)
+        with (pytest.raises(DeviceFault, match=r"^launch\(q=0\): TT_THROW"),
+              r.device_call("launch", 0)):
+            r.events.record("launch", (0,), phase="launched")
+            assert len(r.events) == before + 1
+            raise RuntimeError("TT_THROW: refused")
+        assert len(r.events) == before
+        with r.device_call("launch", 0):  # a call that returns keeps what it recorded
+            r.events.record("launch", (0,), phase="launched")
+        assert len(r.events) == before + 1
+        r.close()
+    finally:
+        ttnn.close_mesh_device(device)
