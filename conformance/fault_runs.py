@@ -13,6 +13,10 @@ rule 12, checked on what the run delivered:
 - the fault really hit a full pipeline: the other in-flight step went on delivering to a
   request the fault spared.
 
+Each scenario runs twice: with no logprobs, and with the serving half's logprob workload (the
+logprob ring copied beside the ids, and every delivered token's logprobs checked against the
+model's own log-softmax), so the ring's events and fences meet every fault too.
+
 `check()` runs every scenario; `kill(bug)` does so with a planted bug of
 `mutations.FAULT_HANDLING_BUGS`.
 """
@@ -35,8 +39,10 @@ from ..impl.runner import Status
 from ..impl.tt_backend import TtBackend
 from ..serving.backend import ServingBackend
 from ..serving.batching import ServingConfig, ServingEngine
+from ..serving.context import SamplingParams
 from ..serving.models import load_model
-from ..serving.workload import Outcome, run_workload, standard_plan
+from ..serving.workload import Outcome, RequestPlan, run_workload, standard_plan
+from .serving import LOGPROBS, logprob_errors, logprob_plan
 from .validate import bounds_of, validate
 
 ROWS, KV_TOKENS, SEED = 6, 24, 23
@@ -54,6 +60,9 @@ class Kind:
     call: str
     """The device call that fails (`injection.CALLS`), or "lost" for the device closed."""
     op: str | None = None
+    seeded_op: str | None = None
+    """The op that fails when the engine samples with a seed (the logprob workload), if not
+    `op`: the sampler there is `ttnn.sampling`, not `ttnn.argmax`."""
     stall: bool = False
     trace: bool = False
     phase: str = ""
@@ -63,13 +72,15 @@ class Kind:
 KINDS = {
     "stage-write": Kind("write", phase="stage"),
     "combine-op": Kind("op", op="add", phase="combine"),
-    "launch-op": Kind("op", op="argmax", phase="launch"),
+    "launch-op": Kind("op", op="argmax", seeded_op="sampling", phase="launch"),
     "execute-trace": Kind("execute_trace", trace=True, phase="launch"),
     "launch-event": Kind("event", phase="launch"),
     "readback-copy": Kind("read", phase="readback_issue"),
     "readback-timeout": Kind("read", stall=True, phase="readback_complete"),
     "device-closed": Kind("lost"),
 }
+LOGPROB_RUNS = (False, True)
+"""Each scenario without logprobs, then with the logprob workload."""
 
 
 @dataclass
@@ -77,6 +88,8 @@ class FaultRun:
     """What one faulted run left: its outcome and events, buffers and hazards."""
 
     kind: str
+    logprobs: bool
+    """Served the logprob workload (`serving.logprob_plan`)."""
     out: Outcome
     events: list[Event]
     baseline: int
@@ -94,40 +107,44 @@ def open_emulated() -> Any:
 
 
 def engine_on(device: Any, *, depth2: bool = True, trace: bool = False,
-              timeout: float | None = None, bug: str | None = None) -> ServingEngine:
+              timeout: float | None = None, bug: str | None = None,
+              logprobs: bool = False) -> ServingEngine:
     return ServingEngine(
-        ServingBackend(TtBackend(device), load_model("probe")),
+        ServingBackend(TtBackend(device), load_model("probe"),
+                       SamplingParams(seed=SEED) if logprobs else None),
         ServingConfig(async_scheduling="auto" if depth2 else "off", rows=ROWS,
                       kv_tokens=KV_TOKENS, trace=trace, readback_timeout_s=timeout,
-                      mutations=mutations([bug])),
+                      max_logprobs=LOGPROBS if logprobs else 0, mutations=mutations([bug])),
     )
 
 
-def plan() -> list[Any]:
-    return standard_plan(load_model("probe").vocab)
+def plan(logprobs: bool = False) -> list[RequestPlan]:
+    vocab = load_model("probe").vocab
+    return logprob_plan(vocab) if logprobs else standard_plan(vocab)
 
 
 @cache
-def sync_tokens() -> dict[int, list[int]]:
+def sync_tokens(logprobs: bool = False) -> dict[int, list[int]]:
     """What each request of the workload is owed: a depth-1, fault-free run."""
     device = open_emulated()
     try:
-        engine = engine_on(device, depth2=False)
-        out = run_workload(engine, plan())
+        engine = engine_on(device, depth2=False, logprobs=logprobs)
+        out = run_workload(engine, plan(logprobs))
         engine.close()
     finally:
         ttnn.close_mesh_device(device)
     return out.tokens
 
 
-def faulted_run(name: str, arm_at: int = ARM_AT, bug: str | None = None) -> FaultRun:
-    """Serve the workload at depth 2, `bug` planted, with the fault `name` armed after
-    iteration `arm_at`."""
+def faulted_run(name: str, arm_at: int = ARM_AT, bug: str | None = None,
+                logprobs: bool = False) -> FaultRun:
+    """Serve the workload (the logprob one with `logprobs`) at depth 2, `bug` planted, with the
+    fault `name` armed after iteration `arm_at`."""
     kind = KINDS[name]
     device = open_emulated()
     try:
         engine = engine_on(device, trace=kind.trace, timeout=TIMEOUT_S if kind.stall else None,
-                           bug=bug)
+                           bug=bug, logprobs=logprobs)
         baseline = len(device.allocator.live)
 
         iterations = [0]
@@ -139,15 +156,16 @@ def faulted_run(name: str, arm_at: int = ARM_AT, bug: str | None = None) -> Faul
             if kind.call == "lost":
                 device.faults.lose()
             else:
-                device.faults.arm(kind.call, op=kind.op, stall_s=STALL_S if kind.stall else None)
+                op = kind.seeded_op if logprobs and kind.seeded_op else kind.op
+                device.faults.arm(kind.call, op=op, stall_s=STALL_S if kind.stall else None)
 
-        out = run_workload(engine, plan(), on_step=arm)
+        out = run_workload(engine, plan(logprobs), on_step=arm)
         gc.collect()
         live = len(device.allocator.live)
         events = list(engine.runner.events.events)
         met = engine.stats["faults"]
         engine.close()
-        return FaultRun(name, out, events, baseline, live, device.hazards.total, met)
+        return FaultRun(name, logprobs, out, events, baseline, live, device.hazards.total, met)
     finally:
         ttnn.close_mesh_device(device)
 
@@ -173,7 +191,7 @@ def spared_and_delivered_after(events: list[Event]) -> set[int]:
 def promise_errors(run: FaultRun) -> list[str]:
     """What of rule 12's promise `run` broke (empty: nothing)."""
     kind, out, errors = KINDS[run.kind], run.out, []
-    owed = sync_tokens()
+    owed = sync_tokens(run.logprobs)
     failed = {r for r, s in out.statuses.items() if s == Status.FAILED}
     if not failed:
         errors.append("the fault failed no request: it never hit a step")
@@ -200,6 +218,10 @@ def promise_errors(run: FaultRun) -> list[str]:
         errors.append(d.line())
     if kind.call != "lost" and not spared_and_delivered_after(run.events):
         errors.append("no request in flight beside the fault went on")
+    if run.logprobs:  # every delivered token's logprobs are the model's, failed requests' too
+        errors += logprob_errors(out, plan(True), load_model("probe"))
+    elif out.logprobs:
+        errors.append(f"logprobs delivered to {sorted(out.logprobs)}, none asked")
     return errors
 
 
@@ -221,19 +243,21 @@ def check(kinds: list[str] | None = None,
     def verdict(layer: str | None, message: str | None) -> Verdict:
         return Verdict(layer, message, round(time.perf_counter() - started, 3))
 
-    for name in kinds or list(KINDS):
-        try:
-            run = faulted_run(name, bug=bug)
-        except HazardError as e:
-            return verdict("hazard", f"{name}: {str(e).splitlines()[0]}"[:300])
-        except Exception as e:  # the implementation raised: a kill, as in the lockstep
-            return verdict("crash", f"{name}: {type(e).__name__}: {e}"[:300])
-        if on_run is not None:
-            on_run(run)
-        errors = promise_errors(run)
-        if errors:
-            layer = "model" if any("left the model" in e for e in errors) else "device data"
-            return verdict(layer, f"{name}: {errors[0]}"[:300])
+    for logprobs in LOGPROB_RUNS:
+        for name in kinds or list(KINDS):
+            where = f"{name}{' with logprobs' if logprobs else ''}"
+            try:
+                run = faulted_run(name, bug=bug, logprobs=logprobs)
+            except HazardError as e:
+                return verdict("hazard", f"{where}: {str(e).splitlines()[0]}"[:300])
+            except Exception as e:  # the implementation raised: a kill, as in the lockstep
+                return verdict("crash", f"{where}: {type(e).__name__}: {e}"[:300])
+            if on_run is not None:
+                on_run(run)
+            errors = promise_errors(run)
+            if errors:
+                layer = "model" if any("left the model" in e for e in errors) else "device data"
+                return verdict(layer, f"{where}: {errors[0]}"[:300])
     return verdict(None, None)
 
 

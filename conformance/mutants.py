@@ -7,7 +7,8 @@ run is shrunk by deterministic replay (`replay.shrink`) and written as an ITF tr
 A kill says which check found the bug (`layer`): device data (the combine's output or a slot's
 content, or device effects out of order), host state (the runner's books), refusal (an action
 accepted or refused against the model), hazard (the emulated device's race and lifetime checks),
-model invariant, or crash (the implementation raised). An exception of the harness itself is a
+model invariant, no progress (the serving loop's livelock check, `serving.engine.NoProgress`), or
+crash (the implementation raised). An exception of the harness itself is a
 harness error, never a kill.
 """
 
@@ -50,7 +51,8 @@ TWO_QUEUES = frozenset({"readback-cq1-no-wait", "stage-cq1-no-event"})
 """Bugs that need a second command queue: they cannot occur in the one-queue configuration."""
 
 
-LAYERS = ("device data", "host state", "refusal", "hazard", "model invariant", "crash")
+LAYERS = ("device data", "host state", "refusal", "hazard", "model invariant", "no progress",
+          "crash")
 
 
 def layer(kind: str, message: str) -> str | None:

@@ -5,7 +5,8 @@ hunted here instead: a workload whose requests ask for logprobs is served on the
 (hazards raised) at depth 2 and at depth 1, in one configuration of the mirror, and the data the
 ring carried is checked: every token's logprobs against the model's own log-softmax over the
 request's context (prompt and the tokens before it), recomputed on the host, and depth 2 against
-depth 1, logprob for logprob. A hazard, a wrong logprob and a crash are each a kill of its layer.
+depth 1, logprob for logprob. A hazard, a wrong logprob, a livelock (the engine's `NoProgress`)
+and a crash are each a kill of its layer.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from ..impl.tt_backend import TtBackend
 from ..serving.backend import ServingBackend
 from ..serving.batching import ServingConfig, ServingEngine
 from ..serving.context import SamplingParams
+from ..serving.engine import NoProgress
 from ..serving.models import DecoderModel, ProbeDecoder
 from ..serving.workload import Outcome, RequestPlan, run_workload, standard_plan
 
@@ -133,6 +135,8 @@ def check(config: str, bug: str | None = None) -> Verdict:
         sync_out = serve(config, 1, plan, model, bug)
     except HazardError as e:
         return verdict("hazard", str(e).splitlines()[0][:300])
+    except NoProgress as e:  # the engine's own livelock check, long before any cap
+        return verdict("no progress", str(e)[:300])
     except Exception as e:  # the implementation raised: a kill, as in the lockstep
         return verdict("crash", f"{type(e).__name__}: {e}"[:300])
     errors = logprob_errors(async_out, plan, model)

@@ -40,6 +40,7 @@ from ..impl.tt_backend import TtBackend
 from ..serving.backend import ServingBackend
 from ..serving.batching import ServingConfig, ServingEngine
 from ..serving.context import SamplingParams
+from ..serving.engine import Watchdog
 from ..serving.models import DecoderModel, load_model
 from ..serving.workload import Outcome, RequestPlan, due_for_abort, outcome_of, run_workload
 from .itf import write_events
@@ -205,8 +206,10 @@ class ServingLoop(RuleBasedStateMachine):
         if self.engine is None:
             return
         try:
+            watchdog = Watchdog(self.engine)  # a livelock fails in a few steps, not 10,000
             while not self.engine.idle():
                 self.step()
+                watchdog.check()
                 if self.iteration > 10_000:
                     raise AssertionError("the engine did not go idle within 10,000 iterations")
             events = list(self.engine.runner.events.events)

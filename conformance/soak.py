@@ -13,6 +13,8 @@ Every random choice comes from one seed. The checks, all on data:
 - tokens lost or duplicated: 0, counted against a sync (depth 1, fault-free) replay of the same
   requests: a request's tokens must equal the replay's, or, for a request a fault failed, be a
   prefix of them;
+- logprobs wrong: 0: with the logprob ring on (`SoakConfig.logprobs`, the default; about half
+  the requests ask for logprobs), every delivered token's ring entry equals the replay's;
 - device buffers live once the run is idle: exactly as many as right after load;
 - the run's events, streamed to an ITF trace as they are recorded, validate against the model
   (`validate.py`), faults included.
@@ -23,6 +25,7 @@ run (`ttmirror validate FILE` shows a divergence).
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 import random
 import resource
@@ -38,12 +41,14 @@ import ttnn
 
 from ..emulator import Emulator, ManualScheduler, ThreadedScheduler, open_device
 from ..emulator.decoder import dram_bytes
+from ..impl.backend import TokenLogprobs
 from ..impl.events import Event
 from ..impl.runner import Status
 from ..impl.tt_backend import TtBackend
 from ..serving.backend import ServingBackend
 from ..serving.batching import ServingConfig, ServingEngine
 from ..serving.context import SamplingParams
+from ..serving.engine import Watchdog
 from ..serving.models import DecoderModel, load_model
 from ..serving.workload import RequestPlan, due_for_abort, run_workload
 from .itf import read_events, write_events
@@ -88,6 +93,10 @@ class SoakReport:
     lost_tokens: int = 0
     duplicated_tokens: int = 0
     """Tokens delivered that the sync replay did not deliver there (extra, repeated or wrong)."""
+    logprob_tokens: int = 0
+    """Delivered tokens that came with the logprob ring's entry (0: the ring is off)."""
+    wrong_logprobs: int = 0
+    """Of those, entries other than the replay's for the same token (or missing)."""
     leaked_buffers: int = 0
     baseline_buffers: int = 0
     events: int = 0
@@ -100,27 +109,37 @@ class SoakReport:
 
     def ok(self) -> bool:
         return (self.hazards == 0 and self.lost_tokens == 0 and self.duplicated_tokens == 0
-                and self.leaked_buffers == 0 and self.validated)
+                and self.wrong_logprobs == 0 and self.leaked_buffers == 0 and self.validated)
 
     def as_json(self) -> dict[str, Any]:
         return asdict(self)
 
 
 def _request(rng: random.Random, req: int, it: int, model: DecoderModel,
-             kv_tokens: int) -> RequestPlan:
+             cfg: SoakConfig) -> RequestPlan:
     """A random request that the engine can serve (it fits the context and the KV budget)."""
+    kv_tokens = cfg.kv_tokens
     prompt_len = rng.randint(1, 6)
     room = min(model.max_context - 1, kv_tokens) - (prompt_len - 1)
     max_tokens = rng.randint(1, max(1, min(12, room)))
     stops = (frozenset(rng.sample(range(model.vocab), max(1, model.vocab // 8)))
              if rng.random() < 0.3 else frozenset())
     abort_after = rng.randint(1, max_tokens) if rng.random() < 0.15 else None
+    sampling = rng.choice(SAMPLINGS)
+    if cfg.logprobs and rng.random() < 0.5:  # drawn only with the ring: seeds stay as they were
+        sampling = dataclasses.replace(sampling or _engine_sampling(cfg),
+                                       logprobs=rng.randint(0, cfg.logprobs))
     return RequestPlan(
         req=req, arrival=it,
         prompt=tuple(rng.randrange(model.vocab) for _ in range(prompt_len)),
         max_tokens=max_tokens, stop_ids=stops, abort_after=abort_after,
-        host_sync=rng.random() < 0.1, sampling=rng.choice(SAMPLINGS),
+        host_sync=rng.random() < 0.1, sampling=sampling,
     )
+
+
+def _engine_sampling(cfg: SoakConfig) -> SamplingParams:
+    """The engine's own sampling: what a request without its own samples with."""
+    return SamplingParams(seed=cfg.seed + 1)
 
 
 def _open(model: DecoderModel, scheduler: Callable[[], Any], hazard_mode: str) -> Any:
@@ -133,9 +152,10 @@ def _open(model: DecoderModel, scheduler: Callable[[], Any], hazard_mode: str) -
 
 def _engine(device: Any, model: DecoderModel, cfg: SoakConfig, depth2: bool) -> ServingEngine:
     return ServingEngine(
-        ServingBackend(TtBackend(device), model, SamplingParams(seed=cfg.seed + 1)),
+        ServingBackend(TtBackend(device), model, _engine_sampling(cfg)),
         ServingConfig(async_scheduling="auto" if depth2 else "off", rows=cfg.rows,
                       kv_tokens=cfg.kv_tokens, trace=cfg.trace and depth2,
+                      max_logprobs=cfg.logprobs,
                       readback_timeout_s=cfg.readback_timeout_s if depth2 else None),
     )
 
@@ -149,6 +169,7 @@ class _Run:
         self.rng = random.Random(cfg.seed)
         self.plan: list[RequestPlan] = []
         self.tokens: dict[int, list[int]] = {}
+        self.logprobs: dict[int, list[TokenLogprobs]] = {}
         self.statuses: dict[int, Status] = {}
 
     def events(self) -> Iterator[Event]:
@@ -162,11 +183,12 @@ class _Run:
             by_req: dict[int, RequestPlan] = {}
             aborted: set[int] = set()
             it = 0
+            watchdog = Watchdog(engine)
             while True:
                 arriving = engine.runner.steps < cfg.steps
                 if arriving and len(engine.queued) < 2 * cfg.rows and (
                         rng.random() < ARRIVAL_CHANCE):
-                    p = _request(rng, len(self.plan), it, self.model, cfg.kv_tokens)
+                    p = _request(rng, len(self.plan), it, self.model, cfg)
                     self.plan.append(p)
                     by_req[p.req] = p
                     engine.submit(p.req, p.prompt, max_tokens=p.max_tokens, stop_ids=p.stop_ids,
@@ -186,6 +208,7 @@ class _Run:
                     self.progress(engine.runner.steps)
                 if not arriving and engine.idle():
                     break
+                watchdog.check()
                 if it > 4 * cfg.steps + 10_000:
                     raise RuntimeError(f"the soak did not drain within {it} iterations")
             device.faults.disarm()
@@ -203,32 +226,40 @@ class _Run:
             report.aborts = len(aborted)
             for req, r in engine.runner.requests.items():
                 self.tokens[req], self.statuses[req] = list(r.delivered), r.status
+                self.logprobs[req] = list(r.logprobs)
             engine.close()
         finally:
             ttnn.close_mesh_device(device)
 
 
-def _sync_replay(cfg: SoakConfig, model: DecoderModel, plan: list[RequestPlan]) -> dict[
-        int, list[int]]:
-    """The same requests at depth 1, fault-free: what each was owed."""
+def _sync_replay(cfg: SoakConfig, model: DecoderModel, plan: list[RequestPlan]) -> tuple[
+        dict[int, list[int]], dict[int, list[TokenLogprobs]]]:
+    """The same requests at depth 1, fault-free: what each was owed, tokens and ring entries."""
     device = _open(model, ManualScheduler, "raise")
     try:
         engine = _engine(device, model, cfg, depth2=False)
         engine.runner.events.enabled = False
         out = run_workload(engine, plan, max_iterations=50 * len(plan) + 10_000)
+        logprobs = {req: list(r.logprobs) for req, r in engine.runner.requests.items()}
         engine.close()
     finally:
         ttnn.close_mesh_device(device)
-    return out.tokens
+    return out.tokens, logprobs
 
 
-def _count(tokens: dict[int, list[int]], statuses: dict[int, Status],
-           owed: dict[int, list[int]], report: SoakReport) -> None:
-    """Lost and duplicated tokens, request by request, against the replay."""
-    for req, got in tokens.items():
+def _count(run: _Run, owed: dict[int, list[int]],
+           owed_logprobs: dict[int, list[TokenLogprobs]], report: SoakReport) -> None:
+    """Lost and duplicated tokens and wrong logprobs, request by request, against the replay."""
+    statuses = run.statuses
+    for req, got in run.tokens.items():
         want = owed[req]
         common = next((i for i, (a, b) in enumerate(zip(got, want, strict=False)) if a != b),
                       min(len(got), len(want)))
+        if run.cfg.logprobs:  # one ring entry per delivered token, the replay's for its token
+            entries, wanted = run.logprobs[req], owed_logprobs[req]
+            report.logprob_tokens += len(entries)
+            report.wrong_logprobs += abs(len(got) - len(entries)) + sum(
+                a != b for a, b in zip(entries[:common], wanted[:common], strict=False))
         report.duplicated_tokens += len(got) - common
         if statuses[req] != Status.FAILED:  # a failed request is owed nothing past its failure
             report.lost_tokens += len(want) - common
@@ -254,8 +285,8 @@ def run_soak(cfg: SoakConfig, trace_file: Path,
     run = _Run(cfg, model, report, stepped)
     report.events = write_events(run.events(), trace_file)
     say(f"soak: replaying {len(run.plan):,} requests at depth 1")
-    owed = _sync_replay(cfg, model, run.plan)
-    _count(run.tokens, run.statuses, owed, report)
+    owed, owed_logprobs = _sync_replay(cfg, model, run.plan)
+    _count(run, owed, owed_logprobs, report)
     report.requests = len(run.plan)
     say(f"soak: validating {report.events:,} events")
     events = read_events(trace_file)
@@ -282,7 +313,8 @@ def summary(report: SoakReport) -> list[str]:
         + f"), {report.faults:,} met by the engine ({phases}); "
         f"{report.failed_requests:,} requests failed with the device's error",
         f"hazards {report.hazards}; tokens lost {report.lost_tokens}, duplicated "
-        f"{report.duplicated_tokens} (against a sync replay); device buffers leaked "
+        f"{report.duplicated_tokens}, logprobs wrong {report.wrong_logprobs} of "
+        f"{report.logprob_tokens:,} (against a sync replay); device buffers leaked "
         f"{report.leaked_buffers} (baseline {report.baseline_buffers})",
         f"trace: {report.events:,} events, "
         + ("validated against the model" if report.validated

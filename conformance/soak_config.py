@@ -23,6 +23,9 @@ class SoakConfig:
     """The engine's readback deadline; a late read lands `stall_factor` times it after issue."""
     stall_factor: float = 1.5
     """Between 1 (the host gives up first) and 2 (the next wait, queued behind, does not)."""
+    logprobs: int = 3
+    """Top logprobs a request may ask for (the logprob ring's width; about half the requests
+    ask for 0 to this many); 0: the engine has no logprob ring and no request asks."""
 
     def __post_init__(self) -> None:
         if self.steps < 1:
@@ -33,5 +36,7 @@ class SoakConfig:
             raise ValueError(f"--timeout must be positive, got {self.readback_timeout_s}")
         if not 1 < self.stall_factor < 2:
             raise ValueError(f"the stall factor must be in (1, 2), got {self.stall_factor}")
+        if self.logprobs < 0:
+            raise ValueError(f"--logprobs must be 0 or more, got {self.logprobs}")
         if self.rows < 1 or self.kv_tokens < 1:
             raise ValueError("rows and the KV budget must be 1 or more")

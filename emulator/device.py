@@ -86,14 +86,16 @@ class EmulatedMeshDevice:
         dram_size: int = DEFAULT_DRAM_SIZE,
         scheduler: Scheduler | None = None,
         hazard_mode: HazardMode = "raise",
+        planted: frozenset[str] = frozenset(),
     ) -> None:
+        """`planted`: bugs of the allocator (`allocator.PLANTED`), to show its checks live."""
         if not 1 <= num_command_queues <= 2:
             raise RuntimeError(f"num_command_queues must be 1 or 2, got {num_command_queues}")
         self.num_command_queues = num_command_queues
         self.trace_region_size = trace_region_size
         self.l1_small_size = l1_small_size
-        self.allocator = DramAllocator(dram_size)
         self.hazards = HazardLog(mode=hazard_mode)
+        self.allocator = DramAllocator(dram_size, hazards=self.hazards, planted=planted)
         self.ordering = OrderingTracker(num_command_queues)
         self.queues: list[deque[Command]] = [deque() for _ in range(num_command_queues)]
         self.completion_log: list[str] = []  # command labels in completion order

@@ -37,6 +37,8 @@ class Emulator:
     hazard_mode: HazardMode = "raise"
     """"raise": a hazard raises at the call that makes it; "count": it is only logged."""
     dram_size: int = DEFAULT_DRAM_SIZE
+    planted: frozenset[str] = frozenset()
+    """Bugs planted in the device's allocator (`allocator.PLANTED`); none by default."""
 
     kind = "emulated"
 
@@ -50,6 +52,7 @@ class Emulator:
             dram_size=self.dram_size,
             scheduler=self.scheduler(),
             hazard_mode=self.hazard_mode,
+            planted=self.planted,
         )
         routing.attach(device)
         return device

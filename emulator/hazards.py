@@ -25,6 +25,7 @@ class HazardKind(StrEnum):
     DROPPED_READBACK = "dropped-readback"  # host tensor of a pending readback dropped before sync
     TRACE_BUFFER_FREED = "trace-buffer-freed"  # a buffer an alive trace uses was deallocated
     TRACE_UNSAFE_ALLOCATION = "trace-unsafe-allocation"  # allocated after capture, alive at replay
+    OVERLAPPING_ALLOCATION = "overlapping-allocation"  # a new buffer shares bytes with a live one
 
 
 @dataclass(frozen=True)

@@ -55,16 +55,21 @@ BUGS: dict[str, str] = {
     "row, whose sampled id is discarded",
     "host-sync-unguarded": "schedule: a host-sync request is scheduled while its step is in "
     "flight, from host ids that lack its newest token",
+    "prev-row-by-id-rank": "schedule: the previous-row map takes a request's rank by id among "
+    "the previous step's rows as its row (right only while the engine keeps rows in id order)",
 }
 """Bug id -> what goes wrong. Ids marked (tt) only exist on the tt backend."""
 
 SERVING_BUGS: dict[str, str] = {
     "logprobs-after-event": "readback_issue (tt): the logprob ring is copied after the readback's "
     "event is recorded, so synchronising the event does not cover it",
+    "last-chunk-stays-partial": "chunk_prefill: the chunk that ends a request's prefill is marked "
+    "partial, so the prefill never ends and the loop reschedules it forever (a livelock)",
 }
-"""Bugs of what only a serving decoder has (the logprob ring): the conformance lockstep drives the
-probe, which computes no logprobs, so the serving half (`conformance/serving.py`) kills these;
-`ttmirror mutants` lists them beside the lockstep's, `by: serving`."""
+"""Bugs of what only a serving loop has (the logprob ring, prefill chunks sized per step): the
+conformance lockstep drives the probe, which computes no logprobs, and never sizes chunks, so the
+serving half (`conformance/serving.py`) kills these; `ttmirror mutants` lists them beside the
+lockstep's, `by: serving`."""
 
 FAULT_HANDLING_BUGS: dict[str, str] = {
     "fault-spares-later-rows": "fail_step: the failed requests' rows in the other in-flight step "
@@ -75,6 +80,9 @@ FAULT_HANDLING_BUGS: dict[str, str] = {
     "left to the mirror, while the device may still write into it",
     "event-before-device-call": "launch: the launch event is recorded before the device call, "
     "so a launch the device refused leaves an event for a step that never ran",
+    "logprob-fence-ids-only": "readback_issue (tt): the logprob ring is copied after the ids' "
+    "event under an event of its own, and the slot's rewrite fence covers the ids only, so "
+    "after a readback the host gave up on, the next launch writes what the copy still reads",
 }
 """Bugs of the fault handling (spec rule 12): the lockstep drives no faults, so the fault half
 (`conformance/fault_runs.py`: serving runs that meet one device fault each) kills these;

@@ -433,6 +433,8 @@ class Runner:
         if owed:
             raise PhaseError(f"chunk_prefill(r{req}): it owns {owed} placeholder(s); a prefill "
                              "chunk reads host ids, which lack its newest token")
+        if self._planted("last-chunk-stays-partial"):
+            partial = True  # planted: the chunk that ends the prefill is partial too, forever
         r.prefill_left = int(partial)
         self.events.record("chunk_prefill", (req, int(partial)))
 
@@ -515,6 +517,10 @@ class Runner:
                 if row.live and (feeds or not row.partial)}  # a partial row's id is discarded
         if self._planted("prev-row-skips-dropped"):  # planted: dropped rows are not counted
             rows = {row.req: i for i, row in enumerate(r for r in prev.rows if r.live)}
+        if self._planted("prev-row-by-id-rank"):
+            # planted: a request's row is its rank by id (right only while rows keep id order)
+            by_id = sorted(row.req for row in prev.rows)
+            rows = {r: by_id.index(r) for r in rows}
         if self._planted("prev-row-two-back"):
             # planted: rows as of the last applied step, one behind while a step is in flight
             rows = {r: self._applied_rows.get(r, i) for r, i in rows.items()}

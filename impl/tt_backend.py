@@ -47,6 +47,8 @@ class PendingReadback:
     event: Any
     logprobs: tuple[ttnn.Tensor, ttnn.Tensor] | None = None
     """Host copies of the slot's logprob part (values, ids), under the same event."""
+    logprobs_event: Any = None
+    """The logprob copies' own event (only with `logprob-fence-ids-only` planted)."""
     issued: int = 0
     """Its place among the readbacks issued on the readback queue (they complete in order)."""
 
@@ -147,11 +149,16 @@ class TtMirror:
             if cq != COMPUTE_CQ and not self._planted("readback-cq1-no-wait"):
                 ttnn.wait_for_event(cq, self._launched[slot])  # the copy starts after the sampler
             pending.host = self.ring[slot].cpu(blocking=False, cq_id=cq)
+            # The ids and the logprob part are one unit: both copies before the one event that
+            # the host waits on and the slot's next write is fenced by.
             late = self._planted("logprobs-after-event")  # planted: the event misses the logprobs
-            pending.logprobs = self._copy_logprobs(slot, cq) if not late else None
+            own = self._planted("logprob-fence-ids-only")  # planted: their own event, unfenced
+            pending.logprobs = self._copy_logprobs(slot, cq) if not (late or own) else None
             pending.event = ttnn.record_event(self.device, cq_id=cq)
-            if late:
+            if late or own:
                 pending.logprobs = self._copy_logprobs(slot, cq)
+            if own and pending.logprobs is not None:
+                pending.logprobs_event = ttnn.record_event(self.device, cq_id=cq)
         except RuntimeError:
             if pending.host is not None:  # a copy was enqueued: its host tensor must outlive it
                 self._abandoned.append(pending)
@@ -188,12 +195,12 @@ class TtMirror:
         """The host waits for the copy's event: the one device completion a step waits on."""
         timeout = self.spec.readback_timeout_s
         if timeout is None:
-            ttnn.event_synchronize(pending.event)
+            self._synchronize(pending)
         else:
             if self._waiter is None:
                 self._waiter = ThreadPoolExecutor(1, thread_name_prefix="readback-wait")
             # One waiter, in issue order: a wait queued behind a stalled one waits for it too.
-            wait = self._waiter.submit(ttnn.event_synchronize, pending.event)
+            wait = self._waiter.submit(self._synchronize, pending)
             try:
                 wait.result(timeout=timeout)
             except WaitTimeout:
@@ -205,6 +212,13 @@ class TtMirror:
         self._abandoned = [p for p in self._abandoned if p.issued > pending.issued]
         if self.spec.report is not None:
             self.spec.report("device_wait", pending.slot)
+
+    @staticmethod
+    def _synchronize(pending: PendingReadback) -> None:
+        """Block until the copy's event (and a planted second one) fired."""
+        ttnn.event_synchronize(pending.event)
+        if pending.logprobs_event is not None:
+            ttnn.event_synchronize(pending.logprobs_event)
 
     def abandon(self, pending: Any) -> None:
         self._abandoned.append(pending)

@@ -17,7 +17,7 @@ phases in pipeline order, stop tokens) plus what serving a decoder model needs:
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Hashable, Iterable, Sequence
 from dataclasses import dataclass, field
 
 from ..impl.backend import TokenLogprobs
@@ -27,9 +27,10 @@ from ..impl.rows import Row
 from ..impl.runner import CLOSED, PhaseError, Status
 from .backend import ServingBackend
 from .context import BANNED, REQUEST_IDS, ContextRow, SamplingParams, StepContext, draw_key
-from .engine import Engine, EngineConfig, Order
+from .engine import Engine, EngineConfig, Order, Watchdog
 from .grammar import GRAMMARS
 from .models import DecoderModel
+from .row_order import row_order
 
 
 class InvalidRequest(ValueError):
@@ -66,6 +67,11 @@ class ServingConfig:
     mutations: Mutations = NONE
     """Planted bugs of the runner and its mirror (`impl/mutations.py`), for the conformance
     suite; none by default."""
+    row_order: str = "by-id"
+    """Where each request's row lands in a step (`row_order.POLICIES`): by id, reversed, a
+    seeded shuffle per step, or vLLM's condense-on-removal. Tokens do not depend on it."""
+    row_order_seed: int = 0
+    """The seed of the `shuffle` policy."""
 
 
 @dataclass
@@ -120,6 +126,7 @@ class ServingEngine(Engine):
         if c.max_step_tokens is not None and c.max_step_tokens < c.rows:
             raise ValueError(f"max_step_tokens ({c.max_step_tokens}) must be at least rows "
                              f"({c.rows}): every row of a step takes a token")
+        chosen = order or row_order(c.row_order, c.row_order_seed)  # ValueError if unknown
         if not 0 <= c.max_logprobs <= self.model.vocab:
             raise ValueError(f"max_logprobs must be in [0, {self.model.vocab}] (the vocabulary of "
                              f"{self.model.name}), got {c.max_logprobs}")
@@ -140,7 +147,7 @@ class ServingEngine(Engine):
                 readback_timeout_s=c.readback_timeout_s,
                 mutations=c.mutations,
             ),
-            order,
+            chosen,
         )
         assert backend.context is not None  # set when the runner allocated the mirror
         self.context = backend.context
@@ -232,11 +239,32 @@ class ServingEngine(Engine):
         return not self.queued and not waiting and not r.queue and not r.eligible()
 
     def run(self, max_iterations: int = 1_000_000) -> None:
+        """Step until idle: NoProgress once it moves nothing (`Watchdog`), RuntimeError past
+        `max_iterations` (the last resort)."""
+        watchdog = Watchdog(self)
         for _ in range(max_iterations):
             self.step()
             if self.idle():
                 return
+            watchdog.check()
         raise RuntimeError(f"the engine did not go idle within {max_iterations} iterations")
+
+    # --- progress (`engine.Watchdog`) ------------------------------------------------------------
+    def progress(self) -> Hashable:
+        """The runner's progress, plus each prefill's: context tokens its partial chunks
+        computed so far, and which requests still need their prefill to end."""
+        return (super().progress(), tuple(sorted(self.prefilled.items())),
+                tuple(sorted(self.needs_prefill)))
+
+    def _stalled_request(self, q: int) -> str:
+        line = super()._stalled_request(q)
+        if q not in self.needs_prefill:
+            return line
+        return (f"{line}, prefill {self.prefilled.get(q, 0)}/{self._prefill_tokens(q)} "
+                "context tokens, not ended")
+
+    def _not_admitted(self) -> int:
+        return len(self.queued)
 
     # --- the engine's hooks ----------------------------------------------------------------------
     def _admit(self) -> None:
@@ -368,6 +396,8 @@ class ServingEngine(Engine):
         requests, in arrival order, share what the step's budget leaves (each at least one, and
         at most `prefill_chunk`). A chunk that does not finish its prefill is a partial row."""
         c, r = self.serving, self.runner
+        if len(rows) > 1 and rows != sorted(rows):  # the policy really moved rows off id order
+            self.stats["steps_out_of_id_order"] += 1
         prefilling = sorted((q for q in rows if q in self.needs_prefill),
                             key=lambda q: self.requests[q].arrival)
         decodes = len(rows) - len(prefilling)

@@ -16,12 +16,17 @@ engine then fails that step (`Runner.fail_step`): each request with a row in it 
 with the device's error (`error(req)`), its row in the other in-flight step is dropped, and
 the engine goes on serving every other request. Nothing of a failed step is delivered, and its
 slot is released as any retired writer's is.
+
+Progress: a loop that serves to the end (`run`, `workload.run_workload`, the soak) watches every
+iteration (`Watchdog`) and raises `NoProgress`, one line naming the stuck requests and the
+pipeline, after `STALL_LIMIT` iterations in a row that moved nothing while work remained (a
+livelock), long before its iteration cap, which stays as the last resort.
 """
 
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Hashable, Iterable, Sequence
 from dataclasses import dataclass, field
 
 from ..impl.backend import Backend
@@ -32,6 +37,15 @@ from ..impl.runner import CLOSED, DeviceFault, Runner, RunnerConfig
 
 Order = Callable[[list[int]], Sequence[int]]
 """Chooses the row order of a step from the eligible requests (condense/reorder policy)."""
+STALL_LIMIT = 3
+"""Iterations in a row that move nothing before a loop gives up (`Watchdog`): more than a run
+that progresses ever has (depth - 1: retires that deliver nothing, see `Watchdog`)."""
+STALLED_SHOWN = 6
+"""Open requests a `NoProgress` line names (the rest are counted), so it stays one line."""
+
+
+class NoProgress(RuntimeError):
+    """The serving loop moved nothing for `STALL_LIMIT` iterations in a row with work left."""
 
 
 @dataclass
@@ -208,10 +222,58 @@ class Engine:
         """Hook between schedule and combine: stage what else the step needs (none here)."""
 
     def run(self, max_iterations: int = 1_000_000) -> None:
+        """Step until idle: NoProgress once it moves nothing (`Watchdog`), RuntimeError past
+        `max_iterations` (the last resort)."""
+        watchdog = Watchdog(self)
         for _ in range(max_iterations):
             if not self.step() and not self._waiting:
                 return
+            watchdog.check()
         raise RuntimeError(f"the engine did not go idle within {max_iterations} iterations")
+
+    # --- progress --------------------------------------------------------------------------------
+    def progress(self) -> Hashable:
+        """What an iteration that makes progress changes (`Watchdog`): requests admitted, and per
+        open request its status, tokens delivered, position (in-flight rows included), prefill
+        chunks left and preemptions."""
+        r = self.runner
+        return len(r.requests), tuple(
+            (q, x.status, len(x.delivered), r.next_pos(q), x.prefill_left, x.preemptions)
+            for q in r.open_requests() for x in (r.requests[q],)
+        )
+
+    def stall(self) -> str:
+        """One line: the open requests, how far each got, and the pipeline's state."""
+        r = self.runner
+        open_ = r.open_requests()
+        shown = [self._stalled_request(q) for q in open_[:STALLED_SHOWN]]
+        if len(open_) > STALLED_SHOWN:
+            shown.append(f"{len(open_) - STALLED_SHOWN} more open")
+        waiting = self._not_admitted()
+        if waiting:
+            shown.append(f"{waiting} not admitted")
+        steps = "; ".join(
+            f"step {s.index} {s.phase.name} rows "
+            + " ".join(f"r{w.req}" + ("(partial)" if w.partial else "")
+                       + ("" if w.live else "(dropped)") for w in s.rows)
+            for s in r.queue
+        )
+        slots = ", ".join(
+            "free" if not s.written else "released" if s.released else f"step {s.writer}'s"
+            for s in r.slots
+        )
+        return (f"{'; '.join(shown) or 'no open request'} | {len(r.queue)} step(s) in flight"
+                f"{': ' + steps if steps else ''} | slots: {slots}")
+
+    def _stalled_request(self, q: int) -> str:
+        x = self.runner.requests[q]
+        left = f", {x.prefill_left} prefill chunk(s) left" if x.prefill_left else ""
+        return (f"r{q} {x.status.name} {len(x.delivered)}/{x.max_tokens} tokens at position "
+                f"{self.runner.next_pos(q)}{left}")
+
+    def _not_admitted(self) -> int:
+        """Submitted requests the runner has not seen yet."""
+        return len(self._waiting)
 
     def close(self) -> None:
         self.runner.close()
@@ -225,3 +287,41 @@ class Engine:
             self.runner.arrive(req, w.prompt, max_tokens=w.max_tokens)
             self.stop_ids[req] = w.stop_ids
             active += 1
+
+
+class Watchdog:
+    """Stops a serving loop that no longer makes progress (a livelock) with `NoProgress`.
+
+    Progress is observable state, not activity: an iteration makes progress when it changes the
+    engine's `progress()` fingerprint: a request admitted; a request's status (scheduled,
+    finished, aborted, failed, preempted, resumed, closed); its tokens delivered; its position
+    (a step scheduled with a row that will deliver); its prefill (a chunk that advances the
+    prompt computed so far, or its runner chunks left); its preemptions. Steps scheduled,
+    applied or released count only through what they do to requests, so a step whose chunk
+    advances nothing is no progress, and neither is the pipeline's ring turning under it.
+    A submission is the driver's input, not the engine's movement; only its admission counts.
+
+    What may legitimately move nothing: a retire whose rows deliver nothing (dropped by finish,
+    abort or preemption, or a partial chunk, whose advance was counted when it was staged), at
+    most depth - 1 of them in a row, since every step scheduled in a run that progresses moves a
+    position or a prefill. No iteration waits on the device without retiring: the retire blocks
+    on its readback's event (`Runner.readback_complete`, with the readback timeout failing the
+    step), so a slow device makes iterations slow, never empty; an iteration that launched and
+    retired nothing found nothing to do with work left. An iteration that leaves the engine idle
+    (nothing queued, running or preempted: between arrivals) resets the count.
+    """
+
+    def __init__(self, engine: Engine, limit: int = STALL_LIMIT) -> None:
+        self.engine, self.limit, self.stalled = engine, limit, 0
+        self._last = engine.progress()
+
+    def check(self) -> None:
+        """After an iteration: count it if it moved nothing with work left; NoProgress at the
+        limit."""
+        now = self.engine.progress()
+        moved = now != self._last
+        self._last = now
+        self.stalled = 0 if moved or self.engine.idle() else self.stalled + 1
+        if self.stalled >= self.limit:
+            raise NoProgress(f"the engine made no progress in {self.stalled} iterations in a "
+                             f"row: {self.engine.stall()}")

@@ -17,6 +17,7 @@ from ..impl.backend import TokenLogprobs
 from ..impl.runner import Status
 from .batching import ServingEngine
 from .context import SamplingParams
+from .engine import Watchdog
 
 
 @dataclass(frozen=True)
@@ -101,12 +102,14 @@ def run_workload(
     max_iterations: int = 100_000,
 ) -> Outcome:
     """Serve `plan` to the end: each request submitted at its arrival iteration, aborted once
-    it has received `abort_after` tokens; `on_step` sees the engine after every step."""
+    it has received `abort_after` tokens; `on_step` sees the engine after every step.
+    `engine.NoProgress` once the engine stops moving (`engine.Watchdog`)."""
     pending = sorted(plan, key=lambda p: (p.arrival, p.req))
     by_req = {p.req: p for p in plan}
     aborted: set[int] = set()
     it = 0
     start = time.perf_counter()
+    watchdog = Watchdog(engine)
     while True:
         while pending and pending[0].arrival <= it:
             p = pending.pop(0)
@@ -121,6 +124,7 @@ def run_workload(
         it += 1
         if not pending and engine.idle():
             break
+        watchdog.check()
         if it > max_iterations:
             raise RuntimeError(f"the workload did not finish within {max_iterations} iterations")
     return outcome_of(engine, it, time.perf_counter() - start, aborted)

@@ -2,7 +2,8 @@
 
 The page loads with no console error and no network; its figures are `check --json`'s; a click
 on a state shows its variables; a counterexample steps to its end and names the violated
-invariant; every link and asset resolves inside the report's folder."""
+invariant; every link and asset resolves inside the report's folder; a report of a failing check
+(a violated invariant, a "sometimes" check not reached) shows what failed."""
 
 from __future__ import annotations
 
@@ -185,3 +186,54 @@ def test_the_benchmark_is_plotted(browser: Any) -> None:
     assert len(plot.find_elements(By.TAG_NAME, "circle")) == 2 * 3
     rows = driver.find_elements(By.CSS_SELECTOR, "#bench table tr")
     assert len(rows) == 1 + 3 and "80%" in rows[2].text  # 1.6x of 2.0x
+
+
+FAILING = {
+    # The guard off: StaleHostIdsGuard violated (and, every combine reading the host's ids,
+    # none from the mirror).
+    "violated": (["--variant", "guard-off", "--requests", "1"], Bounds(requests=1, guard=False),
+                 "FAIL: violated: StaleHostIdsGuard; not reached: combined_from_mirror"),
+    # One token: every invariant holds, but nothing combines from the mirror or overlaps.
+    "not-reached": (["--requests", "1", "--max-tokens", "1"], Bounds(requests=1, max_tokens=1),
+                    "FAIL: not reached: combined_from_mirror, steps_overlap"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(FAILING))
+def test_a_failing_check_is_shown_failing(case: str, browser: Any, tmp_path: Path) -> None:
+    """A report of a failing check, opened in a tab of the same browser: its verdict rows, its
+    header and its embedded JSON say what failed, as `check --json` does."""
+    from selenium.webdriver.common.by import By
+
+    args, bounds, header = FAILING[case]
+    assert main(["report", *args, "--fuzz-seconds", "0", "--no-tlc", "--jobs", "1",
+                 "-o", str(tmp_path)]) == 1
+    expected = json.loads(json.dumps(report.as_json(explore(bounds))))
+    assert expected["passed"] is False
+    driver = browser
+    home = driver.current_window_handle
+    driver.switch_to.new_window("tab")
+    try:
+        driver.get((tmp_path / "index.html").as_uri())
+        assert [e for e in driver.get_log("browser") if e["level"] == "SEVERE"] == []
+        assert driver.find_element(By.ID, "passed").text == header
+        cells = {attr: {e.get_attribute(attr): e
+                        for e in driver.find_elements(By.CSS_SELECTOR, f"[{attr}]")}
+                 for attr in ("data-verdict", "data-sometimes")}
+        assert {n: e.text for n, e in cells["data-verdict"].items()} == expected["invariants"]
+        assert {n: e.text for n, e in cells["data-sometimes"].items()} == {
+            n: "reached" if hit else "NOT reached" for n, hit in expected["sometimes"].items()}
+        # Each failing row is marked bad (red), each other one ok.
+        rows = {n: e.find_element(By.XPATH, "..").get_attribute("class")
+                for shown in cells.values() for n, e in shown.items()}
+        failing = {n for n, v in expected["invariants"].items() if v != "ok"} | {
+            n for n, hit in expected["sometimes"].items() if not hit}
+        assert {n for n, c in rows.items() if c == "bad"} == failing
+        printed = json.loads(driver.find_element(By.ID, "check-json")
+                             .get_attribute("textContent"))
+        timing = ("seconds", "states_per_second")
+        assert ({k: v for k, v in printed.items() if k not in timing}
+                == {k: v for k, v in expected.items() if k not in timing})
+    finally:
+        driver.close()
+        driver.switch_to.window(home)

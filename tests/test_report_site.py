@@ -1,9 +1,11 @@
 """`ttmirror report` without a browser: bad input is one line and exit 2, before any work; an
-unreadable regression trace is shown as such, not a crash."""
+unreadable regression trace is shown as such, not a crash; a failing check (a violated
+invariant, a "sometimes" check not reached) is written, exits 1 and the page says what failed."""
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -97,3 +99,68 @@ def test_values_on_the_page_are_escaped(tmp_path: Path) -> None:
     assert evil in str(raw.kill_matrix(table))  # type: ignore[attr-defined]
     escaped = TEMPLATES.get_template("sections.html").module
     assert evil not in str(escaped.kill_matrix(table))  # type: ignore[attr-defined]
+
+
+# --- a failing check: the page must say so, not show `ok` ---------------------------------------
+
+
+def _failing_report(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                    args: list[str]) -> tuple[dict[str, Any], str]:
+    """Write the report at failing bounds: exit 1, the site written all the same, and stderr's
+    last line saying what failed. Returns what the page shows and that line."""
+    import html
+    import json
+    import re
+
+    code = main(["report", *args, "--fuzz-seconds", "0", "--no-tlc", "--jobs", "1",
+                 "-o", str(tmp_path)])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 1, err
+    page = (tmp_path / "index.html").read_text()
+    header = re.search(r'id="passed">\s*(.*?)\s*</span>', page, re.S)
+    printed = re.search(r'<pre id="check-json">(.*?)</pre>', page, re.S)
+    assert header is not None and printed is not None
+    shown = {
+        "header": html.unescape(header.group(1)),
+        "verdicts": dict(re.findall(r'data-verdict="(\w+)">(\w+)<', page)),
+        "sometimes": dict(re.findall(r'data-sometimes="(\w+)">([\w ]+)<', page)),
+        "json": json.loads(html.unescape(printed.group(1))),
+    }
+    return shown, err[-1]
+
+
+def test_a_violated_invariant_is_shown_violated(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """guard-off at one request: StaleHostIdsGuard fails with the manifest's shortest
+    counterexample, and the verdict row, the header and the embedded JSON all say so."""
+    from ttmirror import manifest, report
+    from ttmirror.model.explore import explore
+
+    bad = manifest.entry("small-guard-off")
+    shown, last = _failing_report(tmp_path, capsys, ["--variant", "guard-off", "--requests", "1"])
+    expected = report.as_json(explore(bad.bounds))
+    assert shown["verdicts"]["StaleHostIdsGuard"] == "violated"
+    assert shown["verdicts"] == expected["invariants"]  # the rest are ok, as check says
+    assert shown["header"].startswith("FAIL: violated: StaleHostIdsGuard")
+    assert "PASS" not in shown["header"]
+    check = shown["json"]
+    assert check["passed"] is False and check["violated"] == "StaleHostIdsGuard"
+    assert check["invariants"]["StaleHostIdsGuard"] == "violated"
+    assert len(check["counterexample"]) == bad.length
+    assert last.startswith("report: the check failed: violated: StaleHostIdsGuard")
+
+
+def test_a_sometimes_check_not_reached_is_shown_not_reached(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """One request of one token: every invariant holds, but no step ever combines from the
+    mirror (there is no second token) nor overlaps another: vacuous, so the check fails."""
+    unreached = {"combined_from_mirror", "steps_overlap"}
+    shown, last = _failing_report(tmp_path, capsys, ["--requests", "1", "--max-tokens", "1"])
+    assert set(shown["verdicts"].values()) == {"ok"}
+    assert {n for n, v in shown["sometimes"].items() if v == "NOT reached"} == unreached
+    assert {n for n, v in shown["sometimes"].items() if v == "reached"}  # the others are
+    assert shown["header"] == "FAIL: not reached: combined_from_mirror, steps_overlap"
+    check = shown["json"]
+    assert check["passed"] is False and check["violated"] is None
+    assert {n for n, hit in check["sometimes"].items() if not hit} == unreached
+    assert last == "report: the check failed: not reached: combined_from_mirror, steps_overlap"

@@ -23,14 +23,19 @@ def _soak(*args: str) -> dict[str, object]:
 
 @pytest.mark.parametrize("args", [("--steps", "2000", "--seed", "0"),
                                   ("--steps", "400", "--seed", "1", "--traced",
-                                   "--fault-rate", "0.05")],
+                                   "--fault-rate", "0.05", "--logprobs", "0")],
                          ids=["eager-2000", "traced-400"])
 def test_the_soak_loses_nothing_under_faults(args: tuple[str, ...]) -> None:
     r = _soak(*args)
     steps = int(args[1])
     assert r["steps"] >= steps  # type: ignore[operator]
-    assert (r["hazards"], r["lost_tokens"], r["duplicated_tokens"], r["leaked_buffers"]) == (
-        0, 0, 0, 0)
+    assert (r["hazards"], r["lost_tokens"], r["duplicated_tokens"], r["wrong_logprobs"],
+            r["leaked_buffers"]) == (0, 0, 0, 0, 0)
+    # The logprob ring is on by default: its entries were checked, token by token; off, none.
+    if "--logprobs" in args:
+        assert r["logprob_tokens"] == 0
+    else:
+        assert r["logprob_tokens"] == r["tokens"] > 0  # type: ignore[operator]
     assert r["validated"] is True and r["divergence"] is None
     # It really was a soak under faults: faults met in several phases failed requests, and the
     # loop preempted, aborted and served many requests meanwhile.

@@ -4,7 +4,8 @@
                     [--bench-engine FILE] [--traces DIR] [--jobs N] [bounds]
 
 Exit codes: 0 written and every property holds at the bounds, 1 written and something fails
-(the report shows what), 2 bad input (one line, no traceback).
+(the report shows what; stderr's last line says "the check failed: " and what), 2 bad input
+(one line, no traceback).
 """
 
 from __future__ import annotations
@@ -92,6 +93,8 @@ def cmd_report(ns: argparse.Namespace) -> int:
     }
     index = review.write(data, out)
     _say(f"written in {time.perf_counter() - started:.0f} s")
+    if not check["passed"]:  # the site is written all the same: it shows what failed
+        _say(f"the check failed: {review.failures(check)}")
     print(index.resolve())
     return 0 if check["passed"] else 1
 

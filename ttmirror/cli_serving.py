@@ -90,6 +90,7 @@ def cmd_serve_demo(ns: argparse.Namespace) -> int:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     # Checked before the imports below: they load torch, ttnn and transformers.
     from .serving.batching import InvalidRequest
+    from .serving.engine import NoProgress
     from .serving.workload import run_workload
 
     started = time.perf_counter()
@@ -104,7 +105,11 @@ def cmd_serve_demo(ns: argparse.Namespace) -> int:
         except InvalidRequest as e:
             raise UsageError(str(e)) from None
         timeline = _Timeline()
-        out = run_workload(engine, plan, on_step=timeline.watch)
+        try:
+            out = run_workload(engine, plan, on_step=timeline.watch)
+        except NoProgress as e:  # a livelock: one line, exit 1 (the cap would take minutes)
+            print(f"ttmirror: error: serving stopped: {e}", file=sys.stderr)
+            return 1
         _print_header(ns, backend, engine, loaded)
         _print_requests(plan, out, timeline)
         _print_totals(out)

@@ -1,10 +1,10 @@
 """The soak subcommand: a long serving run on worker threads with device faults, checked on data.
 
-    ttmirror soak [--steps N] [--fault-rate F] [--seed S] [--model M] [--traced]
+    ttmirror soak [--steps N] [--fault-rate F] [--seed S] [--model M] [--traced] [--logprobs N]
                   [--timeout SECONDS] [--trace FILE] [--json]
 
-Exit codes: 0 every check held, 1 a check failed (the seed and the trace file are printed),
-2 bad input (one line, no traceback).
+Exit codes: 0 every check held, 1 a check failed (the seed and the trace file are printed) or
+the serving loop stopped making progress (one line), 2 bad input (one line, no traceback).
 """
 
 from __future__ import annotations
@@ -45,6 +45,10 @@ def register(add_parser: AddParser) -> None:
     s.add_argument("--timeout", type=float, default=1.0,
                    help="seconds the host waits for a readback before it fails the step; a "
                         "late read lands 1.5 times that after issue (default %(default)s)")
+    s.add_argument("--logprobs", type=int, default=3,
+                   help="top logprobs a request may ask for: about half the requests ask, and "
+                        "every delivered token's logprobs are checked against the sync replay; "
+                        "0 turns the logprob ring off (default %(default)s)")
     s.add_argument("--trace", default=None,
                    help="write the run's events here as an ITF trace (default: a temporary file, "
                         "kept only when a check fails)")
@@ -59,7 +63,7 @@ def cmd_soak(ns: argparse.Namespace) -> int:
 
     try:
         cfg = SoakConfig(steps=ns.steps, fault_rate=ns.fault_rate, seed=ns.seed, model=ns.model,
-                         trace=ns.traced, readback_timeout_s=ns.timeout)
+                         trace=ns.traced, readback_timeout_s=ns.timeout, logprobs=ns.logprobs)
     except ValueError as e:
         raise UsageError(str(e)) from None
     writable(ns.trace)  # before any work: a bad path must not cost the run
@@ -68,11 +72,18 @@ def cmd_soak(ns: argparse.Namespace) -> int:
         tempfile.mkstemp(prefix=f"ttmirror-soak-{cfg.seed}-", suffix=".itf.json")[1])
 
     from .conformance.soak import run_soak, summary
+    from .serving.engine import NoProgress
 
     def progress(message: str) -> None:
         print(message, file=sys.stderr, flush=True)
 
-    report = run_soak(cfg, path, progress=progress)
+    try:
+        report = run_soak(cfg, path, progress=progress)
+    except NoProgress as e:  # a livelock: one line, exit 1, the seed to reproduce it
+        print(f"ttmirror: error: the soak stopped (seed {cfg.seed}): {e}", file=sys.stderr)
+        if not keep:
+            path.unlink(missing_ok=True)
+        return 1
     if not keep and report.ok():
         path.unlink(missing_ok=True)
         report.trace_file = ""

@@ -271,6 +271,16 @@ def spec_html() -> str:
                              extension_configs={"toc": {"permalink": False}})
 
 
+def failures(check: Mapping[str, Any]) -> str:
+    """What a `check --json` object says failed, in one line: the violated properties and the
+    applicable "sometimes" checks not reached ("" when it passed)."""
+    violated = [name for name, verdict in check["invariants"].items() if verdict != "ok"]
+    unreached = [name for name, hit in check["sometimes"].items() if not hit]
+    parts = [f"violated: {', '.join(violated)}"] if violated else []
+    parts += [f"not reached: {', '.join(unreached)}"] if unreached else []
+    return "; ".join(parts)
+
+
 def _sometimes_text(name: str) -> str:
     for c in SOMETIMES:
         if c.name == name:
@@ -308,7 +318,7 @@ def page(data: Mapping[str, Any]) -> str:
         nav=nav, vocabulary=VOCABULARY, spec=Markup(data["spec"]),
         # "</" closes a script element wherever it appears: escape it inside the JSON.
         payload=Markup(json.dumps(script_data).replace("</", "<\\/")),
-        invariant_text=invariant_text, sometimes_text=_sometimes_text,
+        invariant_text=invariant_text, sometimes_text=_sometimes_text, failures=failures,
     )
 
 

@@ -164,3 +164,69 @@ def test_a_threaded_device_refuses_a_snapshot_in_one_line() -> None:
             snapshot(device)
     finally:
         ttnn.close_mesh_device(device)
+
+
+def dram_span(ls: Lockstep) -> tuple[int, int]:
+    memory = ls.device.allocator.memory
+    return memory.data_ptr(), memory.data_ptr() + memory.numel()
+
+
+def scribble(ls: Lockstep, value: int) -> None:
+    """Write `value` over every byte of every live buffer of the run's DRAM."""
+    dram = ls.device.allocator
+    for buffer in dram.live:
+        dram.memory[buffer.address : buffer.end] = value
+
+
+@pytest.mark.parametrize("config", ["eager-2cq", "eager-1cq", "traced"])
+def test_changing_a_restored_run_leaves_the_save_and_every_other_restore_as_saved(
+        config: str) -> None:
+    """Restore A, change its DRAM and host state; B restored from the same save (while A lives,
+    and after A is discarded, in A's DRAM) is the saved run, field for field and byte for byte,
+    and A and B share no device memory."""
+    ls = Lockstep(BOUNDS, "tt", config=config, refused=set())
+    runs: list[Lockstep] = []
+    try:
+        random_moves(ls, random.Random(11), 10)
+        saved = ls.snapshot()
+        before = seen(ls)
+        dram_before = bytes(ls.device.allocator.memory.numpy())
+        first = Lockstep.restore(saved, set())
+        as_saved = first.snapshot()  # the whole object graph of a copy as restored, as data
+        first.discard()  # its DRAM is the spare A now takes: A mutates what B may reuse
+        a = Lockstep.restore(saved, set())
+        runs.append(a)
+        assert seen(a) == before
+        random_moves(a, random.Random(12), 10)  # host state and DRAM move on
+        # And every byte it ever allocated, some above the saved high-water mark (a buffer of
+        # its own): bytes the restore into this DRAM, once A is discarded, must clear again.
+        grown = a.device.allocator.allocate(64 << 10)
+        assert grown.end > ls.device.allocator.high_water
+        a.device.allocator.memory[: grown.end].fill_(0x5A)
+        a.runner.stats["changed"] += 1  # and host state no move would make
+        a.state = a.state._replace(broken=frozenset({"changed"}))
+        a.moves.clear()
+        assert seen(a) != before
+
+        b = Lockstep.restore(saved, set())
+        runs.append(b)
+        assert seen(b) == before and b.snapshot() == as_saved
+        assert bytes(b.device.allocator.memory.numpy()) == dram_before
+        (a_low, a_high), (b_low, b_high) = dram_span(a), dram_span(b)
+        assert a_high <= b_low or b_high <= a_low  # no byte of DRAM in common
+        scribble(a, 0x00)
+        assert seen(b) == before  # writing to A is not seen in B
+        scribble(b, 0xFF)  # nor writing to B in A
+        assert all(not a.device.allocator.memory[x.address : x.end].any()
+                   for x in a.device.allocator.live)
+
+        a.discard()  # A's changed DRAM becomes the spare the next restore takes
+        runs.remove(a)
+        c = Lockstep.restore(saved, set())
+        runs.append(c)
+        assert seen(c) == before and c.snapshot() == as_saved
+        assert seen(ls) == before and ls.snapshot() == saved  # nor did the saved run move
+    finally:
+        for run in runs:
+            run.discard()
+        ls.close()

@@ -43,6 +43,7 @@ from ttmirror.serving.models import (
     ProbeDecoder,
     load_model,
 )
+from ttmirror.serving.row_order import POLICIES
 from ttmirror.serving.workload import Outcome, RequestPlan, run_workload, standard_plan
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -80,6 +81,8 @@ class Run:
     """Above 0: the engine allocates the logprob ring (requests may ask up to this many)."""
     bug: str | None = None
     """A bug planted in the run's runner and mirror (`impl/mutations.py`)."""
+    row_order: str = "by-id"
+    """Where each request's row lands in a step (`serving/row_order.py`)."""
 
 
 def _require_async(enabled: bool, batches: int) -> None:
@@ -120,6 +123,7 @@ def _serve(run: Run, plan: list[RequestPlan], events: list[Event] | None = None)
                 max_step_tokens=run.max_step_tokens,
                 max_logprobs=run.max_logprobs,
                 mutations=mutations.mutations([run.bug]),
+                row_order=run.row_order,
             ),
         )
         try:
@@ -173,13 +177,42 @@ def _outcome(run: Run, gate: bool = False) -> Outcome:
     return out
 
 
+MODELS = ["probe", *TINY]
+
+
+def _order(model: str, *case: object) -> str:
+    """The row-order policy of a battery case: rotated over the cases (the model and the other
+    parameters, by their place in their lists), so that every scenario meets several policies,
+    by id among them."""
+    place = MODELS.index(model) if model in MODELS else 0
+    place += sum(CASE_PLACES.get(c, 0) for c in case)
+    return POLICIES[place % len(POLICIES)]
+
+
+CASE_PLACES: dict[object, int] = {
+    "seeded": 1, "drop": 2, "chunked": 1, "host-sync": 2, "per-request": 3, "penalties": 1,
+    "constrained": 2, "logprobs": 3, "min-tokens": 1, True: 1,
+}
+"""A case parameter's shift of the rotation (others: 0)."""
+
+
 def _check_scenario(out: Outcome, plan: list[RequestPlan], depth: int,
                     policy: str = "keep", preempting: bool = True,
-                    budget: int = KV_TOKENS) -> None:
+                    budget: int = KV_TOKENS, order: str = "by-id") -> None:
     """Each scenario of the workload really happened (a run that skipped one proves nothing)."""
     s = out.stats
     assert s["depth"] == depth
     assert s["hazards"] == 0
+    # The row order really was the policy's: by id, no step off id order; reversed and shuffled,
+    # steps off id order at depth 2 (condense leaves id order only when a hole is filled past
+    # its neighbour); and rows read from the mirror really moved between consecutive steps
+    # (where the previous-row map matters).
+    off_id_order = s.get("engine_steps_out_of_id_order", 0)
+    if order == "by-id":
+        assert off_id_order == 0, off_id_order
+    elif depth == 2:
+        assert off_id_order > 0 or order == "condense", f"{order}: every step kept id order"
+        assert s["row_moves"] > 0, f"{order}: no row read from the mirror moved"
     assert out.stopped(plan), "no request finished on a stop token"
     assert s["aborted_requests"] and all(
         out.statuses[r] == Status.ABORTED for r in s["aborted_requests"]
@@ -210,13 +243,15 @@ def _check_scenario(out: Outcome, plan: list[RequestPlan], depth: int,
 
 
 def _parity_case(model: str, sampling: str, async_scheduling: str = "auto",
-                 policy: str = "keep", bug: str | None = None) -> None:
+                 policy: str = "keep", bug: str | None = None, order: str | None = None) -> None:
     plan = standard_plan(_model(model).vocab)
-    depth2 = _outcome(Run(model, sampling, async_scheduling, preempt_policy=policy, bug=bug),
-                      gate=True)
-    depth1 = _outcome(Run(model, sampling, "off", preempt_policy=policy, bug=bug))
-    _check_scenario(depth2, plan, depth=2, policy=policy)
-    _check_scenario(depth1, plan, depth=1, policy=policy)
+    order = order or _order(model, sampling, policy)
+    depth2 = _outcome(Run(model, sampling, async_scheduling, preempt_policy=policy, bug=bug,
+                          row_order=order), gate=True)
+    depth1 = _outcome(Run(model, sampling, "off", preempt_policy=policy, bug=bug,
+                          row_order=order))
+    _check_scenario(depth2, plan, depth=2, policy=policy, order=order)
+    _check_scenario(depth1, plan, depth=1, policy=policy, order=order)
     for p in plan:
         assert depth2.tokens[p.req] == depth1.tokens[p.req], f"request {p.req} differs"
     assert depth2.statuses == depth1.statuses
@@ -246,10 +281,11 @@ CHUNK = 2
 @pytest.mark.parametrize("model", ["probe", *TINY])
 def test_async_serving_parity_with_chunked_prefill(model: str, sampling: str) -> None:
     plan = standard_plan(_model(model).vocab)
-    depth2 = _outcome(Run(model, sampling, prefill_chunk=CHUNK), gate=True)
-    depth1 = _outcome(Run(model, sampling, "off", prefill_chunk=CHUNK))
-    _check_scenario(depth2, plan, depth=2)
-    _check_scenario(depth1, plan, depth=1)
+    order = _order(model, sampling, "chunked")
+    depth2 = _outcome(Run(model, sampling, prefill_chunk=CHUNK, row_order=order), gate=True)
+    depth1 = _outcome(Run(model, sampling, "off", prefill_chunk=CHUNK, row_order=order))
+    _check_scenario(depth2, plan, depth=2, order=order)
+    _check_scenario(depth1, plan, depth=1, order=order)
     # Chunks were really prefilled, and one beside a row decoding from the mirror.
     assert depth2.stats["kv_partial_chunks"] > 0 and depth2.stats["kv_chunks_beside_mirror"] > 0
     assert depth2.stats["partial_rows"] > 0
@@ -264,11 +300,12 @@ def test_async_serving_parity_with_a_host_sync_request(model: str, sampling: str
     # Request 1 needs its newest token on the host before each step (as a structured-output
     # mask does): it takes no depth-2 step, while the others still overlap.
     plan = [replace(p, host_sync=p.req == 1) for p in standard_plan(_model(model).vocab)]
-    depth2 = _serve(Run(model, sampling), plan)
-    depth1 = _serve(Run(model, sampling, "off"), plan)
+    order = _order(model, sampling, "host-sync")
+    depth2 = _serve(Run(model, sampling, row_order=order), plan)
+    depth1 = _serve(Run(model, sampling, "off", row_order=order), plan)
     _require_async(depth2.stats["async_enabled"], depth2.stats["depth"])
-    _check_scenario(depth2, plan, depth=2)
-    _check_scenario(depth1, plan, depth=1)
+    _check_scenario(depth2, plan, depth=2, order=order)
+    _check_scenario(depth1, plan, depth=1, order=order)
     assert depth2.stats["host_sync_held"] > 0, "the host-sync request was never held back"
     assert depth2.tokens == depth1.tokens and depth2.statuses == depth1.statuses
 
@@ -287,11 +324,12 @@ def test_async_serving_parity_with_per_request_sampling(model: str) -> None:
     # keyed by (request, position), wherever the request sits.
     base = standard_plan(_model(model).vocab)
     plan = [replace(p, sampling=MIXED[p.req % len(MIXED)]) for p in base]
-    depth2 = _serve(Run(model, "seeded"), plan)
-    depth1 = _serve(Run(model, "seeded", "off"), plan)
+    order = _order(model, "per-request")
+    depth2 = _serve(Run(model, "seeded", row_order=order), plan)
+    depth1 = _serve(Run(model, "seeded", "off", row_order=order), plan)
     _require_async(depth2.stats["async_enabled"], depth2.stats["depth"])
-    _check_scenario(depth2, plan, depth=2)
-    _check_scenario(depth1, plan, depth=1)
+    _check_scenario(depth2, plan, depth=2, order=order)
+    _check_scenario(depth1, plan, depth=1, order=order)
     assert depth2.stats["kv_mixed_sampling_steps"] > 0, "no step mixed sampling parameters"
     assert depth2.tokens == depth1.tokens and depth2.statuses == depth1.statuses
     # The parameters really matter: the engine's one setting serves other tokens.
@@ -319,11 +357,12 @@ def test_async_serving_parity_with_penalties_and_min_tokens(model: str, sampling
     # included (it reached the context through the combine): no host read of the sampled ids.
     base = standard_plan(_model(model).vocab)
     plan = [_constrained(p, sampling) for p in base]
-    depth2 = _serve(Run(model, sampling), plan)
-    depth1 = _serve(Run(model, sampling, "off"), plan)
+    order = _order(model, sampling, "penalties")
+    depth2 = _serve(Run(model, sampling, row_order=order), plan)
+    depth1 = _serve(Run(model, sampling, "off", row_order=order), plan)
     _require_async(depth2.stats["async_enabled"], depth2.stats["depth"])
-    _check_scenario(depth2, plan, depth=2)
-    _check_scenario(depth1, plan, depth=1)
+    _check_scenario(depth2, plan, depth=2, order=order)
+    _check_scenario(depth1, plan, depth=1, order=order)
     assert depth2.tokens == depth1.tokens and depth2.statuses == depth1.statuses
     free = _outcome(Run(model, sampling, "off")).tokens
     # min_tokens held: no stop id among a request's first MIN_TOKENS tokens, and without it some
@@ -345,11 +384,12 @@ def test_async_serving_parity_with_a_constrained_request(model: str, sampling: s
     # held back while a step of theirs is in flight, and every token obeys the grammar.
     plan = [replace(p, constraint="alternating-parity" if p.req in (1, 3) else None)
             for p in standard_plan(_model(model).vocab)]
-    depth2 = _serve(Run(model, sampling), plan)
-    depth1 = _serve(Run(model, sampling, "off"), plan)
+    order = _order(model, sampling, "constrained")
+    depth2 = _serve(Run(model, sampling, row_order=order), plan)
+    depth1 = _serve(Run(model, sampling, "off", row_order=order), plan)
     _require_async(depth2.stats["async_enabled"], depth2.stats["depth"])
-    _check_scenario(depth2, plan, depth=2)
-    _check_scenario(depth1, plan, depth=1)
+    _check_scenario(depth2, plan, depth=2, order=order)
+    _check_scenario(depth1, plan, depth=1, order=order)
     assert depth2.stats["kv_constrained_rows"] > 0 and depth2.stats["host_sync_held"] > 0
     assert depth2.tokens == depth1.tokens and depth2.statuses == depth1.statuses
     for p in plan:
@@ -515,13 +555,14 @@ def _check_logprobs(out: Outcome, plan: list[RequestPlan], model: DecoderModel,
 def test_parity_matrix(model: str, budget: int | None, chunk: int | None, variant: str) -> None:
     sampling, plan = _variant_plan(variant, _model(model).vocab)
     lp = LOGPROBS if variant == "logprobs" else 0
-    runs = [Run(model, sampling, mode, max_step_tokens=chunk, kv_tokens=budget, max_logprobs=lp)
-            for mode in ("auto", "off")]
+    order = _order(model, variant, chunk is None, budget is None)
+    runs = [Run(model, sampling, mode, max_step_tokens=chunk, kv_tokens=budget, max_logprobs=lp,
+                row_order=order) for mode in ("auto", "off")]
     depth2, depth1 = (_serve(run, plan) for run in runs)
     _require_async(depth2.stats["async_enabled"], depth2.stats["depth"])
     for out, depth in ((depth2, 2), (depth1, 1)):
         _check_scenario(out, plan, depth=depth, preempting=budget is not None,
-                        budget=budget or KV_TOKENS)
+                        budget=budget or KV_TOKENS, order=order)
     assert depth2.tokens == depth1.tokens and depth2.statuses == depth1.statuses
     assert depth2.logprobs == depth1.logprobs  # logprob for logprob (both empty without them)
     s = depth2.stats
@@ -630,6 +671,8 @@ VALIDATION_KILLS: dict[str, tuple[Run, str | None]] = {
     # (tt) The mirror reports the host's wait on each readback event and its read of the copy:
     # a read before the wait leaves the model, on a chip too, where no hazard detector runs.
     "host-read-before-event": (Run("probe", "greedy"), None),
+    # Right while rows keep id order: only a policy that reorders them shows it.
+    "prev-row-by-id-rank": (Run("probe", "greedy", row_order="reversed"), None),
 }
 """Planted bugs that occur in the serving loop, with a run where they do: the run's recorded
 events leave the model, whatever its tokens."""
@@ -688,3 +731,14 @@ def test_twin_validation_is_what_kills_a_slot_released_early(
     _runs.clear()  # the runs above were cached unvalidated
     with pytest.raises(RunLeftTheModel, match=r"release\(\d+,\)\): not enabled"):
         _parity_case("probe", "greedy", bug=bug)
+
+
+def test_the_battery_kills_a_previous_row_map_that_assumes_id_order() -> None:
+    """Twin of the row-order policies: `prev-row-by-id-rank` takes a request's rank by id among
+    the previous step's rows as its row. By id, that is its row: the battery's by-id case passes
+    with it planted. Under every policy that moves rows off id order, the case fails."""
+    bug = "prev-row-by-id-rank"
+    _parity_case("probe", "greedy", bug=bug, order="by-id")  # passes: rows keep id order
+    for order in ("reversed", "shuffle"):
+        with pytest.raises(RunLeftTheModel, match="prev_rows"):
+            _parity_case("probe", "greedy", bug=bug, order=order)

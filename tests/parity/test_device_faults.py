@@ -90,10 +90,29 @@ def test_the_fault_half_kills_each_planted_fault_handling_bug(bug: str) -> None:
 def test_the_fault_half_passes_without_a_bug() -> None:
     """The twin of the kills: with nothing planted every scenario keeps the promise (so a kill
     above is the bug's doing)."""
-    ran: list[str] = []
-    verdict = fault_runs.check(on_run=lambda run: ran.append(run.kind))
+    ran: list[tuple[str, bool]] = []
+    verdict = fault_runs.check(on_run=lambda run: ran.append((run.kind, run.logprobs)))
     assert verdict.layer is None, verdict.message
-    assert ran == list(KINDS)
+    # Every scenario, without logprobs and then with them.
+    assert ran == [(k, lp) for lp in fault_runs.LOGPROB_RUNS for k in KINDS]
+
+
+def test_the_logprob_fence_dies_only_where_a_timed_out_readback_meets_logprobs() -> None:
+    """The planted `logprob-fence-ids-only` (the logprob copies under their own event, the
+    slot's rewrite fence covering the ids only) is harmless while the host waits on every
+    readback: only a readback the host gave up on, with logprobs on, lets the next launch
+    write what the copy still reads."""
+    bug = "logprob-fence-ids-only"
+    for kind in KINDS:
+        if kind != "readback-timeout":
+            v = fault_runs.check([kind], bug=bug)
+            assert v.layer is None, (kind, v.message)
+    plain = fault_runs.faulted_run("readback-timeout", bug=bug)
+    assert promise_errors(plain) == []
+    killed, verdict = fault_runs.kill(bug)
+    assert killed and verdict.layer == "hazard", verdict
+    assert verdict.message is not None and verdict.message.startswith(
+        "readback-timeout with logprobs: [write-after-read]")
 
 
 def test_mutants_lists_the_fault_half_kills() -> None:
