@@ -751,16 +751,17 @@ class Runner:
     @contextmanager
     def device_call(self, phase: str, q: int) -> Iterator[None]:
         """A phase's device calls: a RuntimeError from the device becomes a DeviceFault (the
-        caller has changed nothing yet); the runner's own refusals and a NotImplementedError (a
-        RuntimeError too, but no fault: the path does not exist here) pass through."""
+        caller has changed nothing yet, and what was recorded inside the call is forgotten);
+        the runner's own refusals and a NotImplementedError (a RuntimeError too, but no fault:
+        the path does not exist here) pass through, as does anything else (a hazard the
+        emulated device raises: what the mirror reported of the call did happen)."""
         recorded = len(self.events)
         try:
             yield
-        except BaseException as error:
+        except (PhaseError, NotImplementedError):
+            raise
+        except RuntimeError as error:
             self.events.forget(recorded)  # an event means its action happened: this one did not
-            if isinstance(error, (PhaseError, NotImplementedError)) or not isinstance(
-                    error, RuntimeError):
-                raise
             raise DeviceFault(phase, q, error) from error
 
     def _need_allocated(self, name: str) -> None:

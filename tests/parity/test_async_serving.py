@@ -211,8 +211,12 @@ def _check_scenario(out: Outcome, plan: list[RequestPlan], depth: int,
     if order == "by-id":
         assert off_id_order == 0, off_id_order
     elif depth == 2:
+        # Condense keeps each request in its row until a hole opens before it: a run whose
+        # requests all leave from the end moves none (the rotation gives every scenario
+        # reversed and shuffled cases too, where rows always move).
         assert off_id_order > 0 or order == "condense", f"{order}: every step kept id order"
-        assert s["row_moves"] > 0, f"{order}: no row read from the mirror moved"
+        assert s.get("row_moves", 0) > 0 or order == "condense", (
+            f"{order}: no row read from the mirror moved")
     assert out.stopped(plan), "no request finished on a stop token"
     assert s["aborted_requests"] and all(
         out.statuses[r] == Status.ABORTED for r in s["aborted_requests"]
