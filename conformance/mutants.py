@@ -200,6 +200,20 @@ def fault_matrix(bugs: list[str] | None = None) -> list[Kill]:
     return out
 
 
+def allocator_matrix(bugs: list[str] | None = None) -> list[Kill]:
+    """One kill per planted bug of the emulated allocator (`emulator.allocator.PLANTED`), found by
+    the allocator half (`allocator_runs.py`: restored copies stepped together)."""
+    from ..emulator.allocator import PLANTED
+    from . import allocator_runs
+
+    out: list[Kill] = []
+    for bug in bugs or list(PLANTED):
+        killed, v = allocator_runs.kill(bug)
+        out.append(Kill(bug, killed, "allocator" if killed else None, "eager-2cq", v.layer, None,
+                        1 if killed else None, v.seconds if killed else None, None, v.message))
+    return out
+
+
 def bounds_for(bug: str, bounds: Bounds) -> Bounds:
     """`bounds`, raised where `bug` needs more to occur at all (`NEEDS_BOUNDS`)."""
     needs: dict[str, Any] = NEEDS_BOUNDS.get(bug, {})

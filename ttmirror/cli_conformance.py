@@ -241,9 +241,10 @@ def _say(line: str) -> None:
 def cmd_mutants(ns: argparse.Namespace) -> int:
     from .conformance import mutants, profiles
     from .conformance.configs import CONFIGS
+    from .emulator.allocator import PLANTED
     from .impl import mutations
 
-    known = mutations.ALL if ns.backend == "tt" else mutations.BUGS
+    known = {**mutations.ALL, **PLANTED} if ns.backend == "tt" else mutations.BUGS
     for bug in ns.bug or []:
         if bug not in known:
             raise UsageError(f"unknown bug {bug!r}; choose from: {', '.join(known)}")
@@ -252,6 +253,7 @@ def cmd_mutants(ns: argparse.Namespace) -> int:
     lockstep_bugs = [b for b in ns.bug or [] if b in mutations.BUGS]
     serving_bugs = [b for b in ns.bug or [] if b in mutations.SERVING_BUGS]
     fault_bugs = [b for b in ns.bug or [] if b in mutations.FAULT_HANDLING_BUGS]
+    allocator_bugs = [b for b in ns.bug or [] if b in PLANTED]
     kills = []
     if not ns.bug or lockstep_bugs:
         kills = mutants.matrix(Bounds(), ns.backend, profiles.profile(ns.profile),
@@ -265,6 +267,9 @@ def cmd_mutants(ns: argparse.Namespace) -> int:
     if ns.backend == "tt" and (not ns.bug or fault_bugs):
         # Fault handling's bugs: found by the fault half (serving runs that meet a device fault).
         kills += mutants.fault_matrix(fault_bugs or None)
+    if ns.backend == "tt" and (not ns.bug or allocator_bugs):
+        # The emulated device's own planted bugs: its checks must be live too.
+        kills += mutants.allocator_matrix(allocator_bugs or None)
     if ns.json:
         print(json.dumps([k.as_json() for k in kills], indent=1))
     else:

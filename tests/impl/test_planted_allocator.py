@@ -9,6 +9,8 @@ from typing import Any
 import pytest
 import ttnn
 
+from ttmirror.conformance import allocator_runs
+from ttmirror.conformance.allocator_runs import delivered, device_of, step
 from ttmirror.emulator import (
     EmulatedMeshDevice,
     Emulator,
@@ -23,30 +25,7 @@ from ttmirror.emulator.snapshot import restore, snapshot
 from ttmirror.impl.runner import Runner, RunnerConfig
 from ttmirror.impl.tt_backend import TtBackend
 
-DRAM = 1 << 20
-
-
-def step(runner: Runner) -> None:
-    """One whole step: schedule to apply, then hand back every slot the runner allows."""
-    q = runner.schedule()
-    runner.combine(q)
-    runner.launch(q)
-    runner.readback_issue(q)
-    runner.readback_complete(q)
-    runner.apply()
-    for slot in range(len(runner.slots)):
-        if runner.releasable(slot):
-            runner.release(slot)
-
-
-def device_of(runner: Runner) -> EmulatedMeshDevice:
-    device = runner.backend.device  # type: ignore[attr-defined]
-    assert isinstance(device, EmulatedMeshDevice)
-    return device
-
-
-def delivered(runner: Runner) -> list[list[int]]:
-    return [list(runner.requests[r].delivered) for r in sorted(runner.requests)]
+DRAM = allocator_runs.DRAM
 
 
 @pytest.mark.parametrize("planted", [frozenset(), frozenset({SPARE_HANDED_OUT_TWICE})],
@@ -89,3 +68,11 @@ def test_restored_copies_stepped_together_share_no_dram_unless_planted(
         for copy in copies:
             device_of(copy).discard()
         ttnn.close_mesh_device(device)
+
+
+def test_the_allocator_half_kills_the_planted_spare_and_passes_without_it() -> None:
+    """`ttmirror mutants` lists the allocator's planted bug: the same scenario, as a kill."""
+    assert allocator_runs.check().layer is None
+    killed, verdict = allocator_runs.kill(SPARE_HANDED_OUT_TWICE)
+    assert killed and verdict.layer == "hazard"
+    assert verdict.message is not None and "overlapping-allocation" in verdict.message
