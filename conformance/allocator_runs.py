@@ -57,6 +57,8 @@ class Verdict:
     layer: str | None
     message: str | None
     seconds: float
+    tokens: list[list[int]] | None = None
+    """What the original run delivered, per request, when all three runs ended."""
 
 
 def check(planted: frozenset[str] = frozenset()) -> Verdict:
@@ -64,7 +66,8 @@ def check(planted: frozenset[str] = frozenset()) -> Verdict:
     started = time.perf_counter()
 
     def verdict(layer: str | None, message: str | None) -> Verdict:
-        return Verdict(layer, message, round(time.perf_counter() - started, 3))
+        return Verdict(layer, message, round(time.perf_counter() - started, 3),
+                       delivered(runner) if runner.requests else None)
 
     spare = allocator_module._SPARE
     allocator_module._SPARE = []  # a spare list of its own: a planted run leaves shared DRAM
