@@ -71,3 +71,22 @@ def test_a_livelock_stops_the_engine_in_a_few_iterations_naming_the_stuck_reques
     assert message.startswith(f"the engine made no progress in {STALL_LIMIT} iterations in a row")
     assert "r0 RUNNING 0/" in message and "prefill 2/2 context tokens" in message
     assert "\n" not in message
+
+
+@pytest.mark.parametrize("config", serving.CONFIGS)
+def test_a_last_chunk_that_stays_partial_is_killed_as_no_progress(config: str) -> None:
+    # The livelock: the serving half's run stops in a few iterations, naming the stuck request.
+    killed, verdict = serving.kill("last-chunk-stays-partial", config)
+    assert killed and verdict.layer == "no progress", verdict
+    assert "r0 RUNNING 0/" in (verdict.message or "") and "not ended" in (verdict.message or "")
+
+
+def test_mutants_lists_the_livelock_killed_by_the_serving_half(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    code = main(["mutants", "--bug", "last-chunk-stays-partial", "--json"])
+    kills = json.loads(capsys.readouterr().out)
+    assert code == 0
+    assert [(k["id"], k["config"], k["killed"], k["layer"], k["by"]) for k in kills] == [
+        ("last-chunk-stays-partial", c, True, "no progress", "serving") for c in serving.CONFIGS
+    ]
