@@ -112,7 +112,7 @@ class Report:
     jobs: int = 1
     failure: FailedWalk | None = None
     stopped: str = ""
-    """Why the walks stopped: covered, budget (seconds), walks (the `most` planned), exhausted
+    """Why the walks stopped: covered, budget (seconds), walks (`max_walks` planned), exhausted
     or failure."""
     taken: list[int] = field(default_factory=list)
     """The planned walks' ids replayed and conformed (a shard's share of the plan)."""
@@ -124,9 +124,9 @@ type Progress = Callable[[Report, Coverage], None]
 def run(cov: Coverage, backend: str, *, seed: int, until: float, seconds: float, jobs: int = 1,
         progress: Progress | None = None, every: float = 5.0, config: str | None = None,
         shard: tuple[int, int] | None = None, bug: str | None = None,
-        most: int | None = None) -> Report:
-    """Plan and replay walks until edges_covered reaches `until`, `seconds` pass, `most` walks
-    are planned (a budget the machine's speed does not change), or one fails.
+        max_walks: int | None = None) -> Report:
+    """Plan and replay walks until edges_covered reaches `until`, `seconds` pass, `max_walks`
+    walks are planned (a budget the machine's speed does not change), or one fails.
 
     `jobs` > 1 replays the walks in that many worker processes (each with its own emulated
     device); `bug`, if any, is planted in each of them. `shard` (i, n), 1 <= i <= n:
@@ -134,7 +134,7 @@ def run(cov: Coverage, backend: str, *, seed: int, until: float, seconds: float,
     only walks i - 1, i - 1 + n, ... are replayed here, so n shards take every walk once.
     """
     campaign = _Campaign(cov, seed=seed, until=until, seconds=seconds, jobs=jobs, shard=shard,
-                         most=most)
+                         max_walks=max_walks)
     pool = _Pool(cov.ex.bounds, backend, seed, jobs, config, bug) if jobs > 1 else None
     local = Executor(cov.ex.bounds, backend, seed, config, bug) if pool is None else None
     next_report = campaign.start + every
@@ -160,10 +160,10 @@ class _Campaign:
     """The walks of one `run`: planned toward the goal, confirmed as their results come back."""
 
     def __init__(self, cov: Coverage, *, seed: int, until: float, seconds: float,
-                 jobs: int, shard: tuple[int, int] | None = None, most: int | None = None
-                 ) -> None:
+                 jobs: int, shard: tuple[int, int] | None = None,
+                 max_walks: int | None = None) -> None:
         self.cov = cov
-        self.most = most
+        self.max_walks = max_walks
         self.shard = shard
         self.planner = Planner(cov, random.Random(seed), fresh=shard is not None)
         self.report = Report(jobs=jobs)
@@ -182,7 +182,7 @@ class _Campaign:
         out: list[Walk] = []
         planner, goal, deadline = self.planner, self.goal, self.deadline
         while len(out) < most and planner.closed < goal and time.perf_counter() < deadline:
-            if self.most is not None and planner.planned >= self.most:
+            if self.max_walks is not None and planner.planned >= self.max_walks:
                 self.report.stopped = "walks"
                 break
             path = planner.plan()

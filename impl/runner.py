@@ -562,7 +562,7 @@ class Runner:
             mirror_rows=sum(r.from_mirror for r in rows)))
         step.rows = rows
         step.phase = Phase.COMBINED
-        self.events.record("combine", (q,), rows=rows, phase=step.phase.name.lower())
+        self._record_phase("combine", step, q, rows=rows)
 
     def _staged(self, row: Row) -> Row:
         """`row` as the combine stages it: a live row reading host ids takes the host token table's
@@ -583,7 +583,7 @@ class Runner:
             raise SlotBusyError(f"launch(q={q}): slot {step.slot} {blocker}; raise K (slots)")
         assert self.mirror is not None
         if self._planted("event-before-device-call"):  # planted: recorded before it happened
-            self._record_launch(step, q)
+            self._record_phase("launch", step, q)
         with self.device_call("launch", q):
             self.mirror.launch(step.slot)
         slot = self.slots[step.slot]
@@ -595,11 +595,11 @@ class Runner:
         step.phase = Phase.LAUNCHED
         self.stats["launches"] += 1
         if not self._planted("event-before-device-call"):
-            self._record_launch(step, q)
+            self._record_phase("launch", step, q)
 
-    def _record_launch(self, step: _Step, q: int) -> None:
-        """The launch event, with the step's phase as the runner's state shows it."""
-        self.events.record("launch", (q,), phase=step.phase.name.lower())
+    def _record_phase(self, action: str, step: _Step, q: int, **detail: Any) -> None:
+        """A step phase's event, with the step's phase as the runner's state shows it."""
+        self.events.record(action, (q,), phase=step.phase.name.lower(), **detail)
 
     def readback_issue(self, q: int) -> None:
         """Enqueue the non-blocking copy of step q's slot to a host tensor, and its event."""
@@ -608,7 +608,7 @@ class Runner:
         with self.device_call("readback_issue", q):
             step.pending = self.mirror.readback_issue(step.slot)
         step.phase = Phase.READBACK_ISSUED
-        self.events.record("readback_issue", (q,), phase=step.phase.name.lower())
+        self._record_phase("readback_issue", step, q)
 
     def readback_complete(self, q: int) -> None:
         """Synchronise step q's readback event; only then is the host copy read."""
@@ -624,7 +624,7 @@ class Runner:
         step.pending = None  # synchronised: the host tensor may go now
         step.host_copy = tuple(ids[: len(step.rows)])
         step.phase = Phase.READBACK_DONE
-        self.events.record("readback_complete", (q,), phase=step.phase.name.lower())
+        self._record_phase("readback_complete", step, q)
 
     def apply(self) -> dict[int, int]:
         """Retire the oldest step: deliver each live row's token; returns {req: token}."""

@@ -16,10 +16,8 @@ removal; a scheduler may sort by priority) and not only the by-id order.
 from __future__ import annotations
 
 import random
-from collections.abc import Callable, Sequence
 
-RowOrder = Callable[[list[int]], Sequence[int]]
-"""Chooses the row order of a step from the eligible requests (ascending by id)."""
+from .engine import Order
 
 POLICIES = ("by-id", "reversed", "shuffle", "condense")
 
@@ -62,7 +60,7 @@ class Condense:
         return self.layout
 
 
-def row_order(policy: str, seed: int = 0) -> RowOrder:
+def row_order(policy: str, seed: int = 0) -> Order:
     """The row-order policy named `policy` (`POLICIES`); ValueError naming the choices."""
     if policy == "by-id":
         return sorted

@@ -50,7 +50,8 @@ def test_state_machine_conforms_in_ci_profile(backend: str, config: str,
     # guided walks target what the rules left uncovered.
     hypothesis_edges = len(cov.edges)
     # A budget in walks, not seconds: what they cover must not depend on the machine's speed.
-    walked = walks.run(cov, backend, seed=0, until=1.0, seconds=math.inf, config=config, most=8)
+    walked = walks.run(cov, backend, seed=0, until=1.0, seconds=math.inf, config=config,
+                       max_walks=8)
     assert walked.failure is None and walked.walks == 8 and walked.stopped == "walks"
     assert hypothesis_edges < len(cov.edges) < cov.total_edges
 
