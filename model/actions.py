@@ -21,10 +21,12 @@ from .state import (
     GARBAGE,
     HOST_SYNC_REQUEST,
     PLACEHOLDER,
+    REJECTED,
     Bounds,
     Phase,
     Request,
     Row,
+    Slot,
     State,
     Status,
     Step,
@@ -53,6 +55,8 @@ class Action(NamedTuple):
             return f"chunk_prefill(r{self.args[0]}, {'partial' if self.args[1] else 'whole'})"
         if self.name == "release":
             return f"release(slot{self.args[0]})"
+        if self.name == "launch" and len(self.args) > 1:  # with drafts: each row's accepted a
+            return f"launch(q={self.args[0]}, a={','.join(map(str, self.args[1:]))})"
         return f"{self.name}(q={self.args[0]})"
 
 
@@ -102,9 +106,43 @@ def is_host_sync(b: Bounds, req: int) -> bool:
 
 
 def next_pos(s: State, req: int) -> int:
-    """Position of ``req``'s newest token: delivered ones plus those still in flight."""
+    """Position of ``req``'s newest token: delivered ones plus those still in flight. With
+    drafts, the fewest it can be: each in-flight step yields at least one token."""
     return len(s.requests[req].delivered) + in_flight(s, req)
 
+
+def placeholders(s: State, b: Bounds, req: int) -> int:
+    """The host's output placeholders of ``req``: its own counter with drafts, else the live
+    in-flight rows (one token each)."""
+    return s.requests[req].placeholders if b.spec_tokens else in_flight(s, req)
+
+
+def yielded(s: State, q: int, req: int) -> int:
+    """With drafts: the tokens step q's launch yielded for ``req`` (a + 1 per live row)."""
+    step = s.queue[q]
+    return sum(a + 1 for row, a in zip(step.rows, step.accepted, strict=False)
+               if row.live and not row.partial and row.req == req)
+
+
+def true_pos(s: State, q: int, req: int) -> int:
+    """With drafts: the position of ``req``'s newest token as step q's combine must see it:
+    delivered tokens plus what the steps before q yielded (all launched by then)."""
+    return len(s.requests[req].delivered) + sum(yielded(s, j, req) for j in range(q))
+
+
+def drafts_after(token: Token, k: int) -> tuple[Token, ...]:
+    """The drafter's k proposals after ``token``: for the k positions that follow it (it runs on
+    the device from the accepted tokens); garbage in, garbage out."""
+    r, pos = token
+    if r < 0:
+        return (token,) * k
+    return tuple((r, pos + i) for i in range(1, k + 1))
+
+
+def expand(row: Row, newest: Token, count: int) -> tuple[Token, ...]:
+    """With drafts: the ``count`` tokens a row yielded, read back: its accepted drafts (the
+    sequence's tokens after ``row.pos``) then its newest; none for an unreadable count."""
+    return (*((row.req, row.pos + i) for i in range(1, count)), newest) if count else ()
 
 def budget(b: Bounds, req: int) -> int:
     """The tokens ``req`` generates before it finishes on its own."""
@@ -125,6 +163,7 @@ def eligible(s: State, b: Bounds) -> list[int]:
         r
         for r, req in enumerate(s.requests)
         if req.status in (Status.WAITING, Status.RUNNING)
+        # Skipped only when sure to be done: every in-flight step yields at least one token.
         and next_pos(s, r) < budget(b, r)
         # A host-sync request waits for its step to be applied (unless the bad variant).
         and not (is_host_sync(b, r) and has_step_in_flight(s, r)
@@ -185,8 +224,24 @@ def _drop(s: State, req: int) -> State:
         )
         for step in s.queue
     )
-    slots = tuple(slot._replace(content=scrub(slot.content)) for slot in s.slots)
-    return s._replace(queue=queue, slots=slots)
+    slots = tuple(_scrub_slot(slot, req, scrub) for slot in s.slots)
+    # Its placeholders go with its rows; drafts after a dropped token are no one's.
+    r = s.requests[req]._replace(placeholders=0, drafts_ready=False)
+    return _set_request(s._replace(queue=queue, slots=slots), req, r)
+
+
+def _scrub_slot(slot: Slot, req: int,
+                scrub: Callable[[tuple[Token, ...] | None], tuple[Token, ...] | None]) -> Slot:
+    """``slot`` with ``req``'s tokens forgotten, and with drafts their counts and positions."""
+    if not slot.counts:
+        return slot._replace(content=scrub(slot.content))
+    assert slot.content is not None
+    mine = [t[0] == req for t in slot.content]
+    return slot._replace(
+        content=scrub(slot.content),
+        counts=tuple(0 if m else c for m, c in zip(mine, slot.counts, strict=True)),
+        positions=tuple(-1 if m else p for m, p in zip(mine, slot.positions, strict=True)),
+    )
 
 
 def _set_step(s: State, q: int, step: Step) -> State:
@@ -243,8 +298,23 @@ def schedule(s: State, b: Bounds, order: tuple[int, ...]) -> State | None:
             # the previous step's slot (invariant NewestTokenInNewestStep: at any depth it is
             # there); a partial-prefill row's id is discarded, never mirrored.
             prev_row = next(iter(mirror_rows(prev, r, b)), None)
-        rows.append(Row(req=r, pos=next_pos(s, r), prev_row=prev_row, consumed=None, live=True,
-                        partial=req.prefill_left > 0))
+        partial = req.prefill_left > 0
+        if not b.spec_tokens:
+            rows.append(Row(req=r, pos=next_pos(s, r), prev_row=prev_row, consumed=None,
+                            live=True, partial=partial))
+            continue
+        spec = _drafts_scheduled(s, b, r, partial)
+        if prev_row is not None:  # newest token, position and drafts: all on the device
+            rows.append(Row(req=r, pos=-1, prev_row=prev_row, consumed=None, live=True,
+                            partial=partial, spec=spec))
+            continue
+        # A host row: its position is the host's count of computed tokens, its drafts those
+        # read back after its newest token (placeholders, -1, where the host has none).
+        placed = len(req.delivered) + req.placeholders
+        drafts = (drafts_after(host_token(s, r, placed), spec) if req.drafts_ready
+                  else (PLACEHOLDER,) * spec)
+        rows.append(Row(req=r, pos=-1, prev_row=None, consumed=None, live=True,
+                        partial=partial, spec=spec, placed=placed, drafts=drafts))
     uses_mirror = any(row.prev_row is not None for row in rows)
     step = Step(
         slot=s.next_slot,
@@ -258,11 +328,35 @@ def schedule(s: State, b: Bounds, order: tuple[int, ...]) -> State | None:
                      prefill_left=max(req.prefill_left - 1, 0)) if i in order else req
         for i, req in enumerate(s.requests)
     )
+    if b.spec_tokens:
+        # Placeholders: 1 + spec per row that will yield; drafts follow only this step's rows.
+        by_req = {row.req: row for row in rows}
+        requests = tuple(
+            req._replace(
+                placeholders=req.placeholders + (
+                    1 + by_req[i].spec if i in by_req and not by_req[i].partial else 0),
+                drafts_ready=i in by_req and not by_req[i].partial)
+            for i, req in enumerate(requests)
+        )
     return s._replace(
         queue=(*s.queue, step),
         next_slot=(s.next_slot + 1) % b.slots,
         requests=requests,
     )
+
+
+def _drafts_scheduled(s: State, b: Bounds, r: int, partial: bool) -> int:
+    """How many drafts the host schedules after ``r``'s newest token: K if the drafter proposed
+    them (it was in the last scheduled step past its prompt), else none."""
+    req = s.requests[r]
+    if partial:
+        return 0  # a prefill chunk carries no drafts
+    if req.drafts_ready and req.status != Status.WAITING:
+        return b.spec_tokens
+    # New, resumed, or absent from the previous step: no drafts exist for it. The known-bad
+    # variant schedules placeholder drafts for a re-entering request past its prompt anyway.
+    reenters = len(req.delivered) > 0  # past its prompt, newest token on the host
+    return b.spec_tokens if b.variant == "reentering-drafts-from-device" and reenters else 0
 
 
 def combine(s: State, b: Bounds, q: int) -> State | None:
@@ -278,37 +372,111 @@ def combine(s: State, b: Bounds, q: int) -> State | None:
         if not row.live:
             rows.append(row)  # dropped: what the device computes there is never used
             continue
-        if row.prev_row is None:
-            value = host_token(s, row.req, row.pos)
-        else:
+        if row.prev_row is not None:
             assert step.src_slot is not None
             if s.slots[step.src_slot].released:
                 broken = broken | {READ_RELEASED}
-            value = _read_slot(s, step.src_slot, row.prev_row)
-        rows.append(row._replace(consumed=value))
+        if b.spec_tokens:
+            rows.append(_combine_with_drafts(s, step, q, row))
+        elif row.prev_row is None:
+            rows.append(row._replace(consumed=host_token(s, row.req, row.pos)))
+        else:
+            assert step.src_slot is not None
+            rows.append(row._replace(consumed=_read_slot(s, step.src_slot, row.prev_row)))
     step = step._replace(phase=Phase.COMBINED, rows=tuple(rows))
     return _set_step(s, q, step)._replace(broken=broken)
 
 
-def launch(s: State, b: Bounds, q: int) -> State | None:
-    """Run step q's forward and sampler; the sampler writes its tokens into the step's slot."""
+def _combine_with_drafts(s: State, step: Step, q: int, row: Row) -> Row:
+    """One live row's combine with drafts: its newest token, position and drafts from the host
+    (a host row) or from the previous step's slot (a mirror row: all three on the device)."""
+    truth = true_pos(s, q, row.req)
+    if row.prev_row is None:
+        assert row.placed is not None
+        newest = host_token(s, row.req, row.placed)
+        drafts, placed = row.drafts, row.placed  # staged by the host when it scheduled
+    else:
+        assert step.src_slot is not None
+        src = s.slots[step.src_slot]
+        newest = _read_slot(s, step.src_slot, row.prev_row)
+        readable = newest != GARBAGE and row.prev_row < len(src.positions)
+        placed = src.positions[row.prev_row] if readable else -1
+        drafts = drafts_after(newest, row.spec)
+    return row._replace(pos=truth, consumed=newest, placed=placed, drafts=drafts)
+
+
+def launch(s: State, b: Bounds, q: int, *accepted: int) -> State | None:
+    """Run step q's forward and sampler; the sampler writes its tokens into the step's slot.
+    With drafts, verification accepts ``accepted[i]`` drafts of row i (chosen: the model does not
+    know which guesses the target agrees with) and the device advances the row's position."""
     if q >= len(s.queue) or s.queue[q].phase != Phase.COMBINED:
         return None
     step = s.queue[q]
+    if tuple(accepted) not in acceptance_choices(step, b):
+        return None
     broken = s.broken
     if readers_outstanding(s, step.slot, q):
         broken = broken | {REWRITE_WITH_READER}
-    # The next token is a function of the consumed one: a stale input yields a wrong token; a
-    # partial-prefill row's sample (mid-prompt) is no token of the sequence.
-    content = tuple(
-        (row.req, row.pos + 1)
-        if row.live and not row.partial and row.consumed == (row.req, row.pos) else GARBAGE
-        for row in step.rows
-    )
     slots = list(s.slots)
-    slots[step.slot] = slots[step.slot]._replace(content=content, released=False)
+    if b.spec_tokens:
+        content, counts, positions = _verify(step, b, accepted)
+        slots[step.slot] = slots[step.slot]._replace(
+            content=content, released=False, counts=counts, positions=positions)
+        step = step._replace(accepted=tuple(accepted))
+    else:
+        # The next token is a function of the consumed one: a stale input yields a wrong token;
+        # a partial-prefill row's sample (mid-prompt) is no token of the sequence.
+        content = tuple(
+            (row.req, row.pos + 1)
+            if row.live and not row.partial and row.consumed == (row.req, row.pos) else GARBAGE
+            for row in step.rows
+        )
+        slots[step.slot] = slots[step.slot]._replace(content=content, released=False)
     s = _set_step(s, q, step._replace(phase=Phase.LAUNCHED))
     return s._replace(slots=tuple(slots), broken=broken)
+
+
+def inputs_right(row: Row) -> bool:
+    """With drafts: a live row consumed its request's newest token, at its position, and the
+    drafter's proposals for the positions after it."""
+    return (row.consumed == (row.req, row.pos) and row.placed == row.pos
+            and row.drafts == drafts_after((row.req, row.pos), row.spec))
+
+
+def acceptance_choices(step: Step, b: Bounds) -> list[tuple[int, ...]]:
+    """The launch's possible verdicts: () without drafts; with drafts, per row the accepted
+    count, 0..spec for a row whose inputs are right, else 0 (its output is garbage anyway)."""
+    if not b.spec_tokens:
+        return [()]
+    choices: list[tuple[int, ...]] = [()]
+    for row in step.rows:
+        top = row.spec if row.live and not row.partial and inputs_right(row) else 0
+        choices = [(*c, a) for c in choices for a in range(top + 1)]
+    return choices
+
+
+def _verify(step: Step, b: Bounds, accepted: tuple[int, ...]
+            ) -> tuple[tuple[Token, ...], tuple[int, ...], tuple[int, ...]]:
+    """With drafts: what the launch writes into its slot per row: the newest token (the one the
+    target sampled after the accepted drafts), the count a + 1, and the advanced position."""
+    content, counts, positions = [], [], []
+    for row, a in zip(step.rows, accepted, strict=True):
+        if not row.live or row.partial:  # nothing of it is a token of the sequence
+            content.append(GARBAGE)
+            counts.append(0)
+            positions.append(-1)
+            continue
+        if not inputs_right(row):
+            content.append(GARBAGE)
+        elif b.variant == "rejected-draft-newest" and a < row.spec:
+            content.append(REJECTED)  # the draft at the bonus token's position, rejected
+        else:
+            content.append((row.req, row.pos + a + 1))
+        counts.append(a + 1)
+        assert row.placed is not None
+        advance = 1 + row.spec if b.variant == "positions-advance-by-spec" else a + 1
+        positions.append(row.placed + advance)
+    return tuple(content), tuple(counts), tuple(positions)
 
 
 def readback_issue(s: State, b: Bounds, q: int) -> State | None:
@@ -327,31 +495,59 @@ def readback_complete(s: State, b: Bounds, q: int) -> State | None:
     if s.slots[step.slot].released or writer(s, step.slot) != q:
         broken = broken | {READ_RELEASED}
     host_copy = tuple(_read_slot(s, step.slot, i) for i in range(len(step.rows)))
-    s = _set_step(s, q, step._replace(phase=Phase.READBACK_DONE, host_copy=host_copy))
-    return s._replace(broken=broken)
+    step = step._replace(phase=Phase.READBACK_DONE, host_copy=host_copy)
+    if b.spec_tokens:  # the counts come back with the tokens
+        step = step._replace(host_counts=tuple(
+            _read_count(s, step.slot, i) for i in range(len(step.rows))))
+    return _set_step(s, q, step)._replace(broken=broken)
+
+
+def _read_count(s: State, slot: int, row: int) -> int:
+    """With drafts: the count the device holds for ``row`` of ``slot``; an unreadable one reads
+    as 1 (the host then delivers the garbage token it read beside it)."""
+    st = s.slots[slot]
+    if st.content is None or st.released or row >= len(st.counts):
+        return 1
+    return st.counts[row]
 
 
 def apply(s: State, b: Bounds) -> State | None:
-    """Retire the oldest step: deliver each live row's token; max tokens finishes a request."""
+    """Retire the oldest step: deliver each live row's tokens; max tokens finishes a request."""
     if not s.queue or s.queue[0].phase != Phase.READBACK_DONE:
         return None
     step = s.queue[0]
     assert step.host_copy is not None
     requests = list(s.requests)
-    for row, token in zip(step.rows, step.host_copy, strict=True):
+    done: list[int] = []
+    for i, (row, token) in enumerate(zip(step.rows, step.host_copy, strict=True)):
         if not row.live or row.partial:
             continue  # dropped since scheduling, or a partial prefill's discarded id
         req = requests[row.req]
-        delivered = (*req.delivered, token)
+        if b.spec_tokens:
+            count = step.host_counts[i]
+            # Drain what the row yielded; roll back what it rejected (vLLM 0.33): together the
+            # 1 + spec it was scheduled. The known-bad variant drains 1 for the yielded ones.
+            drained = (1 if b.variant == "placeholders-drain-by-one" else count) + (
+                row.spec + 1 - count)
+            req = req._replace(placeholders=max(req.placeholders - drained, 0))
+            # A run past max_tokens is cut there (as vLLM's stop check cuts it).
+            delivered = (*req.delivered, *expand(row, token, count))[:budget(b, row.req)]
+        else:
+            delivered = (*req.delivered, token)
         if len(delivered) >= budget(b, row.req):
             req = req._replace(
                 status=Status.FINISHED, delivered=delivered, closed_at=len(delivered),
                 unchecked=False,
             )
+            done.append(row.req)
         else:
             req = req._replace(delivered=delivered, unchecked=True)
         requests[row.req] = req
-    return s._replace(queue=s.queue[1:], requests=tuple(requests))
+    s = s._replace(queue=s.queue[1:], requests=tuple(requests))
+    for r in done:  # with drafts a later step may still carry it: those rows drop
+        if has_step_in_flight(s, r):
+            s = _drop(s, r)
+    return s
 
 
 def release(s: State, b: Bounds, slot: int) -> State | None:
@@ -370,7 +566,7 @@ def release(s: State, b: Bounds, slot: int) -> State | None:
         return None  # known-bad variant: hands the slot back once its readback is only issued
     slots = list(s.slots)
     # A handed-back slot's content can never be read correctly again: forget it.
-    slots[slot] = st._replace(content=(), released=True)
+    slots[slot] = st._replace(content=(), released=True, counts=(), positions=())
     return s._replace(slots=tuple(slots))
 
 
@@ -404,7 +600,7 @@ def preempt(s: State, b: Bounds, req: int) -> State | None:
     if b.preempt_policy == "drop":
         s = _drop(s, req)
     preempted = r._replace(status=Status.PREEMPTED, unchecked=False, preemptions=r.preemptions + 1,
-                           prefill_left=0)
+                           prefill_left=0, drafts_ready=False)
     return _set_request(s, req, preempted)
 
 
@@ -414,7 +610,7 @@ def resume(s: State, b: Bounds, req: int) -> State | None:
     r = s.requests[req]
     if r.status != Status.PREEMPTED:
         return None
-    if in_flight(s, req) > 0 and b.variant != "resume-with-placeholder":
+    if placeholders(s, b, req) > 0 and b.variant != "resume-with-placeholder":
         return None  # its in-flight token is still to be delivered (keep)
     return _set_request(s, req, r._replace(status=Status.WAITING))
 
@@ -476,7 +672,11 @@ def successors(s: State, b: Bounds) -> Iterator[tuple[Action, State]]:
             if (t := schedule(s, b, tuple(order))) is not None:
                 yield Action("schedule", tuple(order)), t
     for q, step in enumerate(s.queue):
-        if step.phase < Phase.READBACK_DONE:  # the one step action that moves it on
+        if step.phase == Phase.COMBINED and b.spec_tokens:  # one launch per verdict
+            for accepted in acceptance_choices(step, b):
+                if (t := launch(s, b, q, *accepted)) is not None:
+                    yield Action("launch", (q, *accepted)), t
+        elif step.phase < Phase.READBACK_DONE:  # the one step action that moves it on
             name, fn = _STEP_FNS[step.phase]
             if (t := fn(s, b, q)) is not None:
                 yield Action(name, (q,)), t

@@ -13,6 +13,7 @@ from .actions import (
     Action,
     budget,
     eligible,
+    inputs_right,
     has_step_in_flight,
     in_flight,
     is_host_sync,
@@ -25,9 +26,10 @@ from .state import CLOSED, HOST_SYNC_REQUEST, Bounds, Phase, State, Status
 
 
 def stale_host_ids_guard(s: State, b: Bounds) -> bool:
-    """#323-class: every combined live row consumed exactly its request's newest token."""
+    """#323-class: every combined live row consumed exactly its request's newest token, and with
+    drafts its true position and the drafter's proposals after it."""
     return all(
-        row.consumed == (row.req, row.pos)
+        row.consumed == (row.req, row.pos) and (row.placed is None or inputs_right(row))
         for step in s.queue
         if step.phase >= Phase.COMBINED
         for row in step.rows
@@ -114,7 +116,8 @@ def combined_from_mirror(s: State, a: Action, t: State) -> bool:
 def combined_from_host(s: State, a: Action, t: State) -> bool:
     """A decode row (past the prompt) was combined from authoritative host ids."""
     return a.name == "combine" and any(
-        r.prev_row is None and r.pos > 0 for r in s.queue[a.args[0]].rows
+        r.prev_row is None and (r.pos if r.placed is None else r.placed) > 0
+        for r in s.queue[a.args[0]].rows
     )
 
 
@@ -216,6 +219,51 @@ def mirror_read_three_in_flight(s: State, a: Action, t: State) -> bool:
             and any(r.prev_row is not None for r in s.queue[a.args[0]].rows))
 
 
+def _verdicts(s: State, a: Action) -> list[int]:
+    """A launch's accepted counts of its rows that carried drafts (none without drafts)."""
+    if a.name != "launch" or len(a.args) == 1:
+        return []
+    rows = s.queue[a.args[0]].rows
+    return [n for row, n in zip(rows, a.args[1:], strict=True) if row.live and row.spec > 0]
+
+
+def accepted(n: int) -> Callable[[State, Action, State], bool]:
+    """The check that a launch's verification accepted n drafts of some row."""
+    def reached(s: State, a: Action, t: State) -> bool:
+        return n in _verdicts(s, a)
+    reached.__doc__ = f"A launch's verification accepted {n} draft(s) of a row."
+    return reached
+
+
+def drafts_at_least(n: int) -> Callable[[Bounds], bool]:
+    """Where a check of n accepted drafts applies: n drafts scheduled, and a decoding row."""
+    def applies(b: Bounds) -> bool:
+        return b.spec_tokens >= n and b.max_tokens >= 2
+    return applies
+
+
+def accepted_counts_differ(s: State, a: Action, t: State) -> bool:
+    """Two rows of one launch accepted different numbers of drafts."""
+    return len(set(_verdicts(s, a))) >= 2
+
+
+def reentry_beside_device_drafts(s: State, a: Action, t: State) -> bool:
+    """A step combined a re-entering row past its prompt without drafts beside a row whose
+    newest token and drafts came from the device."""
+    if a.name != "combine":
+        return False
+    rows = [row for row in s.queue[a.args[0]].rows if row.live]
+    return (any(r.prev_row is None and r.spec == 0 and (r.placed or 0) > 0 and not r.partial
+                for r in rows)
+            and any(r.prev_row is not None and r.spec > 0 for r in rows))
+
+
+def preempt_with_drafts_in_flight(s: State, a: Action, t: State) -> bool:
+    """A preemption hit a request with a row carrying drafts in flight."""
+    return a.name == "preempt" and any(
+        row.live and row.req == a.args[0] and row.spec > 0 for step in s.queue for row in step.rows)
+
+
 class Sometimes(NamedTuple):
     name: str
     reached: Callable[[State, Action, State], bool]
@@ -281,4 +329,12 @@ SOMETIMES: tuple[Sometimes, ...] = (
         lambda b: b.depth >= 3 and _async(b) and b.max_tokens >= 2
         and b.requests * b.max_tokens >= 3 and b.guard,
     ),
+    *(Sometimes(f"accepted_{n}", accepted(n), drafts_at_least(max(n, 1))) for n in range(3)),
+    Sometimes("accepted_counts_differ", accepted_counts_differ,
+              lambda b: b.spec_tokens >= 1 and b.requests >= 2 and b.max_tokens >= 2),
+    Sometimes("reentry_beside_device_drafts", reentry_beside_device_drafts,
+              lambda b: b.spec_tokens >= 1 and _async(b) and b.requests >= 2 and b.guard
+              and b.max_tokens >= 3 and (b.preempt or b.host_sync)),
+    Sometimes("preempt_with_drafts_in_flight", preempt_with_drafts_in_flight,
+              lambda b: b.spec_tokens >= 1 and b.preempt and b.max_tokens >= 2),
 )

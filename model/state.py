@@ -20,6 +20,10 @@ PLACEHOLDER: Token = (-1, -1)
 GARBAGE: Token = (-2, -2)
 """What a read returns from a slot that was never written or was handed back."""
 
+REJECTED: Token = (-3, -3)
+"""A draft that verification rejected: the drafter's guess at a position whose token the
+target sampled otherwise (spec decoding). Never a token of any sequence."""
+
 
 class Bounds(NamedTuple):
     """The finite instance to explore: sizes, feature toggles and known-bad variants."""
@@ -67,6 +71,10 @@ class Bounds(NamedTuple):
     faults: bool = False
     """The device may fail any in-flight step before its readback completes (`fault`): the
     requests with a live row in it fail, and nothing of it is delivered (spec rule 12)."""
+    spec_tokens: int = 0
+    """K spec tokens (speculative decoding, spec rule 13): a decoding row that was in the
+    previous step consumes its newest token and K drafts, and its launch's verification
+    accepts a in 0..K of them, yielding a + 1 tokens. 0 = no drafts (every result as before)."""
 
 
 VARIANTS: dict[str, str] = {
@@ -75,8 +83,20 @@ VARIANTS: dict[str, str] = {
     "host-sync-unguarded": "a host-sync request is scheduled while its step is in flight",
     "fault-spares-later-rows": "a fault fails its step's requests but leaves their rows in the "
     "other in-flight step live",
+    "positions-advance-by-spec": "the device advances a row's position by the 1 + K tokens it "
+    "was scheduled, not by the a + 1 it accepted",
+    "rejected-draft-newest": "the device keeps the first rejected draft as the row's newest "
+    "token instead of the token the target sampled there",
+    "reentering-drafts-from-device": "a re-entering request is scheduled with K placeholder "
+    "drafts for the device to fill; the device holds none for it",
+    "placeholders-drain-by-one": "the host drains a row's placeholders by 1 at apply, not by "
+    "the a + 1 tokens it accepted (rejected ones still roll back)",
 }
 """Known-bad variants selected by ``Bounds.variant``, and what each does wrong."""
+
+SPEC_VARIANTS = ("positions-advance-by-spec", "rejected-draft-newest",
+                 "reentering-drafts-from-device", "placeholders-drain-by-one")
+"""The known-bad variants of speculative decoding (they need ``spec_tokens`` >= 1)."""
 
 HOST_SYNC_REQUEST = 0
 """The request that is host-sync when ``Bounds.host_sync`` is on."""
@@ -112,7 +132,9 @@ class Row(NamedTuple):
 
     req: int
     pos: int
-    """Position of the input token the row must consume (the request's newest)."""
+    """Position of the input token the row must consume (the request's newest). Without drafts
+    the host knows it when it schedules; with drafts it is fixed once the steps before have
+    launched (their accepted counts decided), so it is set at the combine (-1 until then)."""
     prev_row: int | None
     """Row of ``req`` in the previous step's slot (the previous-row map); None = host ids."""
     consumed: Token | None
@@ -121,6 +143,15 @@ class Row(NamedTuple):
     """False once the request finished, aborted or was preempted (drop): its token is dropped."""
     partial: bool = False
     """A partial-prefill row: it consumes a prompt chunk and its sampled id is discarded."""
+    spec: int = 0
+    """Drafts scheduled after the newest token: K for a decoding row that was in the previous
+    step, else 0 (new, resumed, re-entering, prefill). The host knows it when it schedules."""
+    placed: int | None = None
+    """With drafts: the position the step's positions input gives the newest token (the host's
+    for a host row, the device's for a mirror row); None without drafts (the host's ``pos``)."""
+    drafts: tuple[Token, ...] = ()
+    """With drafts: what the combine wrote into the row's draft inputs; ``(r, p)`` is the
+    drafter's proposal for position p of request r, PLACEHOLDER a host placeholder (-1)."""
 
 
 class Step(NamedTuple):
@@ -134,6 +165,10 @@ class Step(NamedTuple):
     rows: tuple[Row, ...]
     host_copy: tuple[Token, ...] | None
     """The readback's host tensor, valid once the readback completed."""
+    accepted: tuple[int, ...] = ()
+    """With drafts: per row, the drafts its launch's verification accepted (a), chosen there."""
+    host_counts: tuple[int, ...] = ()
+    """With drafts: the readback's copy of the slot's counts (a + 1 tokens per row)."""
 
 
 class Slot(NamedTuple):
@@ -143,6 +178,11 @@ class Slot(NamedTuple):
     """Sampled ids per row as written by the last launch; None = never written; () = released."""
     released: bool
     """Handed back: its writer's readers are done and no later combine will read it."""
+    counts: tuple[int, ...] = ()
+    """With drafts: per row, the tokens its launch yielded (a + 1; 0 for a row yielding none)."""
+    positions: tuple[int, ...] = ()
+    """With drafts: per row, the newest token's position as the device advanced it (the next
+    step's combine reads it, as it reads ``content``)."""
 
 
 class Request(NamedTuple):
@@ -159,6 +199,12 @@ class Request(NamedTuple):
     """How often it has been preempted so far."""
     prefill_left: int = 0
     """Partial-prefill chunks of its first prefill still to schedule."""
+    placeholders: int = 0
+    """With drafts: the host's output placeholders, 1 + spec per scheduled step, drained at
+    apply (vLLM's ``num_output_placeholders``). Without drafts it is the live in-flight rows."""
+    drafts_ready: bool = False
+    """With drafts: it was in the last scheduled step past its prompt, so the drafter proposed
+    drafts after its newest token (in that step's slot, or on the host once read back)."""
 
 
 class State(NamedTuple):
@@ -236,6 +282,8 @@ def validate_bounds(bounds: Bounds) -> None:
         )
     if not 1 <= bounds.prefill_chunks <= 3:
         raise ValueError(f"--prefill-chunks must be between 1 and 3, got {bounds.prefill_chunks}")
+    if not 0 <= bounds.spec_tokens <= 2:
+        raise ValueError(f"--spec-tokens must be 0, 1 or 2, got {bounds.spec_tokens}")
     if bounds.variant and bounds.variant not in VARIANTS:
         raise ValueError(
             f"--variant {bounds.variant!r} is unknown; choose one of: {', '.join(VARIANTS)}"
@@ -246,6 +294,10 @@ def validate_bounds(bounds: Bounds) -> None:
         "partial-prefill-feeds-mirror": (bounds.prefill_chunks >= 2, "--prefill-chunks 2 or more"),
         "host-sync-unguarded": (bounds.host_sync, "--host-sync"),
         "fault-spares-later-rows": (bounds.faults, "--faults"),
+        **{v: (bounds.spec_tokens >= 1, "--spec-tokens 1 or more") for v in SPEC_VARIANTS},
     }
+    if bounds.variant == "reentering-drafts-from-device" and bounds.spec_tokens >= 1:
+        # A request re-enters after a preemption, or a host-sync one after a skipped step.
+        needs[bounds.variant] = (bounds.preempt or bounds.host_sync, "--preempt or --host-sync")
     if bounds.variant and not needs[bounds.variant][0]:
         raise ValueError(f"--variant {bounds.variant} needs {needs[bounds.variant][1]}")

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import NoReturn
 
 from .impl.mutations import BUGS
-from .model.state import VARIANTS, Bounds, validate_bounds
+from .model.state import SPEC_VARIANTS, VARIANTS, Bounds, validate_bounds
 
 DEFAULTS = Bounds()
 
@@ -57,8 +57,10 @@ def add_bounds(p: argparse.ArgumentParser) -> None:
                    help="mirror slots K in the ring (default %(default)s)")
     g.add_argument("--requests", type=int, default=DEFAULTS.requests,
                    help="requests (default %(default)s)")
-    g.add_argument("--max-tokens", type=int, default=DEFAULTS.max_tokens,
-                   help="tokens per request (default %(default)s)")
+    g.add_argument("--max-tokens", type=int, default=None,
+                   help=f"tokens per request (default {DEFAULTS.max_tokens}; "
+                        f"{SPEC_MAX_TOKENS} with --spec-tokens, so that a step reads a position "
+                        "the device advanced by its accepted count)")
     g.add_argument("--preemptions", type=int, default=DEFAULTS.preemptions,
                    help="preemptions per request (default %(default)s)")
     t = p.add_argument_group("features and variants")
@@ -88,10 +90,18 @@ def add_bounds(p: argparse.ArgumentParser) -> None:
     t.add_argument("--faults", action=bool_flag, default=None,
                    help="the device may fail any step before its readback completes "
                         "(default off; on with --variant fault-spares-later-rows)")
+    t.add_argument("--spec-tokens", type=int, default=None,
+                   help="K draft tokens per decoding row, verified on the device "
+                        f"(default {DEFAULTS.spec_tokens}: no drafts; 1 with a spec-decode "
+                        "--variant)")
     t.add_argument("--variant", choices=(*VARIANTS, *OLD_VARIANTS), default="",
                    help="a known-bad variant: " + "; ".join(
                        f"{k}: {v}" for k, v in {**VARIANTS, **OLD_VARIANTS}.items()))
 
+
+SPEC_MAX_TOKENS = 3
+"""The default tokens per request with drafts: a prefill, a drafted step, and a step whose
+position the device advanced by the drafted step's accepted count."""
 
 OLD_VARIANTS = {
     "guard-off": "no stale-host-ids guard (also --no-guard)",
@@ -112,13 +122,18 @@ def bounds_from(ns: argparse.Namespace) -> Bounds:
     faults = ns.faults
     if faults is None:
         faults = variant == "fault-spares-later-rows"
+    spec = ns.spec_tokens
+    if spec is None:
+        spec = 1 if variant in SPEC_VARIANTS else DEFAULTS.spec_tokens
     b = Bounds(
-        depth=ns.depth, slots=ns.slots, requests=ns.requests, max_tokens=ns.max_tokens,
+        depth=ns.depth, slots=ns.slots, requests=ns.requests,
+        max_tokens=ns.max_tokens if ns.max_tokens is not None
+        else SPEC_MAX_TOKENS if spec else DEFAULTS.max_tokens,
         preemptions=ns.preemptions, finish=ns.finish, abort=ns.abort, preempt=ns.preempt,
         condense=ns.condense, guard=ns.guard and variant != "guard-off",
         release_at="issue" if variant == "release-at-issue" else ns.release_at,
         preempt_policy=ns.preempt_policy, prefill_chunks=chunks, host_sync=host_sync,
-        variant=variant if variant in VARIANTS else "", faults=faults,
+        variant=variant if variant in VARIANTS else "", faults=faults, spec_tokens=spec,
     )
     if ns.preemptions < 0:
         raise UsageError(f"--preemptions must be 0 or more, got {ns.preemptions}")

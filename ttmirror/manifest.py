@@ -40,6 +40,7 @@ OPTIONS: dict[str, tuple[str, Any]] = {
     "guard": ("--no-guard", False), "release_at": ("--release-at", None),
     "preempt_policy": ("--preempt-policy", None), "prefill_chunks": ("--prefill-chunks", None),
     "host_sync": ("--host-sync", True), "faults": ("--faults", True),
+    "spec_tokens": ("--spec-tokens", None),
     "variant": ("--variant", None),
 }
 """Bounds field -> the `ttmirror check` option that sets it (and the value a bare flag means)."""

@@ -73,7 +73,8 @@ def as_text(ex: Exploration) -> str:
         f"bounds: depth {b.depth}, slots {b.slots}, requests {b.requests}, "
         f"max tokens {b.max_tokens}, preemptions {b.preemptions}; "
         f"finish {_on(b.finish)}, abort {_on(b.abort)}, preempt {_on(b.preempt)}, "
-        f"condense {_on(b.condense)}; guard {_on(b.guard)}, release at {b.release_at}",
+        f"condense {_on(b.condense)}; guard {_on(b.guard)}, release at {b.release_at}"
+        + (f"; spec tokens {b.spec_tokens}" if b.spec_tokens else ""),
         f"explored {len(ex.states):,} states, {ex.transitions:,} transitions in {ex.seconds:.2f} s"
         f" ({len(ex.states) / max(ex.seconds, 1e-9):,.0f} states/s)",
         "",
