@@ -165,6 +165,12 @@ class Backend(ABC):
         """True only for backends whose mirror combines the previous step's ids on device."""
         return False
 
+    def supports_draft_aware_combine(self) -> bool:
+        """True only for backends whose combine also takes each row's newest token, position and
+        drafts from the device after verification (spec rule 13); False by default, and for
+        every backend here until its mirror carries drafts."""
+        return False
+
     @abstractmethod
     def device_kind(self) -> str:
         """ "chip", "emulated" or "cpu"."""

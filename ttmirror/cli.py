@@ -198,7 +198,7 @@ def cmd_info(ns: argparse.Namespace) -> int:
     from .info import backend_info  # imports ttnn and torch: only when asked
 
     try:
-        info = backend_info(ns.backend, ns.async_scheduling)
+        info = backend_info(ns.backend, ns.async_scheduling, ns.spec_tokens)
     except ValueError as e:  # unknown backend, or async "on" where it cannot be
         raise UsageError(str(e)) from None
     if ns.json:
@@ -253,6 +253,9 @@ def build_parser() -> argparse.ArgumentParser:
     i.add_argument("--backend", default="tt", help="backend name (default %(default)s)")
     i.add_argument("--async-scheduling", choices=("auto", "on", "off"), default="auto",
                    help="requested async scheduling (default %(default)s)")
+    i.add_argument("--spec-tokens", type=int, default=0,
+                   help="a speculative config of K drafts per decoding row: async scheduling "
+                        "then needs a draft-aware combine (default %(default)s: none)")
     i.add_argument("--json", action="store_true", help="print one JSON object")
     i.set_defaults(func=cmd_info)
     for plugin in PLUGINS:
@@ -272,6 +275,9 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("ttmirror: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # the reader (a `| head`) went away: nothing more to say
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141
 
 
 def run() -> NoReturn:

@@ -13,16 +13,20 @@ from .impl.backend import get_backend
 from .impl.resolution import resolve
 
 
-def backend_info(name: str, async_scheduling: str = "auto") -> dict[str, Any]:
-    """{"backend", "device", "supports_async_sampled_token_readback", "async_scheduling",
+def backend_info(name: str, async_scheduling: str = "auto",
+                 spec_tokens: int = 0) -> dict[str, Any]:
+    """{"backend", "device", "supports_async_sampled_token_readback",
+    "supports_draft_aware_combine", "spec_tokens", "async_scheduling",
     "async_scheduling_enabled", "max_concurrent_batches", "details"}, and for tt "ops" and
     "commands_per_step", for backend `name`."""
     backend = get_backend(name)
-    scheduling = resolve(backend, async_scheduling)
+    scheduling = resolve(backend, async_scheduling, spec_tokens)
     info: dict[str, Any] = {
         "backend": backend.name,
         "device": backend.device_kind(),
         "supports_async_sampled_token_readback": scheduling.supports_async,
+        "supports_draft_aware_combine": scheduling.draft_aware,
+        "spec_tokens": scheduling.spec_tokens,
         "async_scheduling": str(scheduling.requested),
         "async_scheduling_enabled": scheduling.async_scheduling_enabled(),
         "max_concurrent_batches": scheduling.max_concurrent_batches(),
