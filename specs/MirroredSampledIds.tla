@@ -13,6 +13,16 @@
 (* <<>> stands for None in consumed and host_copy; a slot's content is <<>> and         *)
 (* written = FALSE when never written (Python: None), <<>> and written = TRUE once      *)
 (* released (Python: ()). A token is <<req, pos>>.                                      *)
+(*                                                                                     *)
+(* Speculative decoding (SpecTokens > 0) adds fields that keep their Python defaults    *)
+(* while SpecTokens = 0, so those states are exactly as before. A row's spec is an int  *)
+(* (0), its drafts a sequence of tokens (<<>>), its placed -1 for None: a mirror row    *)
+(* until its combine, a dropped row, and every row without drafts; a combined live row *)
+(* with drafts always has an int there, and -1 is then Python's -1 (a position the      *)
+(* combine could not read). A step's accepted and host_counts are <<>> (Python: ())     *)
+(* until its launch and readback; a slot's counts and positions are <<>> (()) until a   *)
+(* launch with drafts writes it and once released. A request's placeholders is an int   *)
+(* (0), its drafts_ready a boolean (FALSE). REJECTED is the token <<-3, -3>>.           *)
 (***************************************************************************************)
 EXTENDS Integers, Sequences, FiniteSets
 
@@ -35,7 +45,12 @@ CONSTANTS
     PartialFeedsMirror,     \* known-bad: a partial-prefill row feeds the previous-row map
     HostSyncUnguarded,      \* known-bad: the host-sync request is scheduled while in flight
     Faults,                 \* the device may fail a step before its readback completes
-    FaultSparesLaterRows    \* known-bad: a fault leaves its failed requests' other rows live
+    FaultSparesLaterRows,   \* known-bad: a fault leaves its failed requests' other rows live
+    SpecTokens,             \* K drafts per decoding row, verified on the device; 0 = none
+    PositionsAdvanceBySpec, \* known-bad: the device advances a position by 1 + K, not a + 1
+    RejectedDraftNewest,    \* known-bad: a rejected draft is kept as the row's newest token
+    ReenteringDraftsFromDevice, \* known-bad: a re-entering request gets K placeholder drafts
+    PlaceholdersDrainByOne  \* known-bad: apply drains a row's yielded placeholders by 1
 
 Req == 0 .. Requests - 1
 SlotIds == 0 .. Slots - 1
@@ -59,6 +74,7 @@ Closed == {FINISHED, ABORTED, FAILED}   \* Python: CLOSED
 
 PLACEHOLDER == <<-1, -1>>   \* the host table at a position still on the device
 GARBAGE == <<-2, -2>>       \* a read of an unwritten or released slot
+REJECTED == <<-3, -3>>      \* a draft verification rejected: never a token of any sequence
 NONE == -1
 
 READ_RELEASED == "NoReadOfReleasedOrOverwrittenSlot"
@@ -66,15 +82,16 @@ REWRITE_WITH_READER == "NoRewriteWhileReaderOutstanding"
 
 \* A dropped row: its token is never delivered nor read, so what it held is forgotten.
 DeadRow == [req |-> NONE, pos |-> 0, prev_row |-> NONE, consumed |-> <<>>, live |-> FALSE,
-            partial |-> FALSE]
+            partial |-> FALSE, spec |-> 0, placed |-> NONE, drafts |-> <<>>]
 
 VARIABLES
     allocated,  \* the ring exists (allocated at load, before any trace capture)
     next_slot,  \* the slot the next scheduled step takes
-    queue,      \* in-flight steps, oldest first: [slot, src_slot, phase, rows, host_copy]
-    slots,      \* per slot: [written, content, released]
+    queue,      \* in-flight steps, oldest first: [slot, src_slot, phase, rows, host_copy,
+                \*                                  accepted, host_counts]
+    slots,      \* per slot: [written, content, released, counts, positions]
     requests,   \* per request: [status, delivered, closed_at, unchecked, preemptions,
-                \*               prefill_left]
+                \*               prefill_left, placeholders, drafts_ready]
     broken      \* ghost: the slot rules an access broke at the moment it happened
 
 vars == <<allocated, next_slot, queue, slots, requests, broken>>
@@ -82,9 +99,10 @@ vars == <<allocated, next_slot, queue, slots, requests, broken>>
 ---------------------------------------------------------------------------------------
 (* Type invariant. *)
 
-Token == (Req \X (0 .. MaxTokens)) \cup {PLACEHOLDER, GARBAGE}
-Row == [req: Req \cup {NONE}, pos: 0 .. MaxTokens, prev_row: (0 .. Requests - 1) \cup {NONE},
-        consumed: Token \cup {<<>>}, live: BOOLEAN, partial: BOOLEAN]
+Token == (Req \X Int) \cup {PLACEHOLDER, GARBAGE, REJECTED}
+Row == [req: Req \cup {NONE}, pos: Int, prev_row: (0 .. Requests - 1) \cup {NONE},
+        consumed: Token \cup {<<>>}, live: BOOLEAN, partial: BOOLEAN,
+        spec: 0 .. SpecTokens, placed: Int, drafts: Seq(Token)]
 
 TypeOK ==
     /\ allocated \in BOOLEAN
@@ -95,12 +113,18 @@ TypeOK ==
           /\ queue[q].src_slot \in SlotIds \cup {NONE}
           /\ queue[q].phase \in SCHEDULED .. READBACK_DONE
           /\ \A i \in 1 .. Len(queue[q].rows) : queue[q].rows[i] \in Row
-    /\ \A k \in SlotIds : slots[k].written \in BOOLEAN /\ slots[k].released \in BOOLEAN
+          /\ queue[q].accepted \in Seq(0 .. SpecTokens)
+          /\ queue[q].host_counts \in Seq(Nat)
+    /\ \A k \in SlotIds :
+          /\ slots[k].written \in BOOLEAN /\ slots[k].released \in BOOLEAN
+          /\ slots[k].counts \in Seq(Nat) /\ slots[k].positions \in Seq(Int)
     /\ \A r \in Req :
           /\ requests[r].status \in ABSENT .. FAILED
           /\ Len(requests[r].delivered) <= MaxTokens
           /\ requests[r].preemptions \in 0 .. Preemptions
           /\ requests[r].prefill_left \in 0 .. PrefillChunks - 1
+          /\ requests[r].placeholders \in Nat
+          /\ requests[r].drafts_ready \in BOOLEAN
     /\ broken \subseteq {READ_RELEASED, REWRITE_WITH_READER}
 
 ---------------------------------------------------------------------------------------
@@ -124,8 +148,37 @@ HasStepInFlight(r) ==
 \* r needs its newest token on the host before its next step.
 IsHostSync(r) == HostSync /\ r = 0
 
-\* Position of r's newest token: delivered ones plus those still in flight.
+\* Position of r's newest token: delivered ones plus those still in flight. With drafts, the
+\* fewest it can be: each in-flight step yields at least one token.
 NextPos(r) == Len(requests[r].delivered) + LiveCount(r)
+
+\* The host's output placeholders of r: its own counter with drafts, else its live rows.
+Placeholders(r) == IF SpecTokens > 0 THEN requests[r].placeholders ELSE LiveCount(r)
+
+\* With drafts: the tokens step j's launch yielded for r (a + 1 for its live row).
+Yielded(j, r) ==
+    LET st == queue[j]
+        hits == {i \in RowIds(j) : /\ i <= Len(st.accepted) /\ st.rows[i].live
+                                   /\ ~st.rows[i].partial /\ st.rows[i].req = r}
+    IN IF hits = {} THEN 0 ELSE st.accepted[CHOOSE i \in hits : TRUE] + 1
+
+\* With drafts: what the steps before step q yielded for r (all launched by q's combine).
+RECURSIVE YieldedBefore(_, _)
+YieldedBefore(q, r) == IF q <= 1 THEN 0 ELSE YieldedBefore(q - 1, r) + Yielded(q - 1, r)
+
+\* With drafts: the position of r's newest token as step q's combine must see it.
+TruePos(q, r) == Len(requests[r].delivered) + YieldedBefore(q, r)
+
+\* The drafter's k proposals after token t, for the k positions that follow it; garbage in,
+\* garbage out.
+DraftsAfter(t, k) == IF t[1] < 0 THEN [i \in 1 .. k |-> t]
+                     ELSE [i \in 1 .. k |-> <<t[1], t[2] + i>>]
+
+\* With drafts: the count tokens a row yielded, read back: its accepted drafts (the sequence's
+\* tokens after row.pos) then its newest; none for an unreadable count.
+Expand(row, newest, count) ==
+    IF count = 0 THEN <<>>
+    ELSE [i \in 1 .. count - 1 |-> <<row.req, row.pos + i>>] \o <<newest>>
 
 \* The host token table at pos: authoritative if delivered, else a placeholder.
 HostToken(r, pos) ==
@@ -158,18 +211,39 @@ ReadSlot(k, row) ==
     IF ~slots[k].written \/ slots[k].released \/ row >= Len(slots[k].content) THEN GARBAGE
     ELSE slots[k].content[row + 1]
 
+\* With drafts: the count the device holds for row (0-based) of slot k; an unreadable one
+\* reads as 1 (the host then delivers the garbage token it read beside it).
+ReadCount(k, row) ==
+    IF ~slots[k].written \/ slots[k].released \/ row >= Len(slots[k].counts) THEN 1
+    ELSE slots[k].counts[row + 1]
+
 \* Forget the tokens of the requests in R: nothing reads them again once their rows drop.
 Scrub(R, ts) == [i \in 1 .. Len(ts) |-> IF ts[i][1] \in R THEN GARBAGE ELSE ts[i]]
 
-\* Drop every in-flight row of the requests in R and forget their tokens in host copies and
-\* slots (Python: _drop, once per request).
-DropQueue(R) ==
-    [q \in 1 .. Len(queue) |->
-        [queue[q] EXCEPT
-            !.rows = [i \in RowIds(q) |-> IF queue[q].rows[i].req \in R THEN DeadRow
-                                           ELSE queue[q].rows[i]],
-            !.host_copy = Scrub(R, queue[q].host_copy)]]
-DropSlots(R) == [k \in SlotIds |-> [slots[k] EXCEPT !.content = Scrub(R, slots[k].content)]]
+\* Slot s with the tokens of R forgotten, and with drafts their counts and positions.
+ScrubSlot(R, s) ==
+    IF s.counts = <<>> THEN [s EXCEPT !.content = Scrub(R, s.content)]
+    ELSE [s EXCEPT
+            !.content = Scrub(R, s.content),
+            !.counts = [i \in 1 .. Len(s.counts) |->
+                          IF s.content[i][1] \in R THEN 0 ELSE s.counts[i]],
+            !.positions = [i \in 1 .. Len(s.positions) |->
+                             IF s.content[i][1] \in R THEN -1 ELSE s.positions[i]]]
+
+\* Drop every row of the requests in R in the steps Q and forget their tokens in host copies
+\* (Python: _drop, once per request); DropSlots forgets them in the slots.
+DropQueueOf(Q, R) ==
+    [q \in 1 .. Len(Q) |->
+        [Q[q] EXCEPT
+            !.rows = [i \in 1 .. Len(Q[q].rows) |-> IF Q[q].rows[i].req \in R THEN DeadRow
+                                                    ELSE Q[q].rows[i]],
+            !.host_copy = Scrub(R, Q[q].host_copy)]]
+DropQueue(R) == DropQueueOf(queue, R)
+DropSlots(R) == [k \in SlotIds |-> ScrubSlot(R, slots[k])]
+
+\* Some step of Q holds a live row of r (HasStepInFlight over other steps than the queue's).
+HasRowIn(Q, r) == \E q \in 1 .. Len(Q) : \E i \in 1 .. Len(Q[q].rows) :
+                      Q[q].rows[i].live /\ Q[q].rows[i].req = r
 
 \* Rows of step q whose sampled id is r's newest token for a later combine to read through the
 \* previous-row map: live, and not a partial prefill's discarded id (Python: mirror_rows).
@@ -184,6 +258,47 @@ PrevRow(r) ==
     ELSE LET hits == MirrorRows(Len(queue), r)
          IN IF hits = {} THEN NONE ELSE (CHOOSE i \in hits : TRUE) - 1
 
+\* How many drafts the host schedules after r's newest token: K if the drafter proposed them
+\* (it was in the last scheduled step past its prompt), else none; the known-bad variant gives
+\* a re-entering request past its prompt K placeholder drafts anyway.
+DraftsScheduled(r, partial) ==
+    IF partial THEN 0
+    ELSE IF requests[r].drafts_ready /\ requests[r].status # WAITING THEN SpecTokens
+    ELSE IF ReenteringDraftsFromDevice /\ Len(requests[r].delivered) > 0 THEN SpecTokens
+    ELSE 0
+
+\* Row i of a step scheduled now for request r: without drafts the host knows its position;
+\* with drafts a mirror row's position, newest token and drafts are on the device (set at the
+\* combine), and a host row stages the host's count of computed tokens and the drafts read
+\* back after its newest token (placeholders where the host has none).
+NewRow(r) ==
+    LET partial == requests[r].prefill_left > 0
+        prev == PrevRow(r)
+        spec == DraftsScheduled(r, partial)
+        placed == Len(requests[r].delivered) + requests[r].placeholders
+        base == [req |-> r, pos |-> NextPos(r), prev_row |-> prev, consumed |-> <<>>,
+                 live |-> TRUE, partial |-> partial, spec |-> 0, placed |-> NONE,
+                 drafts |-> <<>>]
+    IN IF SpecTokens = 0 THEN base
+       ELSE IF prev # NONE THEN [base EXCEPT !.pos = -1, !.spec = spec]
+       ELSE [base EXCEPT !.pos = -1, !.spec = spec, !.placed = placed,
+                         !.drafts = IF requests[r].drafts_ready
+                                    THEN DraftsAfter(HostToken(r, placed), spec)
+                                    ELSE [i \in 1 .. spec |-> PLACEHOLDER]]
+
+\* With drafts: a live row consumed its request's newest token, at its position, and the
+\* drafter's proposals for the positions after it.
+InputsRight(row) ==
+    /\ row.consumed = <<row.req, row.pos>>
+    /\ row.placed = row.pos
+    /\ row.drafts = DraftsAfter(<<row.req, row.pos>>, row.spec)
+
+\* With drafts: the most drafts step q's verification can accept of row i (0 unless its
+\* inputs are right), and the launch's possible verdicts, one accepted count per row.
+Top(q, i) == LET row == queue[q].rows[i]
+             IN IF row.live /\ ~row.partial /\ InputsRight(row) THEN row.spec ELSE 0
+Choices(q) == {f \in [RowIds(q) -> 0 .. SpecTokens] : \A i \in RowIds(q) : f[i] <= Top(q, i)}
+
 ---------------------------------------------------------------------------------------
 (* Actions, one definition each (Python: model/actions.py). *)
 
@@ -191,10 +306,12 @@ Init ==
     /\ allocated = FALSE
     /\ next_slot = 0
     /\ queue = <<>>
-    /\ slots = [k \in SlotIds |-> [written |-> FALSE, content |-> <<>>, released |-> FALSE]]
+    /\ slots = [k \in SlotIds |-> [written |-> FALSE, content |-> <<>>, released |-> FALSE,
+                                   counts |-> <<>>, positions |-> <<>>]]
     /\ requests = [r \in Req |-> [status |-> ABSENT, delivered |-> <<>>, closed_at |-> NONE,
                                   unchecked |-> FALSE, preemptions |-> 0,
-                                  prefill_left |-> PrefillChunks - 1]]
+                                  prefill_left |-> PrefillChunks - 1,
+                                  placeholders |-> 0, drafts_ready |-> FALSE]]
     /\ broken = {}
 
 \* Load: allocate the ring of K mirror slots, before any step (and so any trace capture).
@@ -217,21 +334,28 @@ Schedule ==
     /\ Eligible # {}
     /\ \E order \in Orders(Eligible) :
         /\ Condense \/ Ascending(order)
-        /\ LET rows == [i \in DOMAIN order |->
-                          [req |-> order[i], pos |-> NextPos(order[i]),
-                           prev_row |-> PrevRow(order[i]), consumed |-> <<>>, live |-> TRUE,
-                           partial |-> requests[order[i]].prefill_left > 0]]
+        /\ LET rows == [i \in DOMAIN order |-> NewRow(order[i])]
                mirror == \E i \in DOMAIN rows : rows[i].prev_row # NONE
                step == [slot |-> next_slot,
                         src_slot |-> IF mirror THEN queue[Len(queue)].slot ELSE NONE,
-                        phase |-> SCHEDULED, rows |-> rows, host_copy |-> <<>>]
+                        phase |-> SCHEDULED, rows |-> rows, host_copy |-> <<>>,
+                        accepted |-> <<>>, host_counts |-> <<>>]
+               \* With drafts: r's row in this step yields (1 + spec placeholders), and drafts
+               \* follow only this step's rows.
+               Yields(r) == /\ r \in Range(order)
+                            /\ ~rows[CHOOSE i \in DOMAIN order : order[i] = r].partial
+               Owed(r) == 1 + rows[CHOOSE i \in DOMAIN order : order[i] = r].spec
+               Stepped(r) == IF r \in Range(order)
+                             THEN [requests[r] EXCEPT !.status = RUNNING, !.unchecked = FALSE,
+                                     !.prefill_left = IF @ > 0 THEN @ - 1 ELSE 0]
+                             ELSE requests[r]
            IN /\ queue' = Append(queue, step)
               /\ next_slot' = (next_slot + 1) % Slots
               /\ requests' = [r \in Req |->
-                                IF r \in Range(order)
-                                THEN [requests[r] EXCEPT !.status = RUNNING, !.unchecked = FALSE,
-                                        !.prefill_left = IF @ > 0 THEN @ - 1 ELSE 0]
-                                ELSE requests[r]]
+                                IF SpecTokens = 0 THEN Stepped(r)
+                                ELSE [Stepped(r) EXCEPT
+                                        !.placeholders = @ + (IF Yields(r) THEN Owed(r) ELSE 0),
+                                        !.drafts_ready = Yields(r)]]
     /\ UNCHANGED <<allocated, slots, broken>>
 
 \* Build step q's input ids on device: host ids, or the previous slot through the row map.
@@ -242,27 +366,65 @@ Combine(q) ==
     /\ LET st == queue[q]
            Value(row) == IF row.prev_row = NONE THEN HostToken(row.req, row.pos)
                          ELSE ReadSlot(st.src_slot, row.prev_row)
+           \* With drafts: newest token, position and drafts from the host (a host row, staged
+           \* when scheduled) or the previous slot (a mirror row); pos := the true position.
+           WithDrafts(row) ==
+               IF row.prev_row = NONE
+               THEN [row EXCEPT !.pos = TruePos(q, row.req),
+                                !.consumed = HostToken(row.req, row.placed)]
+               ELSE LET newest == ReadSlot(st.src_slot, row.prev_row)
+                        src == slots[st.src_slot]
+                        readable == newest # GARBAGE /\ row.prev_row < Len(src.positions)
+                    IN [row EXCEPT !.pos = TruePos(q, row.req), !.consumed = newest,
+                                   !.placed = IF readable THEN src.positions[row.prev_row + 1]
+                                              ELSE -1,
+                                   !.drafts = DraftsAfter(newest, row.spec)]
+           Combined(row) == IF SpecTokens > 0 THEN WithDrafts(row)
+                            ELSE [row EXCEPT !.consumed = Value(row)]
            rows == [i \in RowIds(q) |-> IF ~st.rows[i].live THEN st.rows[i]
-                                        ELSE [st.rows[i] EXCEPT !.consumed = Value(st.rows[i])]]
+                                        ELSE Combined(st.rows[i])]
            mirror == \E i \in RowIds(q) : st.rows[i].live /\ st.rows[i].prev_row # NONE
        IN /\ queue' = [queue EXCEPT ![q] = [st EXCEPT !.phase = COMBINED, !.rows = rows]]
           /\ broken' = IF mirror /\ slots[st.src_slot].released
                        THEN broken \cup {READ_RELEASED} ELSE broken
     /\ UNCHANGED <<allocated, next_slot, slots, requests>>
 
-\* Run step q's forward and sampler; the sampler writes its tokens into the step's slot.
+\* Run step q's forward and sampler; the sampler writes its tokens into the step's slot. With
+\* drafts, verification accepts acc[i] drafts of row i (chosen: the model does not know which
+\* guesses the target agrees with) and the device advances the row's position.
 Launch(q) ==
     /\ q <= Len(queue)
     /\ queue[q].phase = COMBINED
     /\ LET st == queue[q]
            Sampled(row) == IF row.live /\ ~row.partial /\ row.consumed = <<row.req, row.pos>>
                         THEN <<row.req, row.pos + 1>> ELSE GARBAGE
+           \* With drafts (Python: _verify): a row's newest token (the target's after its a
+           \* accepted drafts), its count a + 1 and its advanced position; none for a dropped
+           \* or partial row.
+           Yields(row) == row.live /\ ~row.partial
+           Newest(row, a) ==
+               IF ~Yields(row) \/ ~InputsRight(row) THEN GARBAGE
+               ELSE IF RejectedDraftNewest /\ a < row.spec THEN REJECTED
+               ELSE <<row.req, row.pos + a + 1>>
+           Count(row, a) == IF Yields(row) THEN a + 1 ELSE 0
+           Advanced(row, a) ==
+               IF ~Yields(row) THEN -1
+               ELSE row.placed + (IF PositionsAdvanceBySpec THEN 1 + row.spec ELSE a + 1)
        IN /\ broken' = IF ReadersOutstanding(st.slot, q)
                        THEN broken \cup {REWRITE_WITH_READER} ELSE broken
-          /\ slots' = [slots EXCEPT ![st.slot] =
-                          [written |-> TRUE, released |-> FALSE,
-                           content |-> [i \in RowIds(q) |-> Sampled(st.rows[i])]]]
-          /\ queue' = [queue EXCEPT ![q].phase = LAUNCHED]
+          /\ IF SpecTokens = 0
+             THEN /\ slots' = [slots EXCEPT ![st.slot] =
+                                 [@ EXCEPT !.written = TRUE, !.released = FALSE,
+                                  !.content = [i \in RowIds(q) |-> Sampled(st.rows[i])]]]
+                  /\ queue' = [queue EXCEPT ![q].phase = LAUNCHED]
+             ELSE \E acc \in Choices(q) :
+                  /\ slots' = [slots EXCEPT ![st.slot] =
+                                 [@ EXCEPT !.written = TRUE, !.released = FALSE,
+                                  !.content = [i \in RowIds(q) |-> Newest(st.rows[i], acc[i])],
+                                  !.counts = [i \in RowIds(q) |-> Count(st.rows[i], acc[i])],
+                                  !.positions = [i \in RowIds(q) |->
+                                                   Advanced(st.rows[i], acc[i])]]]
+                  /\ queue' = [queue EXCEPT ![q].phase = LAUNCHED, ![q].accepted = acc]
     /\ UNCHANGED <<allocated, next_slot, requests>>
 
 \* Enqueue the non-blocking copy of step q's slot to a host tensor, and its event.
@@ -279,27 +441,57 @@ ReadbackComplete(q) ==
     /\ LET st == queue[q]
        IN /\ queue' = [queue EXCEPT ![q] =
                          [st EXCEPT !.phase = READBACK_DONE,
-                                    !.host_copy = [i \in RowIds(q) |-> ReadSlot(st.slot, i - 1)]]]
+                                    !.host_copy = [i \in RowIds(q) |-> ReadSlot(st.slot, i - 1)],
+                                    \* with drafts the counts come back with the tokens
+                                    !.host_counts = IF SpecTokens = 0 THEN @
+                                                    ELSE [i \in RowIds(q) |->
+                                                            ReadCount(st.slot, i - 1)]]]
           /\ broken' = IF slots[st.slot].released \/ Writer(st.slot) # q
                        THEN broken \cup {READ_RELEASED} ELSE broken
     /\ UNCHANGED <<allocated, next_slot, slots, requests>>
 
-\* Retire the oldest step: deliver each live row's token; max tokens finishes a request.
+\* Retire the oldest step: deliver each live row's tokens; max tokens finishes a request, and
+\* drops its rows still in flight (with drafts a later step may carry it).
 Apply ==
     /\ queue # <<>>
     /\ queue[1].phase = READBACK_DONE
     /\ LET st == queue[1]
            Hits(r) == {i \in RowIds(1) :
                          st.rows[i].live /\ ~st.rows[i].partial /\ st.rows[i].req = r}
+           At(r) == CHOOSE i \in Hits(r) : TRUE
+           \* With drafts: drain what the row yielded, roll back what it rejected (together the
+           \* 1 + spec it was scheduled); the known-bad variant drains 1 for the yielded ones.
+           Count(r) == st.host_counts[At(r)]
+           Drained(r) == (IF PlaceholdersDrainByOne THEN 1 ELSE Count(r))
+                         + (st.rows[At(r)].spec + 1 - Count(r))
+           Owed(r) == IF SpecTokens = 0 THEN requests[r].placeholders
+                      ELSE LET left == requests[r].placeholders - Drained(r)
+                           IN IF left > 0 THEN left ELSE 0
+           \* With drafts a run past max tokens is cut there (as vLLM's stop check cuts it).
+           New(r) ==
+               IF SpecTokens = 0 THEN Append(requests[r].delivered, st.host_copy[At(r)])
+               ELSE LET d == requests[r].delivered
+                               \o Expand(st.rows[At(r)], st.host_copy[At(r)], Count(r))
+                    IN SubSeq(d, 1, IF Len(d) < MaxTokens THEN Len(d) ELSE MaxTokens)
            Deliver(r) ==
-               LET d == Append(requests[r].delivered, st.host_copy[CHOOSE i \in Hits(r) : TRUE])
+               LET d == New(r)
                IN IF Len(d) >= MaxTokens
                   THEN [requests[r] EXCEPT !.status = FINISHED, !.delivered = d,
-                                           !.closed_at = Len(d), !.unchecked = FALSE]
-                  ELSE [requests[r] EXCEPT !.delivered = d, !.unchecked = TRUE]
-       IN requests' = [r \in Req |-> IF Hits(r) = {} THEN requests[r] ELSE Deliver(r)]
-    /\ queue' = Tail(queue)
-    /\ UNCHANGED <<allocated, next_slot, slots, broken>>
+                                           !.closed_at = Len(d), !.unchecked = FALSE,
+                                           !.placeholders = Owed(r)]
+                  ELSE [requests[r] EXCEPT !.delivered = d, !.unchecked = TRUE,
+                                           !.placeholders = Owed(r)]
+           applied == [r \in Req |-> IF Hits(r) = {} THEN requests[r] ELSE Deliver(r)]
+           rest == Tail(queue)
+           dropped == {r \in Req : /\ Hits(r) # {} /\ Len(New(r)) >= MaxTokens
+                                   /\ HasRowIn(rest, r)}
+       IN /\ queue' = DropQueueOf(rest, dropped)
+          /\ slots' = DropSlots(dropped)
+          /\ requests' = [r \in Req |->
+                            IF r \in dropped
+                            THEN [applied[r] EXCEPT !.placeholders = 0, !.drafts_ready = FALSE]
+                            ELSE applied[r]]
+    /\ UNCHANGED <<allocated, next_slot, broken>>
 
 \* Hand a slot back: its readback is done and no combine will read it again.
 Release(k) ==
@@ -310,7 +502,8 @@ Release(k) ==
        THEN IF Writer(k) = 0 THEN TRUE ELSE queue[Writer(k)].phase >= READBACK_ISSUED
        ELSE /\ Writer(k) = 0
             /\ ~\E j \in 1 .. Len(queue) : queue[j].src_slot = k /\ queue[j].phase = SCHEDULED
-    /\ slots' = [slots EXCEPT ![k] = [written |-> TRUE, content |-> <<>>, released |-> TRUE]]
+    /\ slots' = [slots EXCEPT ![k] = [written |-> TRUE, content |-> <<>>, released |-> TRUE,
+                                      counts |-> <<>>, positions |-> <<>>]]
     /\ UNCHANGED <<allocated, next_slot, queue, requests, broken>>
 
 \* The newest delivered token was a stop token: the request finishes, in-flight rows drop.
@@ -337,7 +530,8 @@ AbortReq(r) ==
     /\ UNCHANGED <<allocated, next_slot, broken>>
 
 \* The KV budget is exceeded: the request is preempted; its in-flight tokens are kept and
-\* delivered (PreemptKeep), or dropped. It will prefill again in one step.
+\* delivered (PreemptKeep), or dropped. It will prefill again in one step; drafts after its
+\* newest token are no more (its placeholder counter is the request's as it was, as in Python).
 PreemptReq(r) ==
     /\ Preempt
     /\ requests[r].status = RUNNING
@@ -345,14 +539,15 @@ PreemptReq(r) ==
     /\ queue' = IF PreemptKeep THEN queue ELSE DropQueue({r})
     /\ slots' = IF PreemptKeep THEN slots ELSE DropSlots({r})
     /\ requests' = [requests EXCEPT ![r].status = PREEMPTED, ![r].unchecked = FALSE,
-                                    ![r].preemptions = @ + 1, ![r].prefill_left = 0]
+                                    ![r].preemptions = @ + 1, ![r].prefill_left = 0,
+                                    ![r].drafts_ready = FALSE]
     /\ UNCHANGED <<allocated, next_slot, broken>>
 
 \* A preempted request waits again, once it owns no placeholder; it restarts from the host's
 \* authoritative tokens.
 Resume(r) ==
     /\ requests[r].status = PREEMPTED
-    /\ LiveCount(r) = 0 \/ ResumeWithPlaceholder
+    /\ Placeholders(r) = 0 \/ ResumeWithPlaceholder
     /\ requests' = [requests EXCEPT ![r].status = WAITING]
     /\ UNCHANGED <<allocated, next_slot, queue, slots, broken>>
 
@@ -372,7 +567,10 @@ FaultStep(q) ==
           /\ requests' = [r \in Req |->
                             IF r \in F
                             THEN [requests[r] EXCEPT !.status = FAILED,
-                                    !.closed_at = Len(requests[r].delivered), !.unchecked = FALSE]
+                                    !.closed_at = Len(requests[r].delivered), !.unchecked = FALSE,
+                                    \* a dropped request's placeholders go with its rows
+                                    !.placeholders = IF FaultSparesLaterRows THEN @ ELSE 0,
+                                    !.drafts_ready = @ /\ FaultSparesLaterRows]
                             ELSE requests[r]]
     /\ UNCHANGED <<allocated, broken>>
 
@@ -409,13 +607,15 @@ Spec == Init /\ [][Next]_vars
 ---------------------------------------------------------------------------------------
 (* Invariants (Python: model/invariants.py). *)
 
-\* #323-class: every combined live row consumed exactly its request's newest token.
+\* #323-class: every combined live row consumed exactly its request's newest token, and with
+\* drafts its true position and the drafter's proposals after it.
 StaleHostIdsGuard ==
     \A q \in 1 .. Len(queue) :
         queue[q].phase >= COMBINED =>
             \A i \in RowIds(q) :
                 queue[q].rows[i].live =>
-                    queue[q].rows[i].consumed = <<queue[q].rows[i].req, queue[q].rows[i].pos>>
+                    /\ queue[q].rows[i].consumed = <<queue[q].rows[i].req, queue[q].rows[i].pos>>
+                    /\ SpecTokens = 0 \/ InputsRight(queue[q].rows[i])
 
 \* No combine or readback ever read a slot that was handed back or rewritten under it.
 NoReadOfReleasedOrOverwrittenSlot == READ_RELEASED \notin broken
