@@ -17,6 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple, Protocol
 
+from .drafts import DraftSpec
 from .mutations import NONE, Mutations, mutations
 from .probe import ProbeSpec
 from .rows import Row
@@ -50,6 +51,9 @@ class MirrorSpec:
     (`readback_complete` raises); None waits as long as it takes."""
     mutations: Mutations = NONE
     """Planted bugs of the mirror's device half (`mutations.py`); none by default."""
+    drafts: DraftSpec | None = None
+    """Speculative decoding (spec rule 13): K drafts per decoding row, verified by the launch,
+    and the drafter that proposes them on the device; None = no drafts."""
     report: Callable[[str, int], None] | None = field(default=None, compare=False)
     """Told of each device completion the host waits on and each host read of a copy, as
     (`device_wait` or `host_read`, slot), by a mirror on a device (the runner records them)."""
@@ -90,7 +94,21 @@ class StepInputs:
 
     @property
     def positions(self) -> tuple[int, ...]:
-        return tuple(r.pos if r.live else 0 for r in self.rows)
+        """Host positions; a mirror row's with drafts is on the device (its `pos` is -1)."""
+        return tuple(r.pos if r.live and r.pos >= 0 else 0 for r in self.rows)
+
+    @property
+    def spec(self) -> tuple[int, ...]:
+        """Drafts scheduled per row (spec rule 13): verification accepts at most these."""
+        return tuple(r.spec if r.live else 0 for r in self.rows)
+
+    def host_drafts(self, k: int) -> tuple[tuple[int, ...], ...]:
+        """K lanes of host-staged drafts, lane j holding each host row's draft j (else 0)."""
+        return tuple(
+            tuple(r.drafts[j] if r.live and r.prev_row is None and j < len(r.drafts) else 0
+                  for r in self.rows)
+            for j in range(k)
+        )
 
     @property
     def requests(self) -> tuple[int, ...]:
@@ -116,6 +134,17 @@ def logprob_rows(values: list[list[float]], ids: list[list[int]]) -> list[TokenL
     ]
 
 
+class DraftCopy(NamedTuple):
+    """What a readback with drafts brings back per row (spec rule 13), under the ids' event."""
+
+    tokens: tuple[tuple[int, ...], ...]
+    """Per row the target's K + 1 tokens; the first `counts[i]` are the row's yield."""
+    counts: tuple[int, ...]
+    """Per row a + 1: the accepted drafts and the target's token after them."""
+    drafts: tuple[tuple[int, ...], ...]
+    """Per row the drafter's K proposals after its newest token."""
+
+
 class Mirror(Protocol):
     """The device side of the runner: the ring of K slots and the ops that read and write it.
 
@@ -139,6 +168,10 @@ class Mirror(Protocol):
     def readback_complete(self, pending: Any) -> list[int]:
         """Wait for the copy's event, then return the host copy's ids (all padded rows); a
         mirror on a device reports the wait and the read (`MirrorSpec.report`)."""
+
+    def readback_drafts(self, pending: Any) -> DraftCopy:
+        """After `readback_complete(pending)`: the tokens, counts and drafts the step's launch
+        wrote (all padded rows), copied under the same event; only for a mirror with drafts."""
 
     def readback_logprobs(self, pending: Any) -> list[TokenLogprobs]:
         """After `readback_complete(pending)`: the logprob ring's host copy (all padded rows),

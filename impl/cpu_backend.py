@@ -12,7 +12,8 @@ from typing import Any
 
 import torch
 
-from .backend import Backend, Mirror, MirrorSpec, StepInputs, TokenLogprobs, padded_rows
+from .backend import Backend, DraftCopy, Mirror, MirrorSpec, StepInputs, TokenLogprobs, padded_rows
+from .drafts import draft_table
 from .probe import UINT32_MASK, forward_torch, logits_table, sample_torch
 
 
@@ -29,6 +30,20 @@ class CpuMirror:
         self.input_ids = zeros.clone()
         """What the forward consumes: the combine's output."""
         self.launches = 0
+        k = spec.drafts.k if spec.drafts is not None else 0
+        self.k = k
+        # With drafts (rule 13) a slot also holds, per row, the target's K + 1 tokens, the
+        # count a + 1, the newest token's position and the drafter's K proposals; the step's
+        # input has K + 1 lanes (newest, then drafts) and their positions.
+        self.ring_tokens = [torch.zeros(k + 1, rows, dtype=torch.int64) for _ in self.ring]
+        self.ring_counts = [zeros.clone() for _ in self.ring]
+        self.ring_positions = [zeros.clone() for _ in self.ring]
+        self.ring_drafts = [torch.zeros(k, rows, dtype=torch.int64) for _ in self.ring]
+        self._spec = zeros.clone()
+        self._host_drafts = torch.zeros(k, rows, dtype=torch.int64)
+        self.input_lanes = torch.zeros(k + 1, rows, dtype=torch.int64)
+        self.input_positions = zeros.clone()
+        self.draft_table = draft_table(spec.probe, spec.drafts) if spec.drafts else None
 
     def stage(self, inputs: StepInputs) -> None:
         n = len(inputs.host_ids)
@@ -39,26 +54,80 @@ class CpuMirror:
         self._positions[:n] = torch.tensor(inputs.positions)
         if inputs.requests:
             self._requests[:n] = torch.tensor(inputs.requests)
+        if self.k:
+            self._spec[:n] = torch.tensor(inputs.spec)
+            self._host_drafts[:, :n] = torch.tensor(inputs.host_drafts(self.k)) & UINT32_MASK
 
     def combine(self, slot: int) -> None:
-        source = self.ring[(slot - 1) % self.spec.slots]
-        gathered = torch.gather(source, 0, self._prev_map)
-        self.input_ids = torch.where(self._use_mirror > 0, gathered, self._host_ids)
+        src = (slot - 1) % self.spec.slots
+        mirror = self._use_mirror > 0
+
+        def through_map(source: torch.Tensor, host: torch.Tensor) -> torch.Tensor:
+            return torch.where(mirror, torch.gather(source, 0, self._prev_map), host)
+
+        self.input_ids = through_map(self.ring[src], self._host_ids)
+        if self.k:  # the drafts and the position come from where the newest token does
+            self.input_lanes = torch.stack([self.input_ids, *(
+                through_map(self.ring_drafts[src][j], self._host_drafts[j])
+                for j in range(self.k))])
+            self.input_positions = through_map(self.ring_positions[src], self._positions)
 
     def launch(self, slot: int) -> None:
-        seed = self.spec.probe.sampling
-        if seed is None:
-            self.ring[slot] = forward_torch(self.table, self.input_ids, self._positions)
+        if self.k:
+            self._verify(slot)
         else:
-            self.ring[slot] = sample_torch(self.table, self.input_ids, self._positions,
-                                           self._requests, seed)
+            self.ring[slot] = self._target(self.input_ids, self._positions)
         self.launches += 1
 
+    def _target(self, ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """The target's token after each input id at its position (its draw, when seeded)."""
+        seed = self.spec.probe.sampling
+        if seed is None:
+            return forward_torch(self.table, ids, positions)
+        return sample_torch(self.table, ids, positions, self._requests, seed)
+
+    def _verify(self, slot: int) -> None:
+        """Rule 13's launch: the target on every lane, the accepted count (leading drafts equal
+        to the target's token before them, at most the row's scheduled drafts), the newest
+        token, its position, and the drafter's next K proposals after it."""
+        base = self.input_positions
+        tokens = torch.stack([self._target(self.input_lanes[i], base + i)
+                              for i in range(self.k + 1)])
+        match = (self.input_lanes[1:] == tokens[:-1]).to(torch.int64)
+        lanes = torch.arange(self.k).unsqueeze(1)
+        match = match * (lanes < self._spec.unsqueeze(0))  # no draft scheduled: nothing accepted
+        accepted = torch.cumprod(match, dim=0).sum(dim=0)
+        newest = torch.gather(tokens, 0, accepted.unsqueeze(0)).squeeze(0)
+        position = base + accepted + 1
+        assert self.draft_table is not None
+        drafts, token = [], newest
+        for j in range(self.k):
+            token = forward_torch(self.draft_table, token, position + j)
+            drafts.append(token)
+        self.ring[slot] = newest
+        self.ring_tokens[slot] = tokens
+        self.ring_counts[slot] = accepted + 1
+        self.ring_positions[slot] = position
+        self.ring_drafts[slot] = torch.stack(drafts)
+
     def readback_issue(self, slot: int) -> Any:
-        return self.ring[slot].clone()  # the copy is the readback: synchronous on the host
+        # The copy is the readback: synchronous on the host.
+        if self.k:
+            return (self.ring[slot].clone(), DraftCopy(
+                tokens=tuple(map(tuple, self.ring_tokens[slot].T.tolist())),
+                counts=tuple(self.ring_counts[slot].tolist()),
+                drafts=tuple(map(tuple, self.ring_drafts[slot].T.tolist()))))
+        return self.ring[slot].clone()
 
     def readback_complete(self, pending: Any) -> list[int]:
-        return [int(v) for v in pending.tolist()]
+        ids = pending[0] if self.k else pending
+        return [int(v) for v in ids.tolist()]
+
+    def readback_drafts(self, pending: Any) -> DraftCopy:
+        if not self.k:
+            raise RuntimeError("this mirror was opened without drafts (MirrorSpec.drafts)")
+        copy: DraftCopy = pending[1]
+        return copy
 
     def readback_logprobs(self, pending: Any) -> list[TokenLogprobs]:
         raise RuntimeError("the probe forward computes no logprobs (MirrorSpec.logprobs)")
@@ -78,6 +147,9 @@ class CpuBackend(Backend):
 
     def supports_async_sampled_token_readback(self) -> bool:
         return True
+
+    def supports_draft_aware_combine(self) -> bool:
+        return True  # its combine takes newest token, position and drafts through the row map
 
     def device_kind(self) -> str:
         return "cpu"

@@ -31,6 +31,13 @@ class Row(NamedTuple):
     host_id: int = 0
     """Set by the combine with `host_pos`: that host id (a prompt's, a delivered token's, or the
     placeholder)."""
+    spec: int = 0
+    """Drafts scheduled after the newest token (spec rule 13): K for a decoding row that was in
+    the previous step past its prompt, else 0. With drafts a mirror row's `pos` is -1: its
+    position is on the device, as its newest token and drafts are."""
+    drafts: tuple[int, ...] = ()
+    """A host row's drafts, staged by the host from the last readback (a mirror row's are on
+    the device)."""
 
     @property
     def from_mirror(self) -> bool:

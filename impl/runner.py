@@ -38,7 +38,8 @@ from enum import IntEnum
 from types import MappingProxyType
 from typing import Any, NamedTuple
 
-from .backend import Backend, Mirror, MirrorSpec, StepInputs, TokenLogprobs
+from .backend import Backend, DraftCopy, Mirror, MirrorSpec, StepInputs, TokenLogprobs
+from .drafts import DraftSpec
 from .events import EventLog
 from .mutations import NONE, Mutations, mutations
 from .probe import ProbeSpec
@@ -122,6 +123,9 @@ class RunnerConfig:
     mutations: Mutations = NONE
     """Planted bugs (`mutations.py`), for the conformance suite's kill matrix; none by default.
     The runner hands them to its mirror."""
+    drafts: DraftSpec | None = None
+    """Speculative decoding (spec rule 13): K drafts per decoding row that was in the previous
+    step, verified on the device; None = no drafts."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "mutations", mutations(self.mutations))
@@ -201,6 +205,7 @@ class _Step:
     pending: Any = None  # the mirror's readback handle, held until its event is synchronised
     host_copy: tuple[int, ...] | None = None
     logprobs: tuple[TokenLogprobs, ...] | None = None  # with the host copy, when the ring has them
+    drafts: DraftCopy | None = None  # with the host copy, when the mirror carries drafts
 
 
 @dataclass
@@ -224,6 +229,14 @@ class _Request:
     logprobs: list[TokenLogprobs] = field(default_factory=list)
     """One per delivered token, when the mirror has a logprob ring."""
     error: str | None = None
+    placeholders: int = 0
+    """With drafts: output placeholders owed, 1 + spec per scheduled row that will yield,
+    drained at apply (vLLM's num_output_placeholders)."""
+    drafts_ready: bool = False
+    """With drafts: it was in the last scheduled step past its prompt, so the drafter proposed
+    drafts after its newest token."""
+    host_drafts: tuple[int, ...] = ()
+    """With drafts: the drafts read back with its newest delivered token."""
 
 
 class Runner:
@@ -266,6 +279,13 @@ class Runner:
             for step in self.queue for row in step.rows
         )
 
+    def owed(self, req: int) -> int:
+        """The output placeholders `req` owns: its counter with drafts (1 + spec per row, an
+        upper bound until applied), else its live rows (one token each)."""
+        if self.config.drafts is not None:
+            return self.requests[req].placeholders
+        return self.live_rows(req)
+
     def has_step_in_flight(self, req: int) -> bool:
         """Some in-flight step holds a live row of `req`, partial-prefill rows included."""
         return any(row.live and row.req == req for step in self.queue for row in step.rows)
@@ -276,7 +296,8 @@ class Runner:
                 and not self._planted("host-sync-unguarded"))
 
     def next_pos(self, req: int) -> int:
-        """Position of `req`'s newest token: delivered ones plus those still in flight."""
+        """Position of `req`'s newest token: delivered ones plus those still in flight. With
+        drafts, the fewest it can be: each in-flight step yields at least one token."""
         return len(self.requests[req].delivered) + self.live_rows(req)
 
     def open_requests(self) -> list[int]:
@@ -324,7 +345,7 @@ class Runner:
             self.mirror = self.backend.open_mirror(
                 MirrorSpec(rows=c.rows, slots=c.slots, probe=c.probe, trace=c.trace,
                            logprobs=c.logprobs, readback_timeout_s=c.readback_timeout_s,
-                           mutations=c.mutations, report=self._device_event)
+                           mutations=c.mutations, report=self._device_event, drafts=c.drafts)
             )
         except (PhaseError, NotImplementedError):  # a refusal of ours, or no such path here
             raise
@@ -401,7 +422,11 @@ class Runner:
             self._drop(req, "preempt_in_flight")
         elif self.has_step_in_flight(req):
             self.stats["preempt_in_flight"] += 1
+        if any(row.live and row.req == req and row.spec for step in self.queue
+               for row in step.rows):
+            self.stats["preempt_with_drafts_in_flight"] += 1
         r.status, r.unchecked, r.prefill_left = Status.PREEMPTED, False, 0
+        r.drafts_ready = False  # it re-enters without drafts
         r.preemptions += 1
         self.events.record("preempt", (req,))
 
@@ -411,7 +436,7 @@ class Runner:
         r = self._request("resume", req)
         if r.status != Status.PREEMPTED:
             raise PhaseError(f"resume(r{req}): it is {r.status.name}, not PREEMPTED")
-        owed = self.live_rows(req)
+        owed = self.owed(req)
         if owed and not self._planted("resume-with-placeholder"):
             raise PhaseError(
                 f"resume(r{req}): it still owns {owed} placeholder(s): its in-flight token is "
@@ -429,7 +454,7 @@ class Runner:
         r = self._request("chunk_prefill", req)
         if r.status not in (Status.WAITING, Status.RUNNING):
             raise PhaseError(f"chunk_prefill(r{req}): it is {r.status.name}")
-        owed = self.live_rows(req)
+        owed = self.owed(req)
         if owed:
             raise PhaseError(f"chunk_prefill(r{req}): it owns {owed} placeholder(s); a prefill "
                              "chunk reads host ids, which lack its newest token")
@@ -463,8 +488,20 @@ class Runner:
             req = self.requests[r]
             req.status, req.unchecked = Status.RUNNING, False
             req.prefill_left = max(req.prefill_left - 1, 0)
+        if self.config.drafts is not None:
+            self._owe(rows)
         self.events.record("schedule", tuple(rows_order), slot=step.slot, rows=rows)
         return len(self.queue) - 1
+
+    def _owe(self, rows: tuple[Row, ...]) -> None:
+        """With drafts: each row that will yield owes 1 + spec placeholders, and the drafter
+        proposes after the newest token only of this step's rows past their prompt."""
+        scheduled = {row.req: row for row in rows}
+        for r in self.open_requests():
+            req, row = self.requests[r], scheduled.get(r)
+            if row is not None and not row.partial:
+                req.placeholders += 1 + row.spec
+            req.drafts_ready = row is not None and not row.partial
 
     def _step_order(self, order: Sequence[int] | None) -> list[int]:
         """The next step's rows, in order: every eligible request once, within depth and rows."""
@@ -503,9 +540,26 @@ class Runner:
             prev_row = prev_rows.get(r) if guard and not from_host else None
             if prev_row is not None and self._planted("prev-row-not-remapped"):
                 prev_row = i  # planted: rows assumed not to move between steps
-            rows.append(Row(req=r, pos=self.next_pos(r), prev_row=prev_row,
-                            partial=req.prefill_left > 0))
+            partial = req.prefill_left > 0
+            if self.config.drafts is None:
+                rows.append(Row(req=r, pos=self.next_pos(r), prev_row=prev_row, partial=partial))
+            else:
+                rows.append(self._drafted_row(r, prev_row, partial))
         return tuple(rows)
+
+    def _drafted_row(self, r: int, prev_row: int | None, partial: bool) -> Row:
+        """A row with drafts (rule 13): K drafts if the drafter proposed them (it was in the
+        last scheduled step past its prompt), else none. A mirror row's newest token, position
+        and drafts are on the device; a host row's position is the host's count of computed
+        tokens (delivered plus owed), its drafts those read back."""
+        req = self.requests[r]
+        assert self.config.drafts is not None
+        ready = req.drafts_ready and req.status != Status.WAITING and not partial
+        spec = self.config.drafts.k if ready else 0
+        if prev_row is not None:
+            return Row(req=r, pos=-1, prev_row=prev_row, partial=partial, spec=spec)
+        return Row(req=r, pos=len(req.delivered) + req.placeholders, prev_row=None,
+                   partial=partial, spec=spec, drafts=req.host_drafts if spec else ())
 
     def _previous_rows(self, prev: _Step | None) -> dict[int, int]:
         """The previous-row map's source: each request's row in the previous in-flight step,
@@ -620,7 +674,10 @@ class Runner:
                 tuple(self.mirror.readback_logprobs(step.pending)[: len(step.rows)])
                 if self.config.logprobs else None
             )
+            drafts = (self.mirror.readback_drafts(step.pending)
+                      if self.config.drafts is not None else None)
         step.logprobs = logprobs
+        step.drafts = drafts
         step.pending = None  # synchronised: the host tensor may go now
         step.host_copy = tuple(ids[: len(step.rows)])
         step.phase = Phase.READBACK_DONE
@@ -644,18 +701,39 @@ class Runner:
             r = self.requests[row.req]
             if row.live and r.status == Status.PREEMPTED:
                 self.stats["preempted_delivered"] += 1  # keep: computed before the preemption
-            r.delivered.append(token)
+            if step.drafts is not None:
+                token = self._deliver_run(row, r, step.drafts, i)
+            else:
+                r.delivered.append(token)
             if step.logprobs is not None:
                 r.logprobs.append(step.logprobs[i])
             delivered[row.req] = token
             if len(r.delivered) >= r.max_tokens:
                 r.status, r.closed_at, r.unchecked = Status.FINISHED, len(r.delivered), False
+                if step.drafts is not None and self.has_step_in_flight(row.req):
+                    self._drop(row.req, "finish_in_flight")  # a later row is past its budget
             else:
                 r.unchecked = True
         self.events.record("apply", (), step=step.index, delivered=tuple(sorted(delivered.items())),
                            counts=tuple(sorted((req, len(self.requests[req].delivered))
                                                for req in delivered)))
         return delivered
+
+    def _deliver_run(self, row: Row, r: _Request, copy: DraftCopy, i: int) -> int:
+        """With drafts: deliver row i's run (its accepted drafts and the target's token after
+        them, cut at max tokens), drain its placeholders, keep its drafts; returns its newest."""
+        count = copy.counts[i]
+        if not 1 <= count <= row.spec + 1:
+            raise RuntimeError(f"apply: row {i} read back count {count}, scheduled "
+                               f"{row.spec} draft(s): the readback is corrupt")
+        run = copy.tokens[i][:count]
+        r.delivered.extend(run[: max(r.max_tokens - len(r.delivered), 0)])
+        # Drained by the a + 1 it yielded, rolled back by the spec - a it rejected.
+        r.placeholders = max(r.placeholders - (1 + row.spec), 0)
+        r.host_drafts = copy.drafts[i]
+        self.stats[f"accepted_{count - 1}"] += row.spec > 0
+        self.stats["drafted_rows"] += row.spec > 0
+        return run[-1]
 
     def release(self, slot: int) -> None:
         """Hand `slot` back: its writer retired and no scheduled combine will read it."""
@@ -796,6 +874,8 @@ class Runner:
         if dropped:
             self.stats["dropped_rows"] += dropped
             self.stats[stat] += 1
+        if self.config.drafts is not None:  # its placeholders go with its rows
+            self.requests[req].placeholders, self.requests[req].drafts_ready = 0, False
 
     def _planted(self, bug: str) -> bool:
         """Is `bug` planted in this runner (`RunnerConfig.mutations`)?"""

@@ -27,7 +27,15 @@ from typing import Any
 
 import ttnn
 
-from .backend import Backend, Mirror, MirrorSpec, StepInputs, TokenLogprobs, logprob_rows
+from .backend import (
+    Backend,
+    DraftCopy,
+    Mirror,
+    MirrorSpec,
+    StepInputs,
+    TokenLogprobs,
+    logprob_rows,
+)
 from .combine import DeviceCombine
 from .devices import DeviceProvider, default_provider, device_info, provider_of
 from .ring import Ring
@@ -175,6 +183,9 @@ class TtMirror:
         part = self.ring.logprobs[slot]
         return (part.values.cpu(blocking=False, cq_id=cq), part.ids.cpu(blocking=False, cq_id=cq))
 
+    def readback_drafts(self, pending: Any) -> DraftCopy:
+        raise NotImplementedError("this mirror carries no drafts (MirrorSpec.drafts)")
+
     def readback_logprobs(self, pending: Any) -> list[TokenLogprobs]:
         """The logprob part's host copy; its event was synchronised by `readback_complete`."""
         if pending.logprobs is None:
@@ -302,6 +313,9 @@ class TtBackend(Backend):
         return self.device
 
     def open_mirror(self, spec: MirrorSpec) -> Mirror:
+        if spec.drafts is not None:  # supports_draft_aware_combine() is False here
+            raise ValueError(f"the {self.name} backend's mirror carries no drafts yet: open it "
+                             "with drafts=None (spec rule 13 runs on the cpu backend)")
         device = self.open_device()
         readback_cq = self.readback_cq
         if readback_cq is None:

@@ -13,7 +13,15 @@ from typing import Any, NamedTuple, Protocol
 
 import torch
 
-from ..impl.backend import Backend, Mirror, MirrorSpec, TokenLogprobs, logprob_rows, padded_rows
+from ..impl.backend import (
+    Backend,
+    DraftCopy,
+    Mirror,
+    MirrorSpec,
+    TokenLogprobs,
+    logprob_rows,
+    padded_rows,
+)
 from ..impl.cpu_backend import CpuBackend, CpuMirror
 from ..impl.probe import ProbeSpec
 from ..impl.sampling import sample_rows
@@ -129,6 +137,9 @@ class CpuServingMirror(CpuMirror):
     def readback_complete(self, pending: Any) -> list[int]:
         return [int(v) for v in pending.ids.tolist()]
 
+    def readback_drafts(self, pending: Any) -> DraftCopy:
+        raise NotImplementedError("this mirror carries no drafts (MirrorSpec.drafts)")
+
     def readback_logprobs(self, pending: Any) -> list[TokenLogprobs]:
         if pending.logprobs is None:
             raise RuntimeError("this mirror was opened without logprobs (MirrorSpec.logprobs)")
@@ -163,6 +174,9 @@ class ServingBackend(Backend):
         return self.inner.info()
 
     def open_mirror(self, spec: MirrorSpec) -> Mirror:
+        if spec.drafts is not None:  # supports_draft_aware_combine() is False here
+            raise ValueError(f"the {self.name} backend's mirror carries no drafts yet: open it "
+                             "with drafts=None (spec rule 13 runs on the cpu backend)")
         blocks = spec.rows  # a request holds a block only while it can hold a row
         width = padded_rows(spec.rows)
         if isinstance(self.inner, CpuBackend):

@@ -30,6 +30,7 @@ from collections.abc import Callable, Hashable, Iterable, Sequence
 from dataclasses import dataclass, field
 
 from ..impl.backend import Backend
+from ..impl.drafts import DraftSpec
 from ..impl.mutations import NONE, Mutations
 from ..impl.probe import ProbeSpec
 from ..impl.resolution import SchedulingConfig, resolve
@@ -75,6 +76,9 @@ class EngineConfig:
     """How long the host waits for a step's readback before it fails the step (None: forever)."""
     mutations: Mutations = NONE
     """Planted bugs (`impl/mutations.py`), handed to the runner; none by default."""
+    drafts: DraftSpec | None = None
+    """Speculative decoding (spec rule 13): K drafts per decoding row, verified on the device;
+    async scheduling then needs a draft-aware combine. None = no drafts."""
     drain_on_layout_change: bool = False
     """The TT plugin's policy, for comparison only: before a step whose rows differ from the
     previous step's (arrival, finish, preemption, reorder), retire every step in flight. The
@@ -86,7 +90,9 @@ class Engine:
         self, backend: Backend, config: EngineConfig | None = None, order: Order | None = None
     ) -> None:
         self.config = config or EngineConfig()
-        self.scheduling: SchedulingConfig = resolve(backend, self.config.async_scheduling)
+        self.scheduling: SchedulingConfig = resolve(
+            backend, self.config.async_scheduling,
+            self.config.drafts.k if self.config.drafts is not None else 0)
         c = self.config
         self.runner = Runner(
             backend,
@@ -103,6 +109,7 @@ class Engine:
                 record_events=c.record_events,
                 readback_timeout_s=c.readback_timeout_s,
                 mutations=c.mutations,
+                drafts=c.drafts,
             ),
         )
         self.order: Order = order or (lambda eligible: eligible)

@@ -200,9 +200,13 @@ def test_info_async_off_and_unknown_backend() -> None:
 def test_info_with_drafts_resolves_off_without_a_draft_aware_combine() -> None:
     done = run_cli("info", "--backend", "cpu", "--spec-tokens", "1", "--json")
     info = json.loads(done.stdout)
+    assert info["spec_tokens"] == 1 and info["supports_draft_aware_combine"] is True
+    assert info["async_scheduling_enabled"] is True and info["max_concurrent_batches"] == 2
+    done = run_cli("info", "--backend", "tt", "--spec-tokens", "1", "--json")
+    info = json.loads(done.stdout)
     assert info["spec_tokens"] == 1 and info["supports_draft_aware_combine"] is False
     assert info["async_scheduling_enabled"] is False and info["max_concurrent_batches"] == 1
-    bad = run_cli("info", "--backend", "cpu", "--spec-tokens", "1", "--async-scheduling", "on")
+    bad = run_cli("info", "--backend", "tt", "--spec-tokens", "1", "--async-scheduling", "on")
     assert bad.returncode == 2 and bad.stderr.count("\n") == 1
     assert "no draft-aware combine" in bad.stderr
 

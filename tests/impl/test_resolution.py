@@ -57,22 +57,26 @@ def test_on_with_an_incapable_backend_is_a_clear_error() -> None:
     assert "auto or off" in str(error.value)  # says what to change
 
 
-class DraftAwareBackend(CpuBackend):
-    """A backend that says its combine takes newest tokens, positions and drafts on device."""
+class IdsOnlyBackend(CpuBackend):
+    """A backend that mirrors sampled ids but whose combine is not draft-aware."""
 
-    name = "draft-aware"
+    name = "ids-only"
 
     def supports_draft_aware_combine(self) -> bool:
-        return True
+        return False
+
+
+IDS_ONLY = IdsOnlyBackend()
 
 
 @pytest.mark.parametrize(
     ("mode", "backend", "enabled"),
     [
-        ("auto", CAPABLE, False),  # sampled ids mirrored, drafts not: off, as the seed engine
+        ("auto", IDS_ONLY, False),  # sampled ids mirrored, drafts not: off, as the seed engine
+        ("off", IDS_ONLY, False),
+        ("auto", CAPABLE, True),  # the cpu mirror carries drafts
+        ("on", CAPABLE, True),
         ("off", CAPABLE, False),
-        ("auto", DraftAwareBackend(), True),
-        ("on", DraftAwareBackend(), True),
         ("auto", INCAPABLE, False),
     ],
 )
@@ -81,19 +85,19 @@ def test_resolution_with_drafts_needs_a_draft_aware_combine(
     config = resolve(backend, mode, spec_tokens=2)
     assert config.async_scheduling_enabled() is enabled
     assert config.spec_tokens == 2
-    assert config.draft_aware is isinstance(backend, DraftAwareBackend)
+    assert config.draft_aware is (backend is CAPABLE)
     assert resolve(backend, mode).async_scheduling_enabled() is (mode != "off" and backend
                                                                   is not INCAPABLE)
 
 
 def test_on_with_drafts_and_no_draft_aware_combine_is_a_clear_error() -> None:
     with pytest.raises(AsyncSchedulingUnsupported, match=r"1 spec token.*no draft-aware") as e:
-        resolve(CAPABLE, "on", spec_tokens=1)
+        resolve(IDS_ONLY, "on", spec_tokens=1)
     assert "spec_tokens=0" in str(e.value)
     with pytest.raises(ValueError, match="spec_tokens must be 0 or more"):
         resolve_async_scheduling("auto", True, spec_tokens=-1)
-    assert not CAPABLE.supports_draft_aware_combine() and not TtBackend(
-        ).supports_draft_aware_combine()
+    assert CAPABLE.supports_draft_aware_combine()
+    assert not TtBackend().supports_draft_aware_combine()  # its mirror carries no drafts yet
 
 
 def test_the_default_capability_is_false_and_derives_runner_support() -> None:
