@@ -33,9 +33,12 @@ from .configs import CONFIGS
 from .moves import EFFECT, Divergence, Move
 
 MODEL = "mirrored-sampled-ids"
-VERSION = 2
+VERSION = 3
 """2: rows carry `partial`, requests `prefill_left`, bounds the preemption policy, chunking and
-host sync; a version-1 trace is refused with its version."""
+host sync; 3: the records carry speculative decoding's fields (spec rule 13: rows `spec`,
+`placed`, `drafts`; steps `accepted`, `host_counts`; slots `counts`, `positions`; requests
+`placeholders`, `drafts_ready`), at their defaults without drafts. An older trace is refused
+with its version."""
 VARS = ["allocated", "next_slot", "queue", "slots", "requests", "broken",
         "mbt::actionTaken", "mbt::nondetPicks"]
 
@@ -228,11 +231,12 @@ def _move(row: dict[str, Any]) -> Move:
 # --- recorded runs (`ttmirror validate`) ---------------------------------------------------------
 
 EVENTS_FORMAT = "ttmirror-events"
-EVENTS_VERSION = 3
+EVENTS_VERSION = 4
 """2: a schedule and a combine carry their rows as `Row` records (1 had parallel tuples); 3: each
 step phase carries the step's phase as the runner's state shows it once done, and an apply how
-many tokens each request it delivered to now holds. An older file is refused with its
-version."""
+many tokens each request it delivered to now holds; 4: a row carries its drafts (spec rule 13:
+`spec`, the host-staged `drafts`, and `pos` -1 where the device holds it). An older file is
+refused with its version."""
 
 
 class EventsError(TraceError):
@@ -254,9 +258,11 @@ def _event_state(i: int, e: Event) -> dict[str, object]:
 LARGEST = 2**31 - 1
 """No id, count or index of a recorded run is larger (a larger one is a malformed trace)."""
 _INT, _BOOL, _STR, _ROWS = "int", "bool", "str", "rows"
-_ROW_FIELDS: dict[str, str] = {"req": _INT, "pos": _INT, "prev_row": "int?", "live": _BOOL,
-                               "partial": _BOOL, "host_pos": "int?", "host_id": "id"}
-"""A `Row`'s fields and their types (`host_id` may be the placeholder, -1)."""
+_ROW_FIELDS: dict[str, Any] = {"req": _INT, "pos": "id", "prev_row": "int?", "live": _BOOL,
+                               "partial": _BOOL, "host_pos": "int?", "host_id": "id",
+                               "spec": _INT, "drafts": ("tuple", "id")}
+"""A `Row`'s fields and their types (`host_id` may be the placeholder, -1; `pos` is -1 for a
+mirror row with drafts, whose position is on the device)."""
 assert tuple(_ROW_FIELDS) == Row._fields
 _SCHEMA: dict[str, tuple[int | None, dict[str, Any], frozenset[str]]] = {
     # action: (arguments (None: one or more), detail name -> type, optional details)

@@ -254,6 +254,8 @@ class Runner:
         """Requests that may not be closed yet: what per-step scans look at, so a step costs the
         same after a million requests as after ten (closed ones leave it as scans meet them)."""
         self.steps = 0  # steps scheduled since load
+        self.last_runs: dict[int, tuple[int, ...]] = {}
+        """With drafts: the tokens each request got from the last apply, in order."""
         self._applied_rows: dict[int, int] = {}  # for the planted prev-row-two-back bug
         self.events = EventLog(self.config.record_events)
         """Every call accepted, as the model's action with its parameters."""
@@ -388,8 +390,10 @@ class Runner:
         """The mirror waited on a device completion or read a host copy (`MirrorSpec.report`)."""
         self.events.record(what, (slot,))
 
-    def finish(self, req: int) -> None:
-        """The newest delivered token was a stop token: finish, dropping in-flight rows."""
+    def finish(self, req: int, keep: int | None = None) -> None:
+        """The newest delivered token was a stop token: finish, dropping in-flight rows. With
+        drafts, `keep`: the stop token was the keep-th of the last apply's run (`last_runs`),
+        and the tokens after it are cut."""
         r = self._request("finish", req)
         if r.status in CLOSED or not r.unchecked:
             raise PhaseError(
@@ -397,6 +401,13 @@ class Runner:
                 f"(status {r.status.name}, unchecked {r.unchecked}); a stop is known only "
                 "right after the apply that delivered it"
             )
+        if keep is not None:
+            run = self.last_runs.get(req, ())
+            if not 1 <= keep <= len(run):
+                raise PhaseError(f"finish(r{req}, keep={keep}): its last run has {len(run)} "
+                                 "token(s)")
+            del r.delivered[len(r.delivered) - len(run) + keep:]
+            self.stats["stops_inside_run"] += keep < len(run)
         self._drop(req, "finish_in_flight")
         r.status, r.closed_at, r.unchecked = Status.FINISHED, len(r.delivered), False
         self.events.record("finish", (req,))
@@ -692,6 +703,7 @@ class Runner:
         step = self.queue.pop(0)
         assert step.host_copy is not None
         self._applied_rows = {row.req: i for i, row in enumerate(step.rows) if row.live}
+        self.last_runs = {}
         delivered = {}
         for i, (row, token) in enumerate(zip(step.rows, step.host_copy, strict=True)):
             if row.partial:
@@ -726,8 +738,9 @@ class Runner:
         if not 1 <= count <= row.spec + 1:
             raise RuntimeError(f"apply: row {i} read back count {count}, scheduled "
                                f"{row.spec} draft(s): the readback is corrupt")
-        run = copy.tokens[i][:count]
-        r.delivered.extend(run[: max(r.max_tokens - len(r.delivered), 0)])
+        run = copy.tokens[i][:count][: max(r.max_tokens - len(r.delivered), 0)]
+        r.delivered.extend(run)
+        self.last_runs[row.req] = run
         # Drained by the a + 1 it yielded, rolled back by the spec - a it rejected.
         r.placeholders = max(r.placeholders - (1 + row.spec), 0)
         r.host_drafts = copy.drafts[i]

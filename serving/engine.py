@@ -202,11 +202,23 @@ class Engine:
             self._fail(fault)
             return
         tokens = r.apply()
-        for req, token in tokens.items():
+        if r.config.drafts is not None:
+            self._stop_check_runs()
+        for req, token in tokens.items() if r.config.drafts is None else ():
             # A preempted request's kept token is stop-checked too (it may finish while preempted).
             if token in self.stop_ids.get(req, ()) and r.status(req) not in CLOSED:
                 r.finish(req)
         self._release_free_slots()
+
+    def _stop_check_runs(self) -> None:
+        """With drafts: a stop token anywhere in a run finishes its request there; the run's
+        later tokens are cut (as vLLM's per-token stop check cuts them)."""
+        r = self.runner
+        for req, run in r.last_runs.items():
+            stops = self.stop_ids.get(req, ())
+            at = next((i for i, token in enumerate(run) if token in stops), None)
+            if at is not None and r.status(req) not in CLOSED:
+                r.finish(req, keep=at + 1)
 
     def _release_free_slots(self) -> None:
         r = self.runner

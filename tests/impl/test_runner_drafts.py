@@ -52,6 +52,27 @@ def test_async_with_drafts_equals_sync_with_drafts_equals_plain(probe: ProbeSpec
     assert stats["launches"] < sum(LENGTHS.values())
 
 
+@pytest.mark.parametrize("k", [1, 2])
+def test_a_stop_token_inside_an_accepted_run_cuts_the_run_there(k: int) -> None:
+    plain = ProbeReference(ProbeSpec())
+    prompts = {req: (7 * req + 1) % 64 for req in range(16)}
+    stops, expected = {}, {}
+    for req, prompt in prompts.items():  # each stops at what would be its token 4 to 7
+        seq = plain.sequence(prompt, 12, req)
+        stops[req] = frozenset({seq[3 + req % 4]})
+        at = next(i for i, t in enumerate(seq) if t in stops[req])
+        expected[req] = seq[: at + 1]
+    for mode in ("on", "off"):
+        engine = Engine(CpuBackend(), EngineConfig(async_scheduling=mode, drafts=DraftSpec(k=k),
+                                                   rows=16))
+        for req, prompt in prompts.items():
+            engine.submit(req, prompt, max_tokens=12, stop_ids=stops[req])
+        engine.run()
+        assert {req: engine.delivered(req) for req in prompts} == expected, mode
+        if mode == "on":  # some stop really fell inside a run, before its newest token
+            assert engine.runner.stats["stops_inside_run"] > 0
+
+
 def test_without_a_draft_aware_combine_drafts_resolve_sync() -> None:
     from ttmirror.impl.tt_backend import TtBackend
 
