@@ -17,7 +17,7 @@
 (* Speculative decoding (SpecTokens > 0) adds fields that keep their Python defaults    *)
 (* while SpecTokens = 0, so those states are exactly as before. A row's spec is an int  *)
 (* (0), its drafts a sequence of tokens (<<>>), its placed -1 for None: a mirror row    *)
-(* until its combine, a dropped row, and every row without drafts; a combined live row *)
+(* until its combine, a dropped row, and every row without drafts; a combined live row  *)
 (* with drafts always has an int there, and -1 is then Python's -1 (a position the      *)
 (* combine could not read). A step's accepted and host_counts are <<>> (Python: ())     *)
 (* until its launch and readback; a slot's counts and positions are <<>> (()) until a   *)

@@ -10,7 +10,7 @@ import pytest
 
 from ttmirror import manifest, tlc
 from ttmirror.model.explore import Exploration
-from ttmirror.model.state import Bounds
+from ttmirror.model.state import SPEC_VARIANTS, Bounds
 
 SMALL = Bounds(requests=1)
 Explored = Callable[[Bounds], Exploration]
@@ -192,3 +192,57 @@ def test_two_states_swapped_is_a_disagreement(small_dot: list[str], explored: Ex
     cmp = _compare(lines, explored(SMALL), tmp_path)
     assert cmp.same_nodes and not cmp.same_edges
     assert cmp.only_python and cmp.only_tlc
+
+
+# --- speculative decoding (rule 13) ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", ["spec-small", "spec2-small"])
+def test_spec_tokens_agree_state_for_state(name: str, explored: Explored) -> None:
+    bounds, states = manifest.entry(name).bounds, manifest.entry(name).states
+    assert bounds.spec_tokens >= 1
+    ex = explored(bounds)
+    result = tlc.cross_check(bounds, ex)
+    assert result["python_states"] == result["tlc_states"] == states
+    assert result["graph"]["same_nodes"] and result["graph"]["same_edges"]
+    assert result["graph"]["tlc_edges"] == result["graph"]["python_edges"] > 0
+    # Some launch has more than one verdict (a in 0..K): one edge each, on both sides.
+    verdicts = Counter(src for src, _, n in tlc.python_edges(ex) if n == "launch")
+    assert max(verdicts.values()) == bounds.spec_tokens + 1
+    assert result["verdicts"]["agree"] and result["verdicts"]["tlc"]["violated"] is None
+    assert result["guard_off"]["agree"]
+    assert result["agree"]
+
+
+@pytest.mark.parametrize(
+    # Drops forget a request's drafts, counts and positions: preempted (drop), failed requests.
+    "name", ["spec-small-preempt-drop", "spec-small-faults"],
+)
+def test_spec_drops_agree_state_for_state(name: str, explored: Explored, tmp_path: Path) -> None:
+    bounds, states = manifest.entry(name).bounds, manifest.entry(name).states
+    run = tlc.run_tlc(bounds, tmp_path, dump=True)
+    assert run.violated is None and run.distinct_states == states and run.dot is not None
+    cmp = tlc.compare_graphs(explored(bounds), run.dot)
+    assert cmp.same_nodes and cmp.same_edges and cmp.tlc_edges == cmp.python_edges > 0
+
+
+@pytest.mark.parametrize("variant", SPEC_VARIANTS)
+def test_spec_variants_fail_alike(variant: str, explored: Explored, tmp_path: Path) -> None:
+    (config,) = [n for n, b in tlc.CONFIGS.items() if b.variant == variant]
+    bounds = tlc.CONFIGS[config]
+    assert bounds == manifest.entry(variant).bounds and bounds.requests == 1
+    run = tlc.run_tlc(bounds, tmp_path)
+    assert tlc.python_verdict(explored(bounds)) == (run.violated, run.trace_len)
+    assert (run.violated, run.trace_len) == (manifest.entry(variant).violated,
+                                             manifest.entry(variant).length)
+
+
+def test_spec_tokens_zero_keeps_every_committed_config() -> None:
+    """The spec-decode constants are off in every configuration without drafts."""
+    for name, bounds in tlc.CONFIGS.items():
+        text = tlc.cfg_text(bounds)
+        assert f"SpecTokens = {bounds.spec_tokens}\n" in text, name
+        if not bounds.spec_tokens:
+            assert all(f"{c} = FALSE" in text for c in (
+                "PositionsAdvanceBySpec", "RejectedDraftNewest", "ReenteringDraftsFromDevice",
+                "PlaceholdersDrainByOne")), name
