@@ -5,7 +5,9 @@ two requests at depth 2, and reports the third: a step whose rows read their new
 the previous step's slot. It lists each ttnn op the step issues with, per tensor argument, its
 dtype, layout and shape and the documented rule it satisfies (`support.py`, via `checker.py`),
 and counts the device commands the step costs, eagerly and with the decode step captured as a
-trace. The calls are the same on a chip; only the emulated device can count them here.
+trace. The calls are the same on a chip; only the emulated device can count them here. With
+`spec_tokens` K > 0 the mirror carries K drafts (spec rule 13), and the measured step is one
+whose rows read newest token, position and drafts from the previous slot and verify.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from typing import Any
 
 import ttnn
 
+from ..impl.drafts import DraftSpec
 from ..impl.runner import Runner, RunnerConfig
 from ..impl.tt_backend import TtBackend
 from . import checker, routing
@@ -24,14 +27,17 @@ STEPS = 3
 """Steps run; the last one is measured (step 1 prefills, step 2 already reads the mirror)."""
 
 
-def step_calls(*, trace: bool = False) -> dict[str, Any]:
-    """{"ops": [...], "commands": {...}, "trace": bool} for one steady step."""
+def step_calls(*, trace: bool = False, spec_tokens: int = 0) -> dict[str, Any]:
+    """{"ops": [...], "commands": {...}, "trace": bool} for one steady step (with
+    `spec_tokens` drafts per decoding row, when more than 0)."""
     device = open_device(
         num_command_queues=2, trace_region_size=1 << 20, emulator=Emulator(), emulated=True
     )
     runner: Runner | None = None
     try:
-        runner = Runner(TtBackend(device), RunnerConfig(depth=2, slots=2, rows=2, trace=trace))
+        drafts = DraftSpec(k=spec_tokens) if spec_tokens else None
+        runner = Runner(TtBackend(device), RunnerConfig(depth=2, slots=2, rows=2, trace=trace,
+                                                        drafts=drafts))
         runner.allocate()
         for req, prompt in enumerate((3, 5)):
             runner.arrive(req, prompt, max_tokens=8)
@@ -49,6 +55,7 @@ def step_calls(*, trace: bool = False) -> dict[str, Any]:
         host["Tensor.cpu"] = names.count("cpu")  # a method of the device tensor
         return {
             "trace": trace,
+            "spec_tokens": spec_tokens,
             "ops": [_describe(call) for call in calls],
             "device_commands": dict(Counter(names)),
             "device_commands_per_step": len(names),

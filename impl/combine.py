@@ -18,6 +18,17 @@ be TILE). So each ROW_MAJOR operand is converted on the device by `add(x, 0, out
 add takes UINT32 in both layouts, and "the full tensor spec" of its output is `output_tensor`'s.
 The conversions write persistent tensors allocated at load: nothing is allocated per step, so the
 same ops run eagerly and inside a captured trace.
+
+With K drafts (spec rule 13) the combine also builds K draft lanes and the rows' base positions,
+each through the same map from the previous slot's draft part, host rows taking what the host
+staged (its read-back drafts, its count of computed tokens):
+
+    spec, positions, host_draft[j] = add(.., 0 -> TILE)
+    lanes[1 + j] = where(mask, gather(slot[N].drafts[j], dim=3, index), host_draft[j])
+    base         = where(mask, gather(slot[N].position, dim=3, index), positions)
+
+so lane 0 (`input_ids`) is the newest token and lanes 1..K the drafts after it, the launch's
+K + 1 inputs at positions base .. base + K.
 """
 
 from __future__ import annotations
@@ -28,17 +39,17 @@ import ttnn
 
 from .backend import StepInputs
 from .mutations import NONE, Mutations
-from .ring import allocate_ids, host_uint32
+from .ring import DraftSlot, allocate_ids, host_uint32
 
 
 class DeviceCombine:
     """Persistent step inputs and the two combine ops writing the persistent input ids."""
 
     def __init__(self, device: Any, width: int, cq: int = 0, other_cq: int | None = None,
-                 *, identity: bool = False, mutations: Mutations = NONE) -> None:
+                 *, identity: bool = False, mutations: Mutations = NONE, drafts: int = 0) -> None:
         """`other_cq`: the device's second queue, if it has one (only a planted bug uses it);
         `identity`: also stage each row's request id (a seeded sampler keys its draws on it);
-        `mutations`: planted bugs (the mirror's)."""
+        `mutations`: planted bugs (the mirror's); `drafts`: K draft lanes (rule 13), 0: none."""
         self.mutations = mutations
         self.width = width
         self.cq = cq
@@ -56,6 +67,20 @@ class DeviceCombine:
         self.input_ids = allocate_ids(device, width, ttnn.TILE_LAYOUT)
         """What the forward consumes: the combine's output."""
         self._staged_positions: tuple[int, ...] = ()  # for the planted positions-stale bug
+        self.k = drafts
+        # With drafts: staged (ROW_MAJOR) spec and host drafts, their TILE copies, the draft
+        # lanes and the base positions (allocated only then: no drafts, no change).
+        self.spec_rows = allocate_ids(device, width) if drafts else None
+        self.host_drafts = [allocate_ids(device, width) for _ in range(drafts)]
+        tile = ttnn.TILE_LAYOUT
+        self.spec: ttnn.Tensor | None = allocate_ids(device, width, tile) if drafts else None
+        """Each row's scheduled drafts (TILE; verification accepts at most these)."""
+        self.position_tiles = allocate_ids(device, width, tile) if drafts else None
+        self.draft_tiles = [allocate_ids(device, width, tile) for _ in range(drafts)]
+        self.lanes = [self.input_ids, *(allocate_ids(device, width, tile) for _ in range(drafts))]
+        """The launch's K + 1 input lanes: the newest token, then the K drafts (TILE)."""
+        self.base = allocate_ids(device, width, tile) if drafts else None
+        """Each row's newest token's position (TILE): lane j sits at base + j."""
 
     def stage(self, inputs: StepInputs) -> None:
         """Host writes of the step's inputs, in queue order after the previous step's reads."""
@@ -77,11 +102,15 @@ class DeviceCombine:
         ]
         if self.requests is not None:
             staged.append((inputs.requests, self.requests))
+        if self.spec_rows is not None:
+            staged.append((inputs.spec, self.spec_rows))
+            staged.extend(zip(inputs.host_drafts(self.k), self.host_drafts, strict=True))
         for values, target in staged:
             ttnn.copy_host_to_device_tensor(host_uint32(values, self.width), target, cq_id=cq)
 
-    def enqueue(self, source: ttnn.Tensor) -> None:
-        """The device half of the combine, reading `source` (the previous step's slot).
+    def enqueue(self, source: ttnn.Tensor, drafts: DraftSlot | None = None) -> None:
+        """The device half of the combine, reading `source` (the previous step's slot) and, with
+        drafts, `drafts` (that slot's draft part).
 
         Rows that take host ids still gather (index 0, discarded by `where`): one op sequence
         for every batch layout, so one captured trace serves them all.
@@ -100,6 +129,22 @@ class DeviceCombine:
             if self._planted("where-swapped"):
                 chosen, other = other, chosen
             ttnn.where(self.mask, chosen, other, output_tensor=self.input_ids)
+            if drafts is not None:
+                self._enqueue_drafts(drafts)
+
+    def _enqueue_drafts(self, source: DraftSlot) -> None:
+        """Draft lanes and base positions through the map (rule 13); on the compute queue."""
+        assert self.spec_rows is not None and self.spec is not None
+        assert self.position_tiles is not None and self.base is not None
+        for rows, tiles in ((self.spec_rows, self.spec), (self.positions, self.position_tiles),
+                            *zip(self.host_drafts, self.draft_tiles, strict=True)):
+            ttnn.add(rows, 0, output_tensor=tiles)
+        outputs = [*self.lanes[1:], self.base]
+        for device_part, host, out in zip((*source.drafts, source.position),
+                                          (*self.draft_tiles, self.position_tiles), outputs,
+                                          strict=True):
+            ttnn.gather(device_part, 3, self.index, out=self.gathered)
+            ttnn.where(self.mask, self.gathered, host, output_tensor=out)
 
     def _planted(self, bug: str) -> bool:
         return bug in self.mutations

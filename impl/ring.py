@@ -71,17 +71,47 @@ def allocate_logprobs(device: Any, width: int, n: int) -> LogprobSlot:
     return LogprobSlot(values, ids)
 
 
+class DraftSlot(NamedTuple):
+    """The draft part of one slot (spec rule 13), written by the launch that verifies; the slot's
+    ids are the newest tokens."""
+
+    tokens: tuple[ttnn.Tensor, ...]
+    """K + 1 [1, 1, 1, W] uint32 ROW_MAJOR: the target's token on each input lane (the sampler
+    writes them, as it writes the ids without drafts)."""
+    count: ttnn.Tensor
+    """[1, 1, 1, W] uint32 TILE: a + 1, the accepted drafts and the target's token after them."""
+    position: ttnn.Tensor
+    """[1, 1, 1, W] uint32 TILE: the newest token's position, advanced by a + 1."""
+    drafts: tuple[ttnn.Tensor, ...]
+    """K [1, 1, 1, W] uint32 TILE: the drafter's proposals after the newest token."""
+
+
+def allocate_drafts(device: Any, width: int, k: int) -> DraftSlot:
+    """One slot's draft part, zero-filled (TILE: gather and where read them in the combine)."""
+    return DraftSlot(
+        tokens=tuple(allocate_ids(device, width) for _ in range(k + 1)),
+        count=allocate_ids(device, width, ttnn.TILE_LAYOUT),
+        position=allocate_ids(device, width, ttnn.TILE_LAYOUT),
+        drafts=tuple(allocate_ids(device, width, ttnn.TILE_LAYOUT) for _ in range(k)),
+    )
+
+
 class Ring:
     """K slots, allocated together; `seal()` once a trace captured them. With `logprobs` n > 0,
     each slot has a second part, the logprob ring's: the same lifetime, written by the same
-    step, read back under the same event (one ownership rule for both)."""
+    step, read back under the same event (one ownership rule for both). With `drafts` K > 0,
+    each slot has a draft part (`DraftSlot`), under the same rule."""
 
-    def __init__(self, device: Any, rows: int, slots: int, logprobs: int = 0) -> None:
+    def __init__(self, device: Any, rows: int, slots: int, logprobs: int = 0,
+                 drafts: int = 0) -> None:
         self.width = padded_rows(rows)
         self.slots: list[ttnn.Tensor] = [allocate_ids(device, self.width) for _ in range(slots)]
         self.logprobs: list[LogprobSlot] = (
             [allocate_logprobs(device, self.width, logprobs) for _ in range(slots)]
             if logprobs else []
+        )
+        self.drafts: list[DraftSlot] = (
+            [allocate_drafts(device, self.width, drafts) for _ in range(slots)] if drafts else []
         )
         self.addresses = [slot.buffer_address() for slot in self.slots]
         self._at_load = [self._addresses(k) for k in range(slots)]
@@ -91,7 +121,11 @@ class Ring:
         return tuple(t.buffer_address() for t in self._tensors(slot))
 
     def _tensors(self, slot: int) -> tuple[ttnn.Tensor, ...]:
-        return (self.slots[slot], *(self.logprobs[slot] if self.logprobs else ()))
+        part: tuple[ttnn.Tensor, ...] = ()
+        if self.drafts:
+            d = self.drafts[slot]
+            part = (*d.tokens, d.count, d.position, *d.drafts)
+        return (self.slots[slot], *(self.logprobs[slot] if self.logprobs else ()), *part)
 
     def __len__(self) -> int:
         return len(self.slots)
@@ -128,4 +162,4 @@ class Ring:
         for k in range(len(self.slots)):
             for tensor in self._tensors(k):
                 ttnn.deallocate(tensor)
-        self.slots, self.logprobs = [], []
+        self.slots, self.logprobs, self.drafts = [], [], []

@@ -15,7 +15,11 @@ in a helper thread with a deadline (ttnn has no event query); a copy whose step 
 (`abandon`, or a readback refused half-way) keeps its host tensors here until a later readback's
 event, recorded after it on the same queue, was synchronised. With logprobs, each slot's
 logprob part (`Ring`) is written by the same forward and copied by the same readback before
-`read` is recorded, so one event covers both payloads and one release hands both back.
+`read` is recorded, so one event covers both payloads and one release hands both back. With
+drafts (spec rule 13) the same holds for each slot's draft part: the launch that verifies
+(`tt_verify.py`) writes the newest tokens into the slot and the target's tokens, the counts, the
+positions and the drafts into its draft part; the readback copies the tokens, the counts and the
+drafts before `read`; the next combine reads newest token, position and drafts through the map.
 """
 
 from __future__ import annotations
@@ -41,6 +45,7 @@ from .devices import DeviceProvider, default_provider, device_info, provider_of
 from .ring import Ring
 from .trace import DecodeTraces
 from .tt_model import TtProbeModel
+from .tt_verify import DeviceVerify
 
 COMPUTE_CQ = 0
 DEFAULT_TRACE_REGION = 1 << 20
@@ -59,6 +64,8 @@ class PendingReadback:
     """The logprob copies' own event (only with `logprob-fence-ids-only` planted)."""
     issued: int = 0
     """Its place among the readbacks issued on the readback queue (they complete in order)."""
+    drafts: tuple[ttnn.Tensor, ...] | None = None
+    """Host copies of the slot's draft part (K + 1 tokens, count, K drafts), under the event."""
 
 
 class TtMirror:
@@ -73,11 +80,15 @@ class TtMirror:
         if spec.logprobs and model is None:
             raise ValueError("the probe forward computes no logprobs: open the mirror with "
                              "logprobs=0, or serve a decoder model (ServingBackend)")
-        self.ring = Ring(device, spec.rows, spec.slots, spec.logprobs)
+        if spec.drafts is not None and model is not None:
+            raise ValueError("only the probe drafts and verifies on this mirror: open it with "
+                             "drafts=None to serve a decoder model")
+        k = spec.drafts.k if spec.drafts is not None else 0
+        self.ring = Ring(device, spec.rows, spec.slots, spec.logprobs, drafts=k)
         other = readback_cq if readback_cq != COMPUTE_CQ else None
         seeded = model is None and spec.probe.sampling is not None
         self.combiner = DeviceCombine(device, self.ring.width, COMPUTE_CQ, other, identity=seeded,
-                                      mutations=spec.mutations)
+                                      mutations=spec.mutations, drafts=k)
         self.model = (
             model
             if model is not None
@@ -85,6 +96,11 @@ class TtMirror:
                 device, spec.probe, self.ring.width, COMPUTE_CQ, requests=self.combiner.requests,
                 mutations=spec.mutations,
             )
+        )
+        self.verify = (
+            DeviceVerify(device, spec.probe, spec.drafts, self.ring.width, self.combiner,
+                         self.model, COMPUTE_CQ)
+            if spec.drafts is not None else None
         )
         self._launched: list[Any] = [None] * spec.slots  # CQ0 event after the slot's writer
         self._read: list[Any] = [None] * spec.slots  # readback_cq event after the slot's copy
@@ -109,21 +125,30 @@ class TtMirror:
 
     def _decode_step(self, slot: int) -> None:
         """The device work of one step: combine from the previous slot, forward, sample."""
-        self.combiner.enqueue(self._source(slot))
+        self._combine(slot)
         self._forward(slot)
 
+    def _combine(self, slot: int) -> None:
+        """The combine's device ops for `slot`, from the previous slot (and its draft part)."""
+        source = self._source(slot)
+        self.combiner.enqueue(self.ring[source], self.ring.drafts[source] if self.verify else None)
+
     def _forward(self, slot: int) -> None:
-        """Forward + sample into the slot (and its logprob part, when the ring has one)."""
+        """Forward + sample into the slot (and its logprob part, when the ring has one); with
+        drafts, the launch that verifies and drafts, writing the slot and its draft part."""
         target = 0 if self._planted("ring-reuse-k1") else slot  # planted: K=1 reuse
+        if self.verify is not None:
+            self.verify.enqueue(self.ring[target], self.ring.drafts[target])
+            return
         part = self.ring.logprobs[target] if self.ring.logprobs else None
         self.model.forward(self.combiner.input_ids, self.combiner.positions, self.ring[target],
                            logprobs=part)
 
-    def _source(self, slot: int) -> ttnn.Tensor:
+    def _source(self, slot: int) -> int:
         """The slot the combine for `slot` reads: the previous step's."""
         if self._planted("gather-current-slot"):
-            return self.ring[slot]  # planted: the slot this step is about to write
-        return self.ring.source_of(slot)
+            return slot  # planted: the slot this step is about to write
+        return (slot - 1) % len(self.ring)
 
     # --- the Mirror protocol ---------------------------------------------------------------------
     def stage(self, inputs: StepInputs) -> None:
@@ -131,7 +156,7 @@ class TtMirror:
 
     def combine(self, slot: int) -> None:
         if self.traces is None:
-            self.combiner.enqueue(self._source(slot))
+            self._combine(slot)
         # Traced: the staged inputs are all the host does; the combine ops replay at launch.
 
     def launch(self, slot: int) -> None:
@@ -162,6 +187,7 @@ class TtMirror:
             late = self._planted("logprobs-after-event")  # planted: the event misses the logprobs
             own = self._planted("logprob-fence-ids-only")  # planted: their own event, unfenced
             pending.logprobs = self._copy_logprobs(slot, cq) if not (late or own) else None
+            pending.drafts = self._copy_drafts(slot, cq)
             pending.event = ttnn.record_event(self.device, cq_id=cq)
             if late or own:
                 pending.logprobs = self._copy_logprobs(slot, cq)
@@ -183,8 +209,24 @@ class TtMirror:
         part = self.ring.logprobs[slot]
         return (part.values.cpu(blocking=False, cq_id=cq), part.ids.cpu(blocking=False, cq_id=cq))
 
+    def _copy_drafts(self, slot: int, cq: int) -> tuple[ttnn.Tensor, ...] | None:
+        """Non-blocking copies of the slot's draft part (tokens, count, drafts), on the ids'
+        queue: before the one event, as the logprob part."""
+        if not self.ring.drafts:
+            return None
+        part = self.ring.drafts[slot]
+        return tuple(t.cpu(blocking=False, cq_id=cq) for t in (*part.tokens, part.count,
+                                                               *part.drafts))
+
     def readback_drafts(self, pending: Any) -> DraftCopy:
-        raise NotImplementedError("this mirror carries no drafts (MirrorSpec.drafts)")
+        """The draft part's host copy; its event was synchronised by `readback_complete`."""
+        if pending.drafts is None:
+            raise RuntimeError("this mirror was opened without drafts (MirrorSpec.drafts)")
+        k = len(self.ring.drafts[0].drafts)
+        lanes = [[int(v) for v in ttnn.to_torch(t).reshape(-1).tolist()] for t in pending.drafts]
+        tokens, (counts,), drafts = lanes[: k + 1], lanes[k + 1: k + 2], lanes[k + 2:]
+        return DraftCopy(tokens=tuple(zip(*tokens, strict=True)), counts=tuple(counts),
+                         drafts=tuple(zip(*drafts, strict=True)))
 
     def readback_logprobs(self, pending: Any) -> list[TokenLogprobs]:
         """The logprob part's host copy; its event was synchronised by `readback_complete`."""
@@ -296,6 +338,9 @@ class TtBackend(Backend):
     def supports_async_sampled_token_readback(self) -> bool:
         return True  # TtMirror keeps sampled ids in the ring and combines them on device
 
+    def supports_draft_aware_combine(self) -> bool:
+        return True  # its combine takes newest token, position and drafts through the row map
+
     def device_provider(self) -> DeviceProvider:
         """Who opened (or will open) the device."""
         if self.device is not None:
@@ -313,9 +358,6 @@ class TtBackend(Backend):
         return self.device
 
     def open_mirror(self, spec: MirrorSpec) -> Mirror:
-        if spec.drafts is not None:  # supports_draft_aware_combine() is False here
-            raise ValueError(f"the {self.name} backend's mirror carries no drafts yet: open it "
-                             "with drafts=None (spec rule 13 runs on the cpu backend)")
         device = self.open_device()
         readback_cq = self.readback_cq
         if readback_cq is None:

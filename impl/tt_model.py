@@ -47,6 +47,36 @@ def _row_major(device: Any, values: torch.Tensor, dtype: ttnn.DataType, cq: int)
     )
 
 
+class GreedyHead:
+    """The greedy probe forward over a one-hot table ([V + P, V] float32, `probe.py`'s shape):
+    the target's (`logits_table`) or the drafter's (`drafts.draft_table`). Its table, index,
+    grid and logits are allocated at load."""
+
+    def __init__(self, device: Any, table: torch.Tensor, width: int, cq: int = 0) -> None:
+        rows, vocab = table.shape
+        self.cq = cq
+        self.index = allocate_ids(device, width, ttnn.TILE_LAYOUT)
+        self.table = _tile(device, table.T.contiguous().reshape(1, 1, vocab, rows),
+                           ttnn.float32, cq)
+        self.zeros = _tile(device, torch.zeros(1, 1, vocab, width, dtype=torch.int32),
+                           ttnn.uint32, cq)
+        self.grid, self.logits = (
+            ttnn.allocate_tensor_on_device(
+                ttnn.Shape([1, 1, vocab, width]), dtype, ttnn.TILE_LAYOUT, device
+            )
+            for dtype in (ttnn.uint32, ttnn.float32)
+        )
+
+    def forward(self, input_ids: ttnn.Tensor, positions: ttnn.Tensor, out: ttnn.Tensor) -> None:
+        """Enqueue the table's argmax after each input id at its position into `out` (uint32
+        ROW_MAJOR)."""
+        with ttnn.command_queue(self.cq):
+            ttnn.add(input_ids, positions, output_tensor=self.index)
+            ttnn.add(self.index, self.zeros, output_tensor=self.grid)
+            ttnn.gather(self.table, 3, self.grid, out=self.logits)
+            ttnn.argmax(self.logits, dim=2, keepdim=True, output_tensor=out)
+
+
 class TtProbeModel:
     def __init__(
         self, device: Any, spec: ProbeSpec, width: int, cq: int = 0, *, requests: Any = None,
@@ -60,19 +90,12 @@ class TtProbeModel:
         self.spec = spec
         self._provider = provider_of(device)  # tells an emulated sampler each row's identity
         vocab, rows = spec.vocab, spec.vocab + spec.max_positions
-        self.index = allocate_ids(device, width, ttnn.TILE_LAYOUT)
         if spec.sampling is None:
-            table = logits_table(spec).T.contiguous().reshape(1, 1, vocab, rows)
-            self.table = _tile(device, table, ttnn.float32, cq)
-            self.zeros = _tile(device, torch.zeros(1, 1, vocab, width, dtype=torch.int32),
-                               ttnn.uint32, cq)
-            self.grid, self.logits = (
-                ttnn.allocate_tensor_on_device(
-                    ttnn.Shape([1, 1, vocab, width]), dtype, ttnn.TILE_LAYOUT, device
-                )
-                for dtype in (ttnn.uint32, ttnn.float32)
-            )
+            self.head: GreedyHead | None = GreedyHead(device, logits_table(spec), width, cq)
+            self.index = self.head.index
             return
+        self.head = None
+        self.index = allocate_ids(device, width, ttnn.TILE_LAYOUT)
         if requests is None:
             raise ValueError("the seeded probe needs each row's request id on the device")
         self.requests = requests
@@ -110,13 +133,11 @@ class TtProbeModel:
         """Enqueue forward + sample; the sampler writes straight into `slot`."""
         if logprobs is not None:
             raise ValueError("the probe forward computes no logprobs")
+        if self.head is not None:
+            self.head.forward(input_ids, positions, slot)
+            return
         with ttnn.command_queue(self.cq):
             ttnn.add(input_ids, positions, output_tensor=self.index)
-            if self.spec.sampling is None:
-                ttnn.add(self.index, self.zeros, output_tensor=self.grid)
-                ttnn.gather(self.table, 3, self.grid, out=self.logits)
-                ttnn.argmax(self.logits, dim=2, keepdim=True, output_tensor=slot)
-                return
             ttnn.eq(self.index, self.rows, output_tensor=self.onehot)
             ttnn.typecast(self.onehot, ttnn.bfloat16, output_tensor=self.onehot_bf16)
             ttnn.matmul(self.onehot_bf16, self.table, transpose_a=True,
@@ -128,6 +149,7 @@ class TtProbeModel:
                 ttnn.plus_one(self.steps)  # planted: the draw follows a device step counter
                 keyed_positions = self.steps
             self._provider.bind_sampling_identity(self.device, requests, keyed_positions)
+            assert self.spec.sampling is not None  # seeded: the greedy head returned above
             ttnn.sampling(self.logits, self.indices, self.k, self.p, self.temp,
                           seed=int(self.spec.sampling), output_tensor=slot)
 

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from ttmirror.cli import main
+from ttmirror.impl.cpu_backend import CpuBackend
 
 SMALL = ["--requests", "1"]
 
@@ -197,18 +198,31 @@ def test_info_async_off_and_unknown_backend() -> None:
     assert bad.returncode == 2 and bad.stderr.count("\n") == 1
 
 
-def test_info_with_drafts_resolves_off_without_a_draft_aware_combine() -> None:
-    done = run_cli("info", "--backend", "cpu", "--spec-tokens", "1", "--json")
-    info = json.loads(done.stdout)
-    assert info["spec_tokens"] == 1 and info["supports_draft_aware_combine"] is True
-    assert info["async_scheduling_enabled"] is True and info["max_concurrent_batches"] == 2
-    done = run_cli("info", "--backend", "tt", "--spec-tokens", "1", "--json")
-    info = json.loads(done.stdout)
+def test_info_with_drafts_resolves_off_without_a_draft_aware_combine(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    for name in ("cpu", "tt"):  # both combines are draft-aware
+        done = run_cli("info", "--backend", name, "--spec-tokens", "1", "--json")
+        info = json.loads(done.stdout)
+        assert info["spec_tokens"] == 1 and info["supports_draft_aware_combine"] is True
+        assert info["async_scheduling_enabled"] is True and info["max_concurrent_batches"] == 2
+    ops = [o["op"].removeprefix("ttnn.") for o in info["ops"]]  # tt's steady step with drafts
+    assert "eq" in ops and ops.count("argmax") == 3 and all(o["documented"] for o in info["ops"])
+
+    class IdsOnly(CpuBackend):
+        """Mirrors sampled ids, but its combine is not draft-aware."""
+
+        def supports_draft_aware_combine(self) -> bool:
+            return False
+
+    monkeypatch.setattr("ttmirror.info.get_backend", lambda name: IdsOnly())
+    assert main(["info", "--backend", "ids-only", "--spec-tokens", "1", "--json"]) == 0
+    info = json.loads(capsys.readouterr().out)
     assert info["spec_tokens"] == 1 and info["supports_draft_aware_combine"] is False
     assert info["async_scheduling_enabled"] is False and info["max_concurrent_batches"] == 1
-    bad = run_cli("info", "--backend", "tt", "--spec-tokens", "1", "--async-scheduling", "on")
-    assert bad.returncode == 2 and bad.stderr.count("\n") == 1
-    assert "no draft-aware combine" in bad.stderr
+    assert main(["info", "--backend", "ids-only", "--spec-tokens", "1",
+                 "--async-scheduling", "on"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "no draft-aware combine" in err
 
 
 @pytest.mark.parametrize(

@@ -35,7 +35,9 @@ def backend_info(name: str, async_scheduling: str = "auto",
     if name == "tt":
         from .emulator.calls import step_calls
 
-        eager, traced = step_calls(), step_calls(trace=True)
+        # With spec tokens and a draft-aware combine: a steady step with drafts.
+        k = scheduling.spec_tokens if scheduling.draft_aware else 0
+        eager, traced = step_calls(spec_tokens=k), step_calls(trace=True, spec_tokens=k)
         info["ops"] = eager["ops"]
         info["commands_per_step"] = {
             mode: {"device_commands": run["device_commands_per_step"],

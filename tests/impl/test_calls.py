@@ -52,3 +52,18 @@ def test_the_spec_states_the_measured_cost(eager: dict[str, Any], traced: dict[s
         eager["host_calls_per_step"],
     ]
     assert commands["cpu"] == 1
+
+
+@pytest.mark.parametrize("k", [1, 2])
+def test_a_steady_step_with_drafts_is_documented_and_one_event_covers_its_copies(k: int) -> None:
+    eager, traced = step_calls(spec_tokens=k), step_calls(trace=True, spec_tokens=k)
+    assert eager["ops"] and all(o["documented"] for o in eager["ops"])
+    assert {o["op"] for o in eager["ops"]} == {f"ttnn.{op}" for op in
+                                                ("add", "gather", "where", "eq", "argmax")}
+    assert traced["ops"] == [] and eager["hazards"] == traced["hazards"] == 0
+    assert traced["device_commands"] == eager["device_commands"]
+    commands = eager["device_commands"]
+    # The ids, the K + 1 target tokens, the counts and the K drafts: copies before one event.
+    assert commands["cpu"] == 2 * k + 3 and commands["record_event"] == 2
+    assert commands["copy_host_to_device_tensor"] == 5 + k  # the K = 0 four, spec, host drafts
+    assert commands["argmax"] == 2 * k + 1  # the target on K + 1 lanes, the drafter K times

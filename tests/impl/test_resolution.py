@@ -97,7 +97,7 @@ def test_on_with_drafts_and_no_draft_aware_combine_is_a_clear_error() -> None:
     with pytest.raises(ValueError, match="spec_tokens must be 0 or more"):
         resolve_async_scheduling("auto", True, spec_tokens=-1)
     assert CAPABLE.supports_draft_aware_combine()
-    assert not TtBackend().supports_draft_aware_combine()  # its mirror carries no drafts yet
+    assert TtBackend().supports_draft_aware_combine()  # its mirror carries drafts
 
 
 def test_the_default_capability_is_false_and_derives_runner_support() -> None:

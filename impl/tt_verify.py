@@ -1,0 +1,108 @@
+"""Speculative decoding's launch on a TT device (spec rule 13): the target on every input lane,
+greedy verification, the newest token, its position, and the drafter's next K proposals.
+
+The combine (`combine.py`) has built K + 1 input lanes (the newest token, then the K drafts) and
+the base positions; for slot s (all tensors [1, 1, 1, W] uint32, TILE unless said otherwise):
+
+    for j in 0..K:  pos[j] = add(base, j)                       (lane 0 sits at base itself)
+                    target(lanes[j], pos[j]) -> slot[s].tokens[j]       # t_j, ROW_MAJOR
+                    tok[j] = add(slot[s].tokens[j], 0 -> TILE)
+    m[i]  = eq(lanes[i + 1], tok[i])                            # d_(i+1) == t_i
+    m1    = where(eq(spec, 0), 0, m[0])                         # lane 1 counts only if spec >= 1
+    K = 1:  a = m1;  newest = where(a, tok[1], tok[0])
+    K = 2:  p2 = where(eq(spec, 2), where(m[0], m[1], 0), 0)    # m1 AND m2, only if spec >= 2
+            a = add(m1, p2);  newest = where(p2, tok[2], where(m1, tok[1], tok[0]))
+    slot[s].ids      = add(newest, 0 -> ROW_MAJOR)              # the ring's ids: the newest
+    slot[s].count    = add(a, 1)
+    slot[s].position = add(base, slot[s].count)                 # pos + a + 1
+    for j in 0..K-1: draft(token, add(slot[s].position, j)) -> slot[s].drafts[j]   (j = 0: as is)
+                     (token: the newest, then the previous draft)
+
+`target` is the probe's forward and sampler (`TtProbeModel.forward`, greedy or seeded, one call
+per lane: the seeded sampler keys each lane's draw on (request, its position)); `draft` is the
+greedy forward over the drafter's one-hot table (`drafts.draft_table`). The mask is a prefix, so
+it equals the cpu mirror's `min(accepted, spec)`; every `where` predicate is 0/1. Only add, eq,
+where, gather and argmax (and the seeded forward's own calls), each on a row the installed ttnn
+documents, and every output is allocated here at load: nothing is allocated per step, so the
+launch is captured in the decode trace as it runs eagerly.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import ttnn
+
+from .combine import DeviceCombine
+from .drafts import DraftSpec, draft_table
+from .probe import ProbeSpec
+from .ring import DraftSlot, allocate_ids
+from .tt_model import GreedyHead, TtProbeModel
+
+
+class DeviceVerify:
+    """Scratch of the launch with drafts, the drafter's head, and the ops writing a slot."""
+
+    def __init__(self, device: Any, probe: ProbeSpec, drafts: DraftSpec, width: int,
+                 combine: DeviceCombine, target: TtProbeModel, cq: int = 0) -> None:
+        self.k = k = drafts.k
+        self.cq = cq
+        self.combine = combine
+        self.target = target
+        tile = ttnn.TILE_LAYOUT
+
+        def scratch(n: int) -> list[ttnn.Tensor]:
+            return [allocate_ids(device, width, tile) for _ in range(n)]
+
+        self.lane_positions = [combine.base, *scratch(k)]
+        self.tokens = scratch(k + 1)  # the target's tokens, TILE
+        self.matches = scratch(k)
+        self.spec_zero, self.m1, self.newest = scratch(3)
+        self.second = scratch(5) if k == 2 else []
+        """K = 2 only: eq(spec, 2), m1 AND m2, p2, a, where(m1, t1, t0)."""
+        self.draft_position = allocate_ids(device, width, tile)
+        self.draft_rows = allocate_ids(device, width)  # what argmax writes: ROW_MAJOR
+        self.drafter = GreedyHead(device, draft_table(probe, drafts), width, cq)
+
+    def enqueue(self, ids: ttnn.Tensor, slot: DraftSlot) -> None:
+        """The launch that verifies, writing the slot's ids (the newest tokens) and draft part."""
+        lanes, spec, base = self.combine.lanes, self.combine.spec, self.combine.base
+        assert spec is not None and base is not None
+        for j in range(self.k + 1):
+            if j:
+                with ttnn.command_queue(self.cq):
+                    ttnn.add(base, j, output_tensor=self.lane_positions[j])
+            self.target.forward(lanes[j], self.lane_positions[j], slot.tokens[j])
+            with ttnn.command_queue(self.cq):
+                ttnn.add(slot.tokens[j], 0, output_tensor=self.tokens[j])
+        tok = self.tokens
+        with ttnn.command_queue(self.cq):
+            for i in range(self.k):
+                ttnn.eq(lanes[i + 1], tok[i], output_tensor=self.matches[i])
+            ttnn.eq(spec, 0, output_tensor=self.spec_zero)
+            ttnn.where(self.spec_zero, 0, self.matches[0], output_tensor=self.m1)
+            accepted = self.m1
+            if self.k == 1:
+                ttnn.where(self.m1, tok[1], tok[0], output_tensor=self.newest)
+            else:
+                spec_two, m12, p2, accepted, n1 = self.second
+                ttnn.eq(spec, 2, output_tensor=spec_two)
+                ttnn.where(self.matches[0], self.matches[1], 0, output_tensor=m12)
+                ttnn.where(spec_two, m12, 0, output_tensor=p2)
+                ttnn.add(self.m1, p2, output_tensor=accepted)
+                ttnn.where(self.m1, tok[1], tok[0], output_tensor=n1)
+                ttnn.where(p2, tok[2], n1, output_tensor=self.newest)
+            ttnn.add(self.newest, 0, output_tensor=ids)
+            ttnn.add(accepted, 1, output_tensor=slot.count)
+            ttnn.add(base, slot.count, output_tensor=slot.position)
+        token = self.newest
+        for j in range(self.k):
+            position = slot.position
+            if j:
+                position = self.draft_position
+                with ttnn.command_queue(self.cq):
+                    ttnn.add(slot.position, j, output_tensor=position)
+            self.drafter.forward(token, position, self.draft_rows)
+            with ttnn.command_queue(self.cq):
+                ttnn.add(self.draft_rows, 0, output_tensor=slot.drafts[j])
+            token = slot.drafts[j]
