@@ -577,6 +577,7 @@ def finish(s: State, b: Bounds, req: int) -> State | None:
     if not b.finish or r.status in CLOSED or not r.unchecked:
         return None
     s = _drop(s, req)
+    r = s.requests[req]  # as `_drop` left it: no placeholder, no drafts
     closed = r._replace(status=Status.FINISHED, closed_at=len(r.delivered), unchecked=False)
     return _set_request(s, req, closed)
 
@@ -587,6 +588,7 @@ def abort(s: State, b: Bounds, req: int) -> State | None:
     if not b.abort or r.status not in (Status.WAITING, Status.RUNNING, Status.PREEMPTED):
         return None
     s = _drop(s, req)
+    r = s.requests[req]  # as `_drop` left it: no placeholder, no drafts
     closed = r._replace(status=Status.ABORTED, closed_at=len(r.delivered), unchecked=False)
     return _set_request(s, req, closed)
 
@@ -599,6 +601,7 @@ def preempt(s: State, b: Bounds, req: int) -> State | None:
         return None
     if b.preempt_policy == "drop":
         s = _drop(s, req)
+        r = s.requests[req]  # its placeholders went with its rows: it can resume
     preempted = r._replace(status=Status.PREEMPTED, unchecked=False, preemptions=r.preemptions + 1,
                            prefill_left=0, drafts_ready=False)
     return _set_request(s, req, preempted)

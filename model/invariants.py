@@ -13,9 +13,9 @@ from .actions import (
     Action,
     budget,
     eligible,
-    inputs_right,
     has_step_in_flight,
     in_flight,
+    inputs_right,
     is_host_sync,
     mirror_rows,
 )

@@ -515,7 +515,8 @@ FinishReq(r) ==
     /\ slots' = DropSlots({r})
     /\ requests' = [requests EXCEPT ![r].status = FINISHED,
                                     ![r].closed_at = Len(requests[r].delivered),
-                                    ![r].unchecked = FALSE]
+                                    ![r].unchecked = FALSE,
+                                    ![r].placeholders = 0, ![r].drafts_ready = FALSE]
     /\ UNCHANGED <<allocated, next_slot, broken>>
 
 \* The user aborts the request: nothing more is delivered, in-flight rows drop.
@@ -526,12 +527,13 @@ AbortReq(r) ==
     /\ slots' = DropSlots({r})
     /\ requests' = [requests EXCEPT ![r].status = ABORTED,
                                     ![r].closed_at = Len(requests[r].delivered),
-                                    ![r].unchecked = FALSE]
+                                    ![r].unchecked = FALSE,
+                                    ![r].placeholders = 0, ![r].drafts_ready = FALSE]
     /\ UNCHANGED <<allocated, next_slot, broken>>
 
 \* The KV budget is exceeded: the request is preempted; its in-flight tokens are kept and
-\* delivered (PreemptKeep), or dropped. It will prefill again in one step; drafts after its
-\* newest token are no more (its placeholder counter is the request's as it was, as in Python).
+\* delivered (PreemptKeep), or dropped with their placeholders. It will prefill again in one
+\* step; drafts after its newest token are no more.
 PreemptReq(r) ==
     /\ Preempt
     /\ requests[r].status = RUNNING
@@ -540,7 +542,8 @@ PreemptReq(r) ==
     /\ slots' = IF PreemptKeep THEN slots ELSE DropSlots({r})
     /\ requests' = [requests EXCEPT ![r].status = PREEMPTED, ![r].unchecked = FALSE,
                                     ![r].preemptions = @ + 1, ![r].prefill_left = 0,
-                                    ![r].drafts_ready = FALSE]
+                                    ![r].drafts_ready = FALSE,
+                                    ![r].placeholders = IF PreemptKeep THEN @ ELSE 0]
     /\ UNCHANGED <<allocated, next_slot, broken>>
 
 \* A preempted request waits again, once it owns no placeholder; it restarts from the host's

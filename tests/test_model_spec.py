@@ -181,6 +181,18 @@ def test_two_drafts_reach_every_accepted_count(explored: Explored) -> None:
         k for k, v in ex.sometimes.items() if v}
 
 
+def test_a_request_preempted_with_its_drafts_dropped_can_resume(explored: Explored) -> None:
+    # Without aborts nothing else closes it: a placeholder count restored after the drop would
+    # leave it PREEMPTED forever (the deadlock the TLA+ twin found, 10 steps).
+    b = K1._replace(preempt_policy="drop", abort=False)
+    ex = explored(b)
+    assert ex.deadlocks == [] and ex.cannot_finish == [] and ex.ok
+    assert ex.sometimes["preempt_with_drafts_in_flight"] and ex.sometimes["resumed_after_preempt"]
+    s = run(*PIPE, ("preempt", 0), b=b)
+    assert s.requests[0].placeholders == 0 and all(not r.live for st in s.queue for r in st.rows)
+    assert A.resume(s, b, 0) is not None
+
+
 @pytest.mark.parametrize("policy", ["keep", "drop"])
 def test_a_preemption_with_drafts_in_flight_occurs_under_each_policy(
         policy: str, explored: Explored) -> None:
