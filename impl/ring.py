@@ -133,9 +133,10 @@ class Ring:
     def __getitem__(self, slot: int) -> ttnn.Tensor:
         return self.slots[slot]
 
-    def source_of(self, slot: int) -> ttnn.Tensor:
-        """The slot the previous step wrote: what the combine for `slot` reads."""
-        return self.slots[(slot - 1) % len(self.slots)]
+    def source_of(self, slot: int) -> int:
+        """The slot the previous step wrote: what the combine for `slot` reads (its ids and,
+        with drafts, its draft part)."""
+        return (slot - 1) % len(self.slots)
 
     def seal(self) -> None:
         """A trace now holds the slots' addresses: they must stay put until it is released."""

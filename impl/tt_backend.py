@@ -148,7 +148,7 @@ class TtMirror:
         """The slot the combine for `slot` reads: the previous step's."""
         if self._planted("gather-current-slot"):
             return slot  # planted: the slot this step is about to write
-        return (slot - 1) % len(self.ring)
+        return self.ring.source_of(slot)
 
     # --- the Mirror protocol ---------------------------------------------------------------------
     def stage(self, inputs: StepInputs) -> None:

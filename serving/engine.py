@@ -204,10 +204,12 @@ class Engine:
         tokens = r.apply()
         if r.config.drafts is not None:
             self._stop_check_runs()
-        for req, token in tokens.items() if r.config.drafts is None else ():
-            # A preempted request's kept token is stop-checked too (it may finish while preempted).
-            if token in self.stop_ids.get(req, ()) and r.status(req) not in CLOSED:
-                r.finish(req)
+        else:
+            for req, token in tokens.items():
+                # A preempted request's kept token is stop-checked too (it may finish while
+                # preempted).
+                if token in self.stop_ids.get(req, ()) and r.status(req) not in CLOSED:
+                    r.finish(req)
         self._release_free_slots()
 
     def _stop_check_runs(self) -> None:
