@@ -231,12 +231,13 @@ def _move(row: dict[str, Any]) -> Move:
 # --- recorded runs (`ttmirror validate`) ---------------------------------------------------------
 
 EVENTS_FORMAT = "ttmirror-events"
-EVENTS_VERSION = 4
+EVENTS_VERSION = 5
 """2: a schedule and a combine carry their rows as `Row` records (1 had parallel tuples); 3: each
 step phase carries the step's phase as the runner's state shows it once done, and an apply how
 many tokens each request it delivered to now holds; 4: a row carries its drafts (spec rule 13:
-`spec`, the host-staged `drafts`, and `pos` -1 where the device holds it). An older file is
-refused with its version."""
+`spec`, the host-staged `drafts`, and `pos` -1 where the device holds it); 5: a run with drafts
+says so (its allocate's `spec_tokens`), and each of its readbacks what its verification accepted
+per row (`counts`, a + 1). An older file is refused with its version."""
 
 
 class EventsError(TraceError):
@@ -267,14 +268,15 @@ assert tuple(_ROW_FIELDS) == Row._fields
 _SCHEMA: dict[str, tuple[int | None, dict[str, Any], frozenset[str]]] = {
     # action: (arguments (None: one or more), detail name -> type, optional details)
     "allocate": (0, {"depth": _INT, "slots": _INT, "guard": _BOOL, "preempt_policy": _STR,
-                     "prefill_chunks": _INT, "device_waits": _BOOL}, frozenset({"device_waits"})),
+                     "prefill_chunks": _INT, "device_waits": _BOOL, "spec_tokens": _INT},
+                 frozenset({"device_waits", "spec_tokens"})),
     "arrive": (1, {"prompt": _INT, "max_tokens": _INT, "host_sync": _BOOL,
                    "prefill_chunks": _INT}, frozenset()),
     "schedule": (None, {"slot": _INT, "rows": _ROWS}, frozenset()),
     "combine": (1, {"rows": _ROWS, "phase": _STR}, frozenset()),
     "launch": (1, {"phase": _STR}, frozenset()),
     "readback_issue": (1, {"phase": _STR}, frozenset()),
-    "readback_complete": (1, {"phase": _STR}, frozenset()),
+    "readback_complete": (1, {"phase": _STR, "counts": ("tuple", _INT)}, frozenset({"counts"})),
     "apply": (0, {"step": _INT, "delivered": ("tuple", ("pair", _INT)),
                   "counts": ("tuple", ("pair", _INT))}, frozenset()),
     "release": (1, {}, frozenset()),

@@ -15,7 +15,8 @@ names it, so the model state holds only the run's live requests.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 
 from ..impl.events import Event
@@ -78,10 +79,13 @@ def _happened(event: Event, before: State, after: State, ids: _Requests) -> str 
     return None
 
 
-def _decided(event: Event, before: State, after: State, ids: _Requests) -> str | None:
+def _decided(event: Event, before: State, after: State, ids: _Requests, b: Bounds
+             ) -> str | None:
     """Why what the runner decided with `event` is not what the model decided (None: same):
-    a schedule's slot and its rows' positions, previous-row map and partial flags; the host
-    positions a combine staged; who an apply delivered to; who a fault failed."""
+    a schedule's slot and its rows' positions, previous-row map, partial flags and (with
+    drafts) scheduled drafts; the host positions a combine staged; who an apply delivered to;
+    who a fault failed. With drafts a row's position is the host's only for a host row (the
+    model's `placed`); a mirror row's is on the device (-1 in both)."""
     if event.action == FAULT:
         got = tuple(sorted(ids.index.get(r, -1) for r in event.get("failed", ())))
         to = tuple(r for r, (a, b) in enumerate(zip(before.requests, after.requests, strict=True))
@@ -96,18 +100,22 @@ def _decided(event: Event, before: State, after: State, ids: _Requests) -> str |
             return f"the runner delivered to {delivered}, the model to {to}"
     if event.action == "combine":
         step = after.queue[event.args[0]]
-        host = tuple(row.pos if row.live and row.prev_row is None else None for row in step.rows)
+        host = tuple((row.placed if b.spec_tokens else row.pos)
+                     if row.live and row.prev_row is None else None for row in step.rows)
         staged = tuple(row.host_pos for row in event.get("rows"))
         if staged != host:
             return (f"the runner staged the host ids of positions {staged}, "
                     f"the model's rows read positions {host}")
     if event.action == "schedule":
         step, rows = after.queue[-1], event.get("rows")
+        positions = tuple(r.pos if r.placed is None or r.prev_row is not None else r.placed
+                          for r in step.rows)
         decided = {  # what the runner decided for the step, beside the model's decision
             "slot": (event.get("slot"), step.slot),
-            "positions": (tuple(r.pos for r in rows), tuple(r.pos for r in step.rows)),
+            "positions": (tuple(r.pos for r in rows), positions),
             "prev_rows": (tuple(r.prev_row for r in rows), tuple(r.prev_row for r in step.rows)),
             "partial": (tuple(r.partial for r in rows), tuple(r.partial for r in step.rows)),
+            "drafts scheduled": (tuple(r.spec for r in rows), tuple(r.spec for r in step.rows)),
         }
         for name, (got, want) in decided.items():
             if got != want:
@@ -252,7 +260,7 @@ def validate(events: Iterable[Event], bounds: Bounds,
     s = initial_state(b)
     ids = _Requests()
     copies = _Copies()
-    for i, event in enumerate(events):
+    for i, event in enumerate(_with_verdicts(events) if b.spec_tokens else events):
         if progress is not None and i and i % PROGRESS_EVERY == 0:
             progress(i)
         if event.action in ("release", *DEVICE_EVENTS) and event.args[0] >= b.slots:
@@ -272,6 +280,8 @@ def validate(events: Iterable[Event], bounds: Bounds,
                 args = tuple(ids.of(r) for r in event.args)
             elif event.action in ("finish", "abort", "preempt", "resume", "chunk_prefill"):
                 args = (ids.of(event.args[0]), *event.args[1:])
+            elif event.action == "launch" and b.spec_tokens:
+                args = (*event.args, *_verdict(s, event))
             else:
                 args = event.args
         except KeyError as e:
@@ -289,7 +299,7 @@ def validate(events: Iterable[Event], bounds: Bounds,
             allowed = tuple(a.label() for a, _ in successors(s, b))
             reason = "not enabled in this state" if known else "not a model action"
             return Divergence(i, event, s, reason, allowed)
-        why = (_decided(event, s, after, ids) or _happened(event, s, after, ids)
+        why = (_decided(event, s, after, ids, b) or _happened(event, s, after, ids)
                or _broken(event.action, after, b))
         if why is None and event.action == "readback_issue":
             copies.seen[s.queue[args[0]].slot] = "issued"
@@ -305,6 +315,63 @@ def validate(events: Iterable[Event], bounds: Bounds,
     return None
 
 
+# --- speculative decoding: the launch's verdict, known at its readback -------------------------
+
+
+def _verdict(s: State, event: Event) -> tuple[int, ...]:
+    """The model's launch arguments past q (spec rule 13): per row the drafts its verification
+    accepted, count - 1 from what the step's readback brought back (`_with_verdicts`), for every
+    row the model has live and past its prompt; 0 for the others (dropped or partial rows: the
+    model computes nothing of theirs), and for all when no readback completed (a failed step:
+    nothing of it is delivered or read)."""
+    q, counts = event.args[0], event.get("counts")
+    if q >= len(s.queue):
+        return ()  # no such step: the launch is not enabled, whatever its verdict
+    rows = s.queue[q].rows
+    if counts is None or len(counts) != len(rows):
+        return (0,) * len(rows)
+    return tuple(c - 1 if row.live and not row.partial else 0
+                 for row, c in zip(rows, counts, strict=True))
+
+
+def _with_verdicts(events: Iterable[Event]) -> Iterator[Event]:
+    """The events in order, each launch with its step's recorded counts (the readback's
+    `counts`): the model decides a launch's verdict when it happens, the host learns it at the
+    step's readback, a few events on. A launch is held, with the events after it, until that
+    readback (or the step's fault, or the run's end); the step is followed by its place in the
+    queue (schedules join it, applies and faults leave it), so memory stays bounded by the
+    events of two steps in flight."""
+    held: deque[Event] = deque()
+    waiting: dict[int, int] = {}  # step -> index in `held` of its launch (counted from `base`)
+    base = 0  # events released so far
+    queue: list[int] = []
+    steps = 0
+    for event in events:
+        q = event.args[0] if event.args else -1
+        index = base + len(held)
+        if event.action == "schedule":
+            queue.append(steps)
+            steps += 1
+        elif event.action == "launch" and 0 <= q < len(queue):
+            waiting[queue[q]] = index
+        elif event.action == "readback_complete" and 0 <= q < len(queue) and (
+                queue[q] in waiting):
+            at = waiting.pop(queue[q]) - base
+            launch = held[at]
+            held[at] = launch._replace(
+                detail=(*launch.detail, ("counts", event.get("counts"))))
+        elif event.action == "apply" and queue:
+            queue.pop(0)
+        elif event.action == FAULT and 0 <= q < len(queue):
+            waiting.pop(queue.pop(q), None)  # never read back: nothing of it is delivered
+        held.append(event)
+        first = min(waiting.values(), default=base + len(held))
+        while base < first:
+            yield held.popleft()
+            base += 1
+    yield from held
+
+
 # --- what a recorded run is an instance of ---------------------------------------------------
 
 
@@ -315,12 +382,14 @@ def bounds_of(events: Sequence[Event] | Event) -> Bounds:
     load = events if isinstance(events, Event) else (events[0] if events else None)
     if load is None or load.action != "allocate":
         raise EventsError("the run does not start with allocate (the ring is allocated at load)")
-    depth, slots, chunks = (int(load.get(k, 0)) for k in ("depth", "slots", "prefill_chunks"))
+    depth, slots, chunks, spec = (int(load.get(k, 0)) for k in (
+        "depth", "slots", "prefill_chunks", "spec_tokens"))
     policy = str(load.get("preempt_policy"))
     if not (1 <= depth <= 2 and 1 <= slots <= 64 and 1 <= chunks <= 1024
-            and policy in ("keep", "drop")):
+            and policy in ("keep", "drop") and 0 <= spec <= 2):
         raise EventsError(f"the allocate (depth {depth}, K={slots}, prefill chunks {chunks}, "
-                          f"preempt policy {policy!r}) is no instance of this model (depth 1 or "
-                          "2, K and chunks 1 or more, policy keep or drop)")
+                          f"preempt policy {policy!r}, spec tokens {spec}) is no instance of "
+                          "this model (depth 1 or 2, K and chunks 1 or more, policy keep or "
+                          "drop, spec tokens 0 to 2)")
     return Bounds(depth=depth, slots=slots, preemptions=0, guard=bool(load.get("guard")),
-                  preempt_policy=policy, prefill_chunks=chunks)
+                  preempt_policy=policy, prefill_chunks=chunks, spec_tokens=spec)

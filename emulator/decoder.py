@@ -15,6 +15,13 @@ sampler into the slot. The serving engine gets it through its entry point group
       sampled_logprobs               log-softmax of the logits, the sampled id's logprob and the
                                      top n, into the slot's logprob part (read back with the ids)
 
+With drafts (spec rule 13) the mirror's launch (`impl/tt_verify.py`) calls, for each lane j in
+0..K, `lane(j, ...)`: decoder_lane (the decoder op on lane j, `context.decode_lane`), then the
+same sampler into the slot's token of that lane (seeded: keyed by (request, the lane's
+position)) and its logprobs into that lane's logprob part; after the verification's ttnn ops,
+`propose(newest, position, drafts)`: draft_forward, the drafter model's K greedy proposals from
+the accepted context (`context.draft_rows`) into the slot's draft part.
+
 Every ttnn call is one the installed ttnn documents (`support.py`): argmax over
 dimension rank-2 writes UINT32 ROW_MAJOR; `sampling` takes bfloat16 TILE values whose last
 dimension Vp is a power-of-2 multiple of 32, so the vocabulary is padded to Vp with -inf logits
@@ -31,7 +38,7 @@ there the TT model stacks' own decode would take its place (not shipped: never r
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Hashable, Mapping
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -46,7 +53,9 @@ from ..serving.context import (
     StepContext,
     allowed_table,
     constraint_tables,
+    decode_lane,
     decode_rows,
+    draft_rows,
     row_sampling,
     token_logprobs,
 )
@@ -82,13 +91,13 @@ def padded_vocab(vocab: int) -> int:
     return 32 * tiles
 
 
-def dram_bytes(model: DecoderModel, width: int, blocks: int) -> int:
+def dram_bytes(model: DecoderModel, width: int, blocks: int, lanes: int = 1) -> int:
     """DRAM the decoder's persistent tensors take (greedy logits f32; seeded logits f32, values
-    bf16, indices i32 over the padded vocabulary; the context tables), to size an emulated device
-    for large vocabularies."""
+    bf16, indices i32 over the padded vocabulary; the context tables, the allowed ids per lane),
+    to size an emulated device for large vocabularies."""
     padded = padded_vocab(model.vocab)
     logits = width * (model.vocab * 4 + padded * (4 + 2 + 4))
-    constraints = width * (4 + BANNED + model.vocab) * 4
+    constraints = width * (4 + BANNED + lanes * model.vocab) * 4
     return logits + (blocks + width) * model.max_context * 4 + constraints
 
 
@@ -106,11 +115,46 @@ def _decoder_forward(args: list[Any], outputs: list[torch.Tensor], params: Mappi
     destination = outputs[0]
     model = params["model"]
     logits = decode_rows(model, args[0], *args[1:])  # [W, V]
-    if params["greedy"]:
+    _write_logits(destination, logits, model.vocab, params["greedy"])
+    params["clock"].seconds += time.perf_counter() - started
+
+
+def _decoder_lane(args: list[Any], outputs: list[torch.Tensor], params: Mapping[str, Any]
+                  ) -> None:
+    """Lane `params["lane"]` of a step with drafts: as `_decoder_forward`, over `decode_lane`
+    (args: history, ids, positions, spec, then the context tables; the allowed ids of every
+    lane, this lane's rows taken)."""
+    started = time.perf_counter()
+    destination = outputs[0]
+    model, lane, width = params["model"], params["lane"], params["width"]
+    history, ids, positions, spec, active, block, offset, prefill, prefill_ids, constraints, \
+        banned, allowed = args
+    logits = decode_lane(model, history, lane, spec, ids, positions, active, block, offset,
+                         prefill, prefill_ids, constraints, banned,
+                         allowed[lane * width:(lane + 1) * width])
+    _write_logits(destination, logits, model.vocab, params["greedy"])
+    params["clock"].seconds += time.perf_counter() - started
+
+
+def _write_logits(destination: torch.Tensor, logits: torch.Tensor, vocab: int, greedy: bool
+                  ) -> None:
+    """[W, V] logits into the decoder's logits tensor: one column per row (greedy), or one padded
+    row per row (seeded)."""
+    if greedy:
         destination.copy_(logits.T.reshape(destination.shape))
     else:
         destination.fill_(float("-inf"))  # the padded vocabulary is never drawn
-        destination[0, 0, :, : model.vocab] = logits
+        destination[0, 0, :, :vocab] = logits
+
+
+def _draft_forward(args: list[Any], outputs: list[torch.Tensor], params: Mapping[str, Any]
+                   ) -> None:
+    """The drafter's K proposals after each row's newest token (args: history, newest,
+    position, active, block, offset), one output per draft."""
+    started = time.perf_counter()
+    drafts = draft_rows(params["drafter"], args[0], len(outputs), *args[1:])
+    for j, out in enumerate(outputs):
+        out.copy_(drafts[j].reshape(out.shape).to(out.dtype))
     params["clock"].seconds += time.perf_counter() - started
 
 
@@ -131,11 +175,15 @@ def _sampled_logprobs(args: list[Any], outputs: list[torch.Tensor], params: Mapp
 
 
 register_kernel("decoder_forward", _decoder_forward)
+register_kernel("decoder_lane", _decoder_lane)
+register_kernel("draft_forward", _draft_forward)
 register_kernel("sampled_logprobs", _sampled_logprobs)
 
 
 class DeviceDecoder:
-    """Persistent context tensors (allocated at load), the decoder op and the sampler."""
+    """Persistent context tensors (allocated at load), the decoder op and the sampler; with a
+    `drafter`, also the lanes of a step with drafts and the drafter's op (`lane`, `propose`:
+    the mirror's `LaneTarget` and `Drafter`)."""
 
     def __init__(
         self,
@@ -145,6 +193,9 @@ class DeviceDecoder:
         blocks: int,
         sampling: SamplingParams,
         cq: int = 0,
+        *,
+        drafter: DecoderModel | None = None,
+        lanes: int = 1,
     ) -> None:
         if not isinstance(device, EmulatedMeshDevice):
             raise NotImplementedError(
@@ -156,6 +207,9 @@ class DeviceDecoder:
         self.width = width
         self.sampling = sampling
         self.cq = cq
+        self.drafter = drafter
+        self.lanes = lanes
+        """1 + K: the query tokens a decoding row runs (the allowed ids are per lane)."""
         self._allocate_context(blocks)
         if not sampling.greedy:
             self._allocate_sampler()
@@ -184,7 +238,7 @@ class DeviceDecoder:
         # ids of constrained requests: written neutral here, then only when they change.
         self.params = _allocate(self.device, [width, 4], ttnn.float32)
         self.banned = _allocate(self.device, [width, BANNED], ttnn.int32)
-        self.allowed = _allocate(self.device, [width, self.model.vocab], ttnn.int32)
+        self.allowed = _allocate(self.device, [self.lanes * width, self.model.vocab], ttnn.int32)
         self._written: dict[str, Hashable] = {}
         self._stage_constraints(NO_ROWS)
         if self.sampling.greedy:  # one column per row: argmax over dimension 2 gives the slot
@@ -274,9 +328,11 @@ class DeviceDecoder:
             "constraints", (tuple(params.flatten().tolist()), tuple(banned.flatten().tolist())),
             lambda: [(params, ttnn.float32, self.params), (banned, ttnn.int32, self.banned)])
         # Keyed by the constrained rows alone: a step of free rows builds no [width, V] table.
-        masks = tuple((i, ids) for i, ids in enumerate(rows.allowed) if ids is not None)
+        masks = tuple((j, i, ids) for j in range(self.lanes)
+                      for i, ids in enumerate(rows.allowed_at(j)) if ids is not None)
         self._write_when_changed("allowed", masks, lambda: [
-            (allowed_table(rows, self.width, self.model.vocab), ttnn.int32, self.allowed)])
+            (allowed_table(rows, self.width, self.model.vocab, self.lanes), ttnn.int32,
+             self.allowed)])
 
     def _write_when_changed(
         self, name: str, key: Hashable,
@@ -295,6 +351,35 @@ class DeviceDecoder:
         """Enqueue the decoder op and the sampler; the sampler writes straight into `slot`, and
         the logprobs of what it drew go to the slot's logprob part when there is one."""
         self._enqueue_decoder(input_ids, positions)
+        self._sample(positions, slot, logprobs)
+        self.forwards += 1
+
+    def lane(self, j: int, input_ids: ttnn.Tensor, positions: ttnn.Tensor, spec: ttnn.Tensor,
+             out: ttnn.Tensor, logprobs: LogprobSlot | None = None) -> None:
+        """Lane j of a step with drafts (`tt_verify.LaneTarget`): the decoder op on the lane's
+        ids at its positions, then the sampler into `out` and the logprobs into `logprobs`."""
+        self._enqueue_decoder(input_ids, positions, lane=j, spec=spec)
+        self._sample(positions, out, logprobs)
+        self.forwards += j == 0
+
+    def propose(self, newest: ttnn.Tensor, position: ttnn.Tensor,
+                out: Sequence[ttnn.Tensor]) -> None:
+        """The drafter's K proposals after each row's newest token (`tt_verify.Drafter`)."""
+        if self.drafter is None:
+            raise RuntimeError("this decoder was loaded without a drafter")
+        reads = (self.history, newest, position, self.active, self.block, self.write_at)
+        kernel = Kernel("draft_forward", tuple(t.operand for t in reads),
+                        tuple(t.operand for t in out),
+                        {"drafter": self.drafter, "clock": self.clock})
+        program = Program("draft_forward", reads=tuple(t.buffer for t in reads),
+                          writes=tuple(t.buffer for t in out), kernel=kernel,
+                          cache_key=("draft_forward", id(self)))
+        self.device.launch(program, self.cq)
+
+    def _sample(self, positions: ttnn.Tensor, slot: ttnn.Tensor,
+                logprobs: LogprobSlot | None) -> None:
+        """The sampler from the logits into `slot` (seeded: keyed by each row's request and
+        `positions`), then the logprobs of what it drew."""
         with ttnn.command_queue(self.cq):
             if self.sampling.greedy:
                 ttnn.argmax(self.logits, dim=2, keepdim=True, output_tensor=slot)
@@ -312,7 +397,6 @@ class DeviceDecoder:
                 )
         if logprobs is not None:
             self._enqueue_logprobs(slot, logprobs)
-        self.forwards += 1
 
     def _enqueue_logprobs(self, slot: ttnn.Tensor, part: LogprobSlot) -> None:
         """The sampled id's logprob and the top n, from this step's logits, into `part`."""
@@ -331,10 +415,14 @@ class DeviceDecoder:
         )
         self.device.launch(program, self.cq)
 
-    def _enqueue_decoder(self, input_ids: ttnn.Tensor, positions: ttnn.Tensor) -> None:
+    def _enqueue_decoder(self, input_ids: ttnn.Tensor, positions: ttnn.Tensor,
+                         lane: int | None = None, spec: ttnn.Tensor | None = None) -> None:
+        """The decoder op (`lane` None), or its lane `lane` of a step with drafts (reading each
+        row's scheduled drafts, `spec`)."""
         inputs = [
             input_ids,
             positions,
+            *([] if spec is None else [spec]),
             self.active,
             self.block,
             self.write_at,
@@ -345,17 +433,19 @@ class DeviceDecoder:
             self.allowed,
         ]
         # Operands at fixed addresses, as every emulated op: a trace replays the same bytes.
+        name = "decoder_forward" if lane is None else "decoder_lane"
         kernel = Kernel(
-            "decoder_forward",
+            name,
             (self.history.operand, *(t.operand for t in inputs)),
             (self.logits.operand,),
-            {"model": self.model, "greedy": self.sampling.greedy, "clock": self.clock},
+            {"model": self.model, "greedy": self.sampling.greedy, "clock": self.clock,
+             **({} if lane is None else {"lane": lane, "width": self.width})},
         )
         program = Program(
-            "decoder_forward",
+            name,
             reads=tuple(t.buffer for t in (*inputs, self.history)),
             writes=(self.history.buffer, self.logits.buffer),
             kernel=kernel,
-            cache_key=("decoder_forward", id(self)),
+            cache_key=(name, id(self), lane),
         )
         self.device.launch(program, self.cq)

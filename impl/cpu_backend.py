@@ -91,24 +91,31 @@ class CpuMirror:
         to the target's token before them, at most the row's scheduled drafts), the newest
         token, its position, and the drafter's next K proposals after it."""
         base = self.input_positions
-        tokens = torch.stack([self._target(self.input_lanes[i], base + i)
-                              for i in range(self.k + 1)])
+        tokens = torch.stack([self._lane(j, base + j, slot) for j in range(self.k + 1)])
         match = (self.input_lanes[1:] == tokens[:-1]).to(torch.int64)
         lanes = torch.arange(self.k).unsqueeze(1)
         match = match * (lanes < self._spec.unsqueeze(0))  # no draft scheduled: nothing accepted
         accepted = torch.cumprod(match, dim=0).sum(dim=0)
         newest = torch.gather(tokens, 0, accepted.unsqueeze(0)).squeeze(0)
         position = base + accepted + 1
+        self.ring[slot] = newest
+        self.ring_tokens[slot] = tokens
+        self.ring_counts[slot] = accepted + 1
+        self.ring_positions[slot] = position
+        self.ring_drafts[slot] = self._propose(newest, position)
+
+    def _lane(self, j: int, positions: torch.Tensor, slot: int) -> torch.Tensor:
+        """The target's token after input lane j at `positions` (lane j of the slot's step)."""
+        return self._target(self.input_lanes[j], positions)
+
+    def _propose(self, newest: torch.Tensor, position: torch.Tensor) -> torch.Tensor:
+        """[K, rows]: the drafter's K proposals after each row's newest token at `position`."""
         assert self.draft_table is not None
         drafts, token = [], newest
         for j in range(self.k):
             token = forward_torch(self.draft_table, token, position + j)
             drafts.append(token)
-        self.ring[slot] = newest
-        self.ring_tokens[slot] = tokens
-        self.ring_counts[slot] = accepted + 1
-        self.ring_positions[slot] = position
-        self.ring_drafts[slot] = torch.stack(drafts)
+        return torch.stack(drafts)
 
     def readback_issue(self, slot: int) -> Any:
         # The copy is the readback: synchronous on the host.

@@ -84,15 +84,25 @@ class DraftSlot(NamedTuple):
     """[1, 1, 1, W] uint32 TILE: the newest token's position, advanced by a + 1."""
     drafts: tuple[ttnn.Tensor, ...]
     """K [1, 1, 1, W] uint32 TILE: the drafter's proposals after the newest token."""
+    logprobs: tuple[LogprobSlot, ...] = ()
+    """With a logprob ring: the logprob parts of lanes 1..K (lane 0's is the slot's own), each
+    lane's token's logprobs, so that every delivered token of a run has its entry."""
+
+    def tensors(self) -> tuple[ttnn.Tensor, ...]:
+        """Every tensor of the part, in one order (allocation checks, release)."""
+        return (*self.tokens, self.count, self.position, *self.drafts,
+                *(t for part in self.logprobs for t in part))
 
 
-def allocate_drafts(device: Any, width: int, k: int) -> DraftSlot:
+def allocate_drafts(device: Any, width: int, k: int, logprobs: int = 0) -> DraftSlot:
     """One slot's draft part, zero-filled (TILE: gather and where read them in the combine)."""
     return DraftSlot(
         tokens=tuple(allocate_ids(device, width) for _ in range(k + 1)),
         count=allocate_ids(device, width, ttnn.TILE_LAYOUT),
         position=allocate_ids(device, width, ttnn.TILE_LAYOUT),
         drafts=tuple(allocate_ids(device, width, ttnn.TILE_LAYOUT) for _ in range(k)),
+        logprobs=tuple(allocate_logprobs(device, width, logprobs) for _ in range(k))
+        if logprobs else (),
     )
 
 
@@ -100,7 +110,8 @@ class Ring:
     """K slots, allocated together; `seal()` once a trace captured them. With `logprobs` n > 0,
     each slot has a second part, the logprob ring's: the same lifetime, written by the same
     step, read back under the same event (one ownership rule for both). With `drafts` K > 0,
-    each slot has a draft part (`DraftSlot`), under the same rule."""
+    each slot has a draft part (`DraftSlot`), under the same rule (with logprobs, it holds the
+    logprob parts of the draft lanes too)."""
 
     def __init__(self, device: Any, rows: int, slots: int, logprobs: int = 0,
                  drafts: int = 0) -> None:
@@ -111,7 +122,8 @@ class Ring:
             if logprobs else []
         )
         self.drafts: list[DraftSlot] = (
-            [allocate_drafts(device, self.width, drafts) for _ in range(slots)] if drafts else []
+            [allocate_drafts(device, self.width, drafts, logprobs) for _ in range(slots)]
+            if drafts else []
         )
         self.addresses = [slot.buffer_address() for slot in self.slots]
         self._at_load = [self._addresses(k) for k in range(slots)]
@@ -121,10 +133,7 @@ class Ring:
         return tuple(t.buffer_address() for t in self._tensors(slot))
 
     def _tensors(self, slot: int) -> tuple[ttnn.Tensor, ...]:
-        part: tuple[ttnn.Tensor, ...] = ()
-        if self.drafts:
-            d = self.drafts[slot]
-            part = (*d.tokens, d.count, d.position, *d.drafts)
+        part = self.drafts[slot].tensors() if self.drafts else ()
         return (self.slots[slot], *(self.logprobs[slot] if self.logprobs else ()), *part)
 
     def __len__(self) -> int:

@@ -204,7 +204,8 @@ class _Step:
     phase: Phase = Phase.SCHEDULED
     pending: Any = None  # the mirror's readback handle, held until its event is synchronised
     host_copy: tuple[int, ...] | None = None
-    logprobs: tuple[TokenLogprobs, ...] | None = None  # with the host copy, when the ring has them
+    logprobs: tuple[tuple[TokenLogprobs, ...], ...] | None = None
+    """With the host copy, when the ring has them: per row, each lane's entry (`Runner._lanes`)."""
     drafts: DraftCopy | None = None  # with the host copy, when the mirror carries drafts
 
 
@@ -357,9 +358,11 @@ class Runner:
             # Raised outside the handler, with no cause: no frame of the failed load (and so
             # none of the tensors it allocated) outlives it.
             raise failure
+        # With drafts the model instance has K spec tokens (absent: none, as before drafts).
+        spec: dict[str, Any] = {"spec_tokens": c.drafts.k} if c.drafts is not None else {}
         self.events.record("allocate", depth=c.depth, slots=c.slots, guard=c.guard,
                            preempt_policy=c.preempt_policy, prefill_chunks=c.prefill_chunks,
-                           device_waits=self.backend.reports_device_waits)
+                           device_waits=self.backend.reports_device_waits, **spec)
 
     def arrive(self, req: int, prompt: int, *, max_tokens: int | None = None,
                host_sync: bool = False, prefill_chunks: int | None = None) -> None:
@@ -407,6 +410,8 @@ class Runner:
                 raise PhaseError(f"finish(r{req}, keep={keep}): its last run has {len(run)} "
                                  "token(s)")
             del r.delivered[len(r.delivered) - len(run) + keep:]
+            if self.config.logprobs:  # one entry per delivered token: cut with them
+                del r.logprobs[len(r.delivered):]
             self.stats["stops_inside_run"] += keep < len(run)
         self._drop(req, "finish_in_flight")
         r.status, r.closed_at, r.unchecked = Status.FINISHED, len(r.delivered), False
@@ -564,13 +569,19 @@ class Runner:
         and drafts are on the device; a host row's position is the host's count of computed
         tokens (delivered plus owed), its drafts those read back."""
         req = self.requests[r]
-        assert self.config.drafts is not None
-        ready = req.drafts_ready and req.status != Status.WAITING and not partial
-        spec = self.config.drafts.k if ready else 0
+        spec = self.spec_due(r, partial)
         if prev_row is not None:
             return Row(req=r, pos=-1, prev_row=prev_row, partial=partial, spec=spec)
         return Row(req=r, pos=len(req.delivered) + req.placeholders, prev_row=None,
                    partial=partial, spec=spec, drafts=req.host_drafts if spec else ())
+
+    def spec_due(self, req: int, partial: bool = False) -> int:
+        """Drafts `req`'s row of the next step carries (rule 13): K if the drafter proposed them
+        (it was in the last scheduled step past its prompt, and is not re-entering), else 0; 0
+        for a prefill chunk, and without drafts."""
+        r, drafts = self.requests[req], self.config.drafts
+        ready = r.drafts_ready and r.status != Status.WAITING and not partial
+        return drafts.k if drafts is not None and ready else 0
 
     def _previous_rows(self, prev: _Step | None) -> dict[int, int]:
         """The previous-row map's source: each request's row in the previous in-flight step,
@@ -682,7 +693,7 @@ class Runner:
         with self.device_call("readback_complete", q):
             ids = self.mirror.readback_complete(step.pending)
             logprobs = (  # the same event covered the logprob ring's copy
-                tuple(self.mirror.readback_logprobs(step.pending)[: len(step.rows)])
+                self._lanes(self.mirror.readback_logprobs(step.pending), len(step.rows))
                 if self.config.logprobs else None
             )
             drafts = (self.mirror.readback_drafts(step.pending)
@@ -692,7 +703,19 @@ class Runner:
         step.pending = None  # synchronised: the host tensor may go now
         step.host_copy = tuple(ids[: len(step.rows)])
         step.phase = Phase.READBACK_DONE
-        self._record_phase("readback_complete", step, q)
+        # With drafts, what each row's verification accepted (read back with the ids): the
+        # model's launch of this step takes it as its verdict.
+        counts: dict[str, Any] = (
+            {"counts": drafts.counts[: len(step.rows)]} if drafts is not None else {})
+        self._record_phase("readback_complete", step, q, **counts)
+
+    def _lanes(self, entries: list[TokenLogprobs], rows: int
+               ) -> tuple[tuple[TokenLogprobs, ...], ...]:
+        """The logprob ring's host copy per row: its lanes' entries (one lane without drafts;
+        with K drafts, lane j of row i at j * width + i: the entry of each token it may yield)."""
+        lanes = 1 + (self.config.drafts.k if self.config.drafts is not None else 0)
+        width = len(entries) // lanes
+        return tuple(tuple(entries[j * width + i] for j in range(lanes)) for i in range(rows))
 
     def apply(self) -> dict[int, int]:
         """Retire the oldest step: deliver each live row's token; returns {req: token}."""
@@ -717,8 +740,8 @@ class Runner:
                 token = self._deliver_run(row, r, step.drafts, i)
             else:
                 r.delivered.append(token)
-            if step.logprobs is not None:
-                r.logprobs.append(step.logprobs[i])
+            if step.logprobs is not None:  # one entry per token delivered: the run's lanes
+                r.logprobs.extend(step.logprobs[i][: len(self.last_runs.get(row.req, (token,)))])
             delivered[row.req] = token
             if len(r.delivered) >= r.max_tokens:
                 r.status, r.closed_at, r.unchecked = Status.FINISHED, len(r.delivered), False

@@ -42,10 +42,11 @@ from .backend import (
 )
 from .combine import DeviceCombine
 from .devices import DeviceProvider, default_provider, device_info, provider_of
+from .drafts import draft_table
 from .ring import Ring
 from .trace import DecodeTraces
 from .tt_model import TtProbeModel
-from .tt_verify import DeviceVerify
+from .tt_verify import DeviceVerify, HeadDrafter, ProbeLanes
 
 COMPUTE_CQ = 0
 DEFAULT_TRACE_REGION = 1 << 20
@@ -58,8 +59,9 @@ class PendingReadback:
     slot: int
     host: ttnn.Tensor | None
     event: Any
-    logprobs: tuple[ttnn.Tensor, ttnn.Tensor] | None = None
-    """Host copies of the slot's logprob part (values, ids), under the same event."""
+    logprobs: tuple[tuple[ttnn.Tensor, ttnn.Tensor], ...] | None = None
+    """Host copies of the slot's logprob part (values, ids), under the same event: one pair,
+    or with drafts one per lane."""
     logprobs_event: Any = None
     """The logprob copies' own event (only with `logprob-fence-ids-only` planted)."""
     issued: int = 0
@@ -80,9 +82,6 @@ class TtMirror:
         if spec.logprobs and model is None:
             raise ValueError("the probe forward computes no logprobs: open the mirror with "
                              "logprobs=0, or serve a decoder model (ServingBackend)")
-        if spec.drafts is not None and model is not None:
-            raise ValueError("only the probe drafts and verifies on this mirror: open it with "
-                             "drafts=None to serve a decoder model")
         k = spec.drafts.k if spec.drafts is not None else 0
         self.ring = Ring(device, spec.rows, spec.slots, spec.logprobs, drafts=k)
         other = readback_cq if readback_cq != COMPUTE_CQ else None
@@ -97,11 +96,7 @@ class TtMirror:
                 mutations=spec.mutations,
             )
         )
-        self.verify = (
-            DeviceVerify(device, spec.probe, spec.drafts, self.ring.width, self.combiner,
-                         self.model, COMPUTE_CQ)
-            if spec.drafts is not None else None
-        )
+        self.verify = self._verifier(device, model) if spec.drafts is not None else None
         self._launched: list[Any] = [None] * spec.slots  # CQ0 event after the slot's writer
         self._read: list[Any] = [None] * spec.slots  # readback_cq event after the slot's copy
         self._issued = 0  # a plain int: the backend's state copies as data
@@ -118,6 +113,18 @@ class TtMirror:
         # Load is complete before the first step: every zero-fill, table upload and warm-up
         # has run, so no step's work ever queues behind load.
         ttnn.synchronize_device(device)
+
+    def _verifier(self, device: Any, model: Any) -> DeviceVerify:
+        """The launch with drafts: the probe's lanes and draft table, or a serving decoder that
+        runs its own lanes and drafter (`LaneTarget`, `Drafter`)."""
+        assert self.spec.drafts is not None
+        width, k = self.ring.width, self.spec.drafts.k
+        if model is not None:
+            return DeviceVerify(device, k, width, self.combiner, model, model, COMPUTE_CQ)
+        drafter = HeadDrafter(device, draft_table(self.spec.probe, self.spec.drafts), width,
+                              COMPUTE_CQ)
+        return DeviceVerify(device, k, width, self.combiner, ProbeLanes(self.model), drafter,
+                            COMPUTE_CQ)
 
     def _next_issue(self) -> int:
         self._issued += 1
@@ -137,10 +144,12 @@ class TtMirror:
         """Forward + sample into the slot (and its logprob part, when the ring has one); with
         drafts, the launch that verifies and drafts, writing the slot and its draft part."""
         target = 0 if self._planted("ring-reuse-k1") else slot  # planted: K=1 reuse
-        if self.verify is not None:
-            self.verify.enqueue(self.ring[target], self.ring.drafts[target])
-            return
         part = self.ring.logprobs[target] if self.ring.logprobs else None
+        if self.verify is not None:
+            draft = self.ring.drafts[target]
+            lanes = (part, *draft.logprobs) if part is not None else None
+            self.verify.enqueue(self.ring[target], draft, lanes)
+            return
         self.model.forward(self.combiner.input_ids, self.combiner.positions, self.ring[target],
                            logprobs=part)
 
@@ -202,12 +211,16 @@ class TtMirror:
         self._read[slot] = pending.event
         return pending
 
-    def _copy_logprobs(self, slot: int, cq: int) -> tuple[ttnn.Tensor, ttnn.Tensor] | None:
-        """Non-blocking copies of the slot's logprob part, on the ids' queue."""
+    def _copy_logprobs(self, slot: int, cq: int
+                       ) -> tuple[tuple[ttnn.Tensor, ttnn.Tensor], ...] | None:
+        """Non-blocking copies of the slot's logprob part (with drafts, every lane's), on the
+        ids' queue."""
         if not self.ring.logprobs:
             return None
-        part = self.ring.logprobs[slot]
-        return (part.values.cpu(blocking=False, cq_id=cq), part.ids.cpu(blocking=False, cq_id=cq))
+        lanes = (self.ring.logprobs[slot], *(self.ring.drafts[slot].logprobs
+                                              if self.ring.drafts else ()))
+        return tuple((part.values.cpu(blocking=False, cq_id=cq),
+                      part.ids.cpu(blocking=False, cq_id=cq)) for part in lanes)
 
     def _copy_drafts(self, slot: int, cq: int) -> tuple[ttnn.Tensor, ...] | None:
         """Non-blocking copies of the slot's draft part (tokens, count, drafts), on the ids'
@@ -232,9 +245,13 @@ class TtMirror:
         """The logprob part's host copy; its event was synchronised by `readback_complete`."""
         if pending.logprobs is None:
             raise RuntimeError("this mirror was opened without logprobs (MirrorSpec.logprobs)")
-        values, ids = (ttnn.to_torch(t) for t in pending.logprobs)
-        width = values.shape[-2]
-        return logprob_rows(values.reshape(width, -1).tolist(), ids.reshape(width, -1).tolist())
+        rows: list[TokenLogprobs] = []
+        for lane in pending.logprobs:  # lane-major: lane j of row i at j * width + i
+            values, ids = (ttnn.to_torch(t) for t in lane)
+            width = values.shape[-2]
+            rows += logprob_rows(values.reshape(width, -1).tolist(),
+                                 ids.reshape(width, -1).tolist())
+        return rows
 
     def readback_complete(self, pending: Any) -> list[int]:
         if self._planted("host-read-before-event"):

@@ -18,61 +18,115 @@ the base positions; for slot s (all tensors [1, 1, 1, W] uint32, TILE unless sai
     for j in 0..K-1: draft(token, add(slot[s].position, j)) -> slot[s].drafts[j]   (j = 0: as is)
                      (token: the newest, then the previous draft)
 
-`target` is the probe's forward and sampler (`TtProbeModel.forward`, greedy or seeded, one call
-per lane: the seeded sampler keys each lane's draw on (request, its position)); `draft` is the
-greedy forward over the drafter's one-hot table (`drafts.draft_table`). The mask is a prefix, so
-it equals the cpu mirror's `min(accepted, spec)`; every `where` predicate is 0/1. Only add, eq,
-where, gather and argmax (and the seeded forward's own calls), each on a row the installed ttnn
-documents, and every output is allocated here at load: nothing is allocated per step, so the
-launch is captured in the decode trace as it runs eagerly.
+`target` is the model's forward and sampler on one lane (`LaneTarget`): the probe's
+(`TtProbeModel.forward`, greedy or seeded, through `ProbeLanes`), or a serving decoder's, which
+writes the lane's tokens into its KV context and, with a logprob ring, the lane's logprobs (the
+seeded sampler keys each lane's draw on (request, its position)). `draft` is the `Drafter`: the
+probe's is the greedy forward over its one-hot draft table (`HeadDrafter`); a serving decoder
+drafts all K from its context in one op. The mask is a prefix, so it equals the cpu mirror's
+`min(accepted, spec)`; every `where` predicate is 0/1. Only add, eq, where, gather and argmax
+(and the forwards' own calls), each on a row the installed ttnn documents, and every output is
+allocated here at load: nothing is allocated per step, so the launch is captured in the decode
+trace as it runs eagerly.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Sequence
+from typing import Any, Protocol
 
 import ttnn
 
 from .combine import DeviceCombine
-from .drafts import DraftSpec, draft_table
-from .probe import ProbeSpec
-from .ring import DraftSlot, allocate_ids
+from .ring import DraftSlot, LogprobSlot, allocate_ids
 from .tt_model import GreedyHead, TtProbeModel
 
 
-class DeviceVerify:
-    """Scratch of the launch with drafts, the drafter's head, and the ops writing a slot."""
+class LaneTarget(Protocol):
+    def lane(self, j: int, input_ids: ttnn.Tensor, positions: ttnn.Tensor, spec: ttnn.Tensor,
+             out: ttnn.Tensor, logprobs: LogprobSlot | None = None) -> None:
+        """Enqueue the target's token after input lane `j` at `positions` into `out` (uint32
+        ROW_MAJOR); `spec`: each row's scheduled drafts (lanes past them are never used)."""
 
-    def __init__(self, device: Any, probe: ProbeSpec, drafts: DraftSpec, width: int,
-                 combine: DeviceCombine, target: TtProbeModel, cq: int = 0) -> None:
-        self.k = k = drafts.k
+
+class Drafter(Protocol):
+    def propose(self, newest: ttnn.Tensor, position: ttnn.Tensor,
+                out: Sequence[ttnn.Tensor]) -> None:
+        """Enqueue the K drafts after each row's `newest` token at `position` into `out`."""
+
+
+class ProbeLanes:
+    """The probe's forward and sampler as a lane target: every lane is the same function."""
+
+    def __init__(self, model: TtProbeModel) -> None:
+        self.model = model
+
+    def lane(self, j: int, input_ids: ttnn.Tensor, positions: ttnn.Tensor, spec: ttnn.Tensor,
+             out: ttnn.Tensor, logprobs: LogprobSlot | None = None) -> None:
+        self.model.forward(input_ids, positions, out, logprobs=logprobs)
+
+
+class HeadDrafter:
+    """The probe's drafter: the greedy forward over its one-hot table (`drafts.draft_table`),
+    one call per draft, each from the previous one."""
+
+    def __init__(self, device: Any, table: Any, width: int, cq: int = 0) -> None:
+        self.cq = cq
+        self.position = allocate_ids(device, width, ttnn.TILE_LAYOUT)
+        self.rows = allocate_ids(device, width)  # what argmax writes: ROW_MAJOR
+        self.head = GreedyHead(device, table, width, cq)
+
+    def propose(self, newest: ttnn.Tensor, position: ttnn.Tensor,
+                out: Sequence[ttnn.Tensor]) -> None:
+        token = newest
+        for j, draft in enumerate(out):
+            at = position
+            if j:
+                at = self.position
+                with ttnn.command_queue(self.cq):
+                    ttnn.add(position, j, output_tensor=at)
+            self.head.forward(token, at, self.rows)
+            with ttnn.command_queue(self.cq):
+                ttnn.add(self.rows, 0, output_tensor=draft)
+            token = draft
+
+
+class DeviceVerify:
+    """Scratch of the launch with drafts, and the ops writing a slot around the target's lanes
+    and the drafter."""
+
+    def __init__(self, device: Any, k: int, width: int, combine: DeviceCombine,
+                 target: LaneTarget, drafter: Drafter, cq: int = 0) -> None:
+        self.k = k
         self.cq = cq
         self.combine = combine
         self.target = target
+        self.drafter = drafter
         tile = ttnn.TILE_LAYOUT
 
         def scratch(n: int) -> list[ttnn.Tensor]:
             return [allocate_ids(device, width, tile) for _ in range(n)]
 
+        assert combine.base is not None
         self.lane_positions = [combine.base, *scratch(k)]
         self.tokens = scratch(k + 1)  # the target's tokens, TILE
         self.matches = scratch(k)
         self.spec_zero, self.m1, self.newest = scratch(3)
         self.second = scratch(5) if k == 2 else []
         """K = 2 only: eq(spec, 2), m1 AND m2, p2, a, where(m1, t1, t0)."""
-        self.draft_position = allocate_ids(device, width, tile)
-        self.draft_rows = allocate_ids(device, width)  # what argmax writes: ROW_MAJOR
-        self.drafter = GreedyHead(device, draft_table(probe, drafts), width, cq)
 
-    def enqueue(self, ids: ttnn.Tensor, slot: DraftSlot) -> None:
-        """The launch that verifies, writing the slot's ids (the newest tokens) and draft part."""
+    def enqueue(self, ids: ttnn.Tensor, slot: DraftSlot,
+                logprobs: Sequence[LogprobSlot] | None = None) -> None:
+        """The launch that verifies, writing the slot's ids (the newest tokens) and draft part
+        (and, with `logprobs`, each lane's logprob part)."""
         lanes, spec, base = self.combine.lanes, self.combine.spec, self.combine.base
         assert spec is not None and base is not None
         for j in range(self.k + 1):
             if j:
                 with ttnn.command_queue(self.cq):
                     ttnn.add(base, j, output_tensor=self.lane_positions[j])
-            self.target.forward(lanes[j], self.lane_positions[j], slot.tokens[j])
+            self.target.lane(j, lanes[j], self.lane_positions[j], spec, slot.tokens[j],
+                             logprobs[j] if logprobs else None)
             with ttnn.command_queue(self.cq):
                 ttnn.add(slot.tokens[j], 0, output_tensor=self.tokens[j])
         tok = self.tokens
@@ -95,14 +149,4 @@ class DeviceVerify:
             ttnn.add(self.newest, 0, output_tensor=ids)
             ttnn.add(accepted, 1, output_tensor=slot.count)
             ttnn.add(base, slot.count, output_tensor=slot.position)
-        token = self.newest
-        for j in range(self.k):
-            position = slot.position
-            if j:
-                position = self.draft_position
-                with ttnn.command_queue(self.cq):
-                    ttnn.add(slot.position, j, output_tensor=position)
-            self.drafter.forward(token, position, self.draft_rows)
-            with ttnn.command_queue(self.cq):
-                ttnn.add(self.draft_rows, 0, output_tensor=slot.drafts[j])
-            token = slot.drafts[j]
+        self.drafter.propose(self.newest, slot.position, slot.drafts)

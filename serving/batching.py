@@ -21,6 +21,7 @@ from collections.abc import Hashable, Iterable, Sequence
 from dataclasses import dataclass, field
 
 from ..impl.backend import TokenLogprobs
+from ..impl.drafts import DraftSpec
 from ..impl.mutations import NONE, Mutations
 from ..impl.probe import ProbeSpec
 from ..impl.rows import Row
@@ -72,6 +73,10 @@ class ServingConfig:
     seeded shuffle per step, or vLLM's condense-on-removal. Tokens do not depend on it."""
     row_order_seed: int = 0
     """The seed of the `shuffle` policy."""
+    spec_tokens: int = 0
+    """Speculative decoding (spec rule 13): K = 1 or 2 drafts per decoding row, proposed on the
+    device by the model's drafter (`models.drafter_for`) and verified there; 0: none. A decoding
+    row then computes 1 + K tokens, which the step's token budget and the KV budget count."""
 
 
 @dataclass
@@ -123,9 +128,14 @@ class ServingEngine(Engine):
         c = self.serving
         if c.prefill_chunk is not None and c.prefill_chunk < 1:
             raise ValueError(f"prefill_chunk must be 1 or more, got {c.prefill_chunk}")
-        if c.max_step_tokens is not None and c.max_step_tokens < c.rows:
+        if c.spec_tokens not in (0, 1, 2):
+            raise ValueError(f"spec_tokens must be 0, 1 or 2 (drafts per decoding row), got "
+                             f"{c.spec_tokens}")
+        self.k = c.spec_tokens
+        if c.max_step_tokens is not None and c.max_step_tokens < c.rows * (1 + self.k):
             raise ValueError(f"max_step_tokens ({c.max_step_tokens}) must be at least rows "
-                             f"({c.rows}): every row of a step takes a token")
+                             f"({c.rows}) times 1 + spec_tokens ({1 + self.k}): every row of a "
+                             "step takes its tokens")
         chosen = order or row_order(c.row_order, c.row_order_seed)  # ValueError if unknown
         if not 0 <= c.max_logprobs <= self.model.vocab:
             raise ValueError(f"max_logprobs must be in [0, {self.model.vocab}] (the vocabulary of "
@@ -146,6 +156,7 @@ class ServingEngine(Engine):
                 record_events=c.record_events,
                 readback_timeout_s=c.readback_timeout_s,
                 mutations=c.mutations,
+                drafts=DraftSpec(k=self.k) if self.k else None,
             ),
             chosen,
         )
@@ -306,6 +317,10 @@ class ServingEngine(Engine):
         live = [row for row in step.rows if row.live]
         if any(row.partial for row in live) and any(row.prev_row is not None for row in live):
             self.kv.chunks_beside_mirror += 1
+        # What the step computes: a prefilling row its chunk, a decoding row 1 + its drafts.
+        tokens = sum(self.chunk[row.req] if row.req in self.chunk else 1 + row.spec
+                     for row in live)
+        self.kv.peak_step_tokens = max(self.kv.peak_step_tokens, tokens)
         context = StepContext(tuple(self._context_row(q, row) for row in step.rows))
         live_params = {(k, p, t) for k, p, t, active in zip(
             context.top_k, context.top_p, context.temperature, context.active, strict=True)
@@ -325,16 +340,22 @@ class ServingEngine(Engine):
             self.prefilled[row.req] = at + 1
             self.kv.partial_chunks += 1
         allowed = self._allowed(q, row.req) if row.live and w.constraint else None
+        draft_allowed: tuple[frozenset[int], ...] = ()
+        if allowed is not None and row.spec:  # host drafts: the host builds each lane's mask
+            grammar, known = GRAMMARS[w.constraint or ""], self._known(row.req)
+            draft_allowed = tuple(grammar.allowed(known + row.drafts[:j], self.model.vocab)
+                                  for j in range(1, row.spec + 1))
         prefill = None
         if fresh:
             # Re-entering: the block is rebuilt from the host's authoritative tokens.
-            known = w.prompt + tuple(self.runner.requests[row.req].delivered)
-            prefill = known[:at]
+            prefill = self._known(row.req)[:at]
             if not row.partial:
                 self.needs_prefill.discard(row.req)
                 self.prefilled.pop(row.req, None)
                 self.kv.prefills += 1
         own = w.sampling or self.sampling
+        if self.k:  # the lanes' index is the offset plus the position, which the device holds
+            at = at - row.pos if row.pos >= 0 else len(w.prompt) - 1
         return ContextRow(
             row=row,
             block=self.block_of.get(row.req, 0),
@@ -344,7 +365,12 @@ class ServingEngine(Engine):
             sampling=own,
             banned=tuple(sorted(w.stop_ids)) if own.min_tokens else (),
             allowed=allowed,
+            draft_allowed=draft_allowed,
         )
+
+    def _known(self, req: int) -> tuple[int, ...]:
+        """The host's authoritative tokens of `req`: its prompt, then what it was delivered."""
+        return self.requests[req].prompt + tuple(self.runner.requests[req].delivered)
 
     # --- KV blocks and budget --------------------------------------------------------------------
     def validate(self, req: int, prompt: Sequence[int], max_tokens: int) -> tuple[int, ...]:
@@ -386,10 +412,9 @@ class ServingEngine(Engine):
             # Host-sync keeps this from happening; if it did, the mask would miss the newest token.
             raise PhaseError(f"request {req} is constrained but has a step in flight: its "
                                "mask would be built without its newest token")
-        w = self.requests[req]
-        grammar = GRAMMARS[w.constraint or ""]
+        grammar = GRAMMARS[self.requests[req].constraint or ""]
         self.kv.constrained_rows += 1
-        return grammar.allowed(w.prompt + tuple(r.requests[req].delivered), self.model.vocab)
+        return grammar.allowed(self._known(req), self.model.vocab)
 
     def _before_schedule(self, rows: list[int]) -> None:
         """Size this step's prefill chunks: a decoding row takes one token; the prefilling
@@ -400,7 +425,8 @@ class ServingEngine(Engine):
             self.stats["steps_out_of_id_order"] += 1
         prefilling = sorted((q for q in rows if q in self.needs_prefill),
                             key=lambda q: self.requests[q].arrival)
-        decodes = len(rows) - len(prefilling)
+        # A decoding row takes 1 + the drafts it will carry (rule 13).
+        decodes = sum(1 + r.spec_due(q) for q in rows if q not in self.needs_prefill)
         left = None if c.max_step_tokens is None else c.max_step_tokens - decodes
         self.chunk = {}
         for i, req in enumerate(prefilling):
@@ -414,20 +440,21 @@ class ServingEngine(Engine):
                 left -= give
             r.chunk_prefill(req, partial=give < remaining)
             self.chunk[req] = give
-        self.kv.peak_step_tokens = max(self.kv.peak_step_tokens,
-                                       decodes + sum(self.chunk.values()))
 
     def _prefill_tokens(self, req: int) -> int:
         """Context tokens `req`'s prefill writes: its prompt and what it was delivered."""
         return len(self.requests[req].prompt) + len(self.runner.requests[req].delivered)
 
     def _context_after_step(self, req: int) -> int:
-        """Context tokens `req` holds once the next step ran (in-flight tokens included)."""
+        """Context tokens `req` holds once the next step ran (in-flight tokens included). With
+        drafts every in-flight step of it holds KV for its 1 + spec tokens (its placeholders),
+        and the next one for 1 + K: rejected drafts' KV is dead, but written."""
         r = self.runner
         grows = r.status(req) in (Status.WAITING, Status.RUNNING) and r.next_pos(req) < (
             self.requests[req].max_tokens
         )
-        return len(self.requests[req].prompt) - 1 + r.next_pos(req) + int(grows)
+        held = len(r.requests[req].delivered) + r.owed(req)  # without drafts: next_pos
+        return len(self.requests[req].prompt) - 1 + held + (1 + self.k) * int(grows)
 
     def _usage(self) -> int:
         return sum(self._context_after_step(q) for q in self.block_of)

@@ -10,6 +10,14 @@ token ids): it is the recompute form of a KV cache, and it lives on the device. 
 so in steady decode the newest token reaches the context from the device only; the host rewrites
 a block from its own token list only when a request (re)enters: on arrival and after preemption,
 when the device row it had is no longer its.
+
+With drafts (spec rule 13) a step runs 1 + spec query tokens per row, lane j being the newest
+token (j = 0) or draft j at position pos + j (`decode_lane`): lane j writes history[block, at + j]
+and reads the context through it, so the target sees each draft after the ones before it. A row
+reading the mirror has its position on the device only, so the index is the row's offset (where
+position 0 goes) plus the lane's position, computed there. A rejected draft's entry is dead: the
+next step's newest token overwrites the first of them, and nothing reads past a context's end.
+After verification the drafter proposes K tokens from the accepted context (`draft_rows`).
 """
 
 from __future__ import annotations
@@ -17,7 +25,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cached_property
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import torch
 
@@ -82,7 +90,9 @@ class ContextRow(NamedTuple):
     block: int
     """The KV block (row of `history`) its request holds."""
     write_at: int
-    """Index in the context where the row's input id goes (prompt length - 1 + pos)."""
+    """Index in the context where the row's input id goes (prompt length - 1 + pos). With drafts,
+    the index of position 0 instead (the offset): the decoder op adds each lane's position,
+    which for a row reading the mirror only the device knows."""
     prefill: tuple[int, ...] | None
     """The context before `write_at`, from the host's token list, when the row (re)enters its
     block (arrival, resume); None: it decodes from the block as the device holds it."""
@@ -94,6 +104,8 @@ class ContextRow(NamedTuple):
     """The ids masked while it has generated fewer than min_tokens (its stop ids)."""
     allowed: frozenset[int] | None = None
     """The ids its grammar allows next (built on the host), or None: every id."""
+    draft_allowed: tuple[frozenset[int], ...] = ()
+    """With drafts, the ids its grammar allows after each of its host drafts (lanes 1..spec)."""
 
 
 @dataclass(frozen=True)
@@ -153,7 +165,13 @@ class StepContext:
 
     @cached_property
     def allowed(self) -> tuple[frozenset[int] | None, ...]:
-        return tuple(r.allowed for r in self.rows)
+        return self.allowed_at(0)
+
+    def allowed_at(self, lane: int) -> tuple[frozenset[int] | None, ...]:
+        """Per row, the ids its grammar allows on `lane` (0: the newest token's next)."""
+        return tuple(r.allowed if lane == 0 else
+                     (r.draft_allowed[lane - 1] if lane <= len(r.draft_allowed) else None)
+                     for r in self.rows)
 
     def any_prefill(self) -> bool:
         return any(r.prefill is not None for r in self.rows)
@@ -234,13 +252,15 @@ def constrain(logits: torch.Tensor, context: torch.Tensor, generated: int,
     return out
 
 
-def allowed_table(rows: StepContext, width: int, vocab: int) -> torch.Tensor:
-    """[width, vocab] int32: 1 where a row's next token may be the id (all 1 on free rows)."""
-    table = torch.ones(width, vocab, dtype=torch.int32)
-    for i, ids in enumerate(rows.allowed):
-        if ids is not None:
-            table[i] = 0
-            table[i, sorted(ids)] = 1
+def allowed_table(rows: StepContext, width: int, vocab: int, lanes: int = 1) -> torch.Tensor:
+    """[lanes * width, vocab] int32: 1 where a row's next token on a lane may be the id (all 1
+    on free rows); lane j's rows at j * width."""
+    table = torch.ones(lanes * width, vocab, dtype=torch.int32)
+    for lane in range(lanes):
+        for i, ids in enumerate(rows.allowed_at(lane)):
+            if ids is not None:
+                table[lane * width + i] = 0
+                table[lane * width + i, sorted(ids)] = 1
     return table
 
 
@@ -303,3 +323,57 @@ def decode_rows(
         if allowed is not None:
             logits[i][allowed[i] == 0] = float("-inf")
     return logits
+
+
+def decode_lane(model: DecoderModel, history: torch.Tensor, lane: int, spec: torch.Tensor,
+                input_ids: torch.Tensor, positions: torch.Tensor, active: torch.Tensor,
+                block: torch.Tensor, offset: torch.Tensor, prefill: torch.Tensor,
+                *rest: Any) -> torch.Tensor:
+    """Lane `lane` of a step with drafts: `decode_rows` over the rows that scheduled at least
+    `lane` drafts, each writing its lane's id at `offset + position` (the lane's positions, as
+    the device holds them) and reading its context through it; a row prefills on lane 0 only.
+    `rest`: `decode_rows`'s prefill ids and constraint tables (the allowed ids: this lane's). A
+    position past the context (never a delivered token's) computes nothing."""
+    width = active.numel()
+
+    def column(t: torch.Tensor) -> torch.Tensor:  # device integers as int64, uint32 unwrapped
+        return t.reshape(-1)[:width].to(torch.int64) & UINT32_MASK
+
+    at = column(offset) + column(positions)
+    live = (column(active) > 0) & (column(spec) >= lane) & (at < model.max_context)
+    first = prefill if lane == 0 else torch.zeros_like(prefill)  # a row prefills on lane 0
+    return decode_rows(model, history, input_ids, positions, live.to(torch.int64), block,
+                       torch.where(live, at, 0), first, *rest)
+
+
+def draft_rows(
+    drafter: DecoderModel,
+    history: torch.Tensor,
+    k: int,
+    newest: torch.Tensor,
+    position: torch.Tensor,
+    active: torch.Tensor,
+    block: torch.Tensor,
+    offset: torch.Tensor,
+) -> torch.Tensor:
+    """[k, rows] int64: each active row's K drafts after its newest token at `position` (where
+    verification advanced it), greedy from the drafter over the accepted context: the block's
+    tokens before that position, then the newest, then the drafts so far. The drafter writes no
+    KV of its own (the next step's lanes write the target's)."""
+    width = active.numel()
+    out = torch.zeros(k, width, dtype=torch.int64)
+    news = ((newest.reshape(-1)[:width].to(torch.int64) & UINT32_MASK)
+            .clamp(max=drafter.vocab - 1)).tolist()
+    flags, blocks, offsets, poss = (t.reshape(-1)[:width].tolist()
+                                    for t in (active, block, offset, position))
+    for i in range(width):
+        at = int(offsets[i]) + (int(poss[i]) & UINT32_MASK)
+        if not flags[i] or at + k > drafter.max_context:
+            continue  # no row, or drafts past the context: never used
+        context = torch.cat([history[int(blocks[i]), :at].to(torch.int64),
+                             torch.tensor([news[i]])])
+        for j in range(k):
+            token = int(torch.argmax(drafter.logits(context, int(poss[i]) + j)))
+            out[j, i] = token
+            context = torch.cat([context, torch.tensor([token])])
+    return out

@@ -11,6 +11,12 @@ other rows share its step: async and sync serving can then be compared token for
   tiny configs with seeded random weights (no download), float32, eager attention.
 - checkpoints (`qwen3-0.6b`, ...): loaded only from the local Hugging Face cache, offline;
   absent ones raise `CheckpointUnavailable` naming the checkpoint.
+
+Speculative decoding (spec rule 13) drafts with `drafter_for(model, drafts)`, a model of the
+same kind the device runs after verification: the probe's drafter is its second one-hot table
+(`impl/drafts.py`, right on a seeded share of rows); a `transformers` model's is the model itself
+with its later layers skipped (its first half, then the final norm and head: self-speculation),
+which agrees with the whole model on some tokens and not others.
 """
 
 from __future__ import annotations
@@ -21,6 +27,7 @@ from typing import Any, Protocol
 
 import torch
 
+from ..impl.drafts import DraftSpec, draft_table
 from ..impl.probe import ProbeSpec, permutation
 from .catalog import CHECKPOINTS, TINY_ARCHS, model_names
 
@@ -60,6 +67,21 @@ class ProbeDecoder:
         out = torch.zeros(self.vocab, dtype=torch.float32)
         out[self._perm[(int(context[-1]) + pos) % self.vocab]] = self.scale
         return out
+
+
+class ProbeDrafter:
+    """The probe's drafter as a model: the token its draft table proposes after the newest token
+    at `pos` (`drafts.draft_table`), as one-hot logits."""
+
+    def __init__(self, spec: ProbeSpec, drafts: DraftSpec) -> None:
+        self.name = "probe-drafter"
+        self.vocab = spec.vocab
+        self.max_context = spec.max_positions
+        self.table = draft_table(spec, drafts)
+
+    def logits(self, context: torch.Tensor, pos: int) -> torch.Tensor:
+        # Positions past the table wrap: only a row whose output is never used gets there.
+        return self.table[(int(context[-1]) + pos) % self.table.shape[0]]
 
 
 # --- transformers --------------------------------------------------------------------------------
@@ -147,6 +169,45 @@ def load_checkpoint(name: str) -> HfDecoder:
     )
     limit = getattr(model.config, "max_position_embeddings", None) or CHECKPOINT_CONTEXT
     return HfDecoder(name, model, min(CHECKPOINT_CONTEXT, int(limit)))
+
+
+def layer_skip(model: HfDecoder) -> HfDecoder:
+    """`model` with its later layers skipped: its first half (at least one), then its final norm
+    and head, every weight shared with it (nothing is copied). Built on the meta device and
+    filled with `model`'s modules, so a checkpoint's drafter costs no memory of its own."""
+    import copy
+
+    import transformers
+
+    target = model.model
+    config = copy.deepcopy(target.config)
+    kept = max(1, int(config.num_hidden_layers) // 2)
+    config.num_hidden_layers = kept
+    if getattr(config, "layer_types", None):
+        config.layer_types = list(config.layer_types)[:kept]
+    with torch.device("meta"):
+        draft = getattr(transformers, type(target).__name__)(config)
+    base, inner = target.base_model, draft.base_model
+    for name, module in base.named_children():  # embeddings, norm, rotary embedding
+        if name != "layers":
+            setattr(inner, name, module)
+    inner.layers = torch.nn.ModuleList(list(base.layers)[:kept])
+    draft.lm_head = target.lm_head
+    left = [n for n, t in (*draft.named_parameters(), *draft.named_buffers()) if t.is_meta]
+    if left:
+        raise RuntimeError(f"the layer-skip drafter of {model.name} has unshared parts: {left}")
+    return HfDecoder(f"{model.name}-layers-0-{kept - 1}", draft, model.max_context)
+
+
+def drafter_for(model: DecoderModel, drafts: DraftSpec) -> DecoderModel:
+    """The model that proposes `model`'s drafts on the device: the probe's draft table, or a
+    `transformers` model with its later layers skipped (`layer_skip`)."""
+    if isinstance(model, ProbeDecoder):
+        return ProbeDrafter(model.spec, drafts)
+    if isinstance(model, HfDecoder):
+        return layer_skip(model)
+    raise ValueError(f"no drafter for {model.name}: speculative decoding serves the probe and "
+                     "transformers models")
 
 
 def load_model(name: str, seed: int = 0) -> DecoderModel:

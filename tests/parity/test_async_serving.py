@@ -83,6 +83,8 @@ class Run:
     """A bug planted in the run's runner and mirror (`impl/mutations.py`)."""
     row_order: str = "by-id"
     """Where each request's row lands in a step (`serving/row_order.py`)."""
+    spec_tokens: int = 0
+    """Drafts per decoding row (speculative decoding, spec rule 13); 0: none."""
 
 
 def _require_async(enabled: bool, batches: int) -> None:
@@ -124,6 +126,7 @@ def _serve(run: Run, plan: list[RequestPlan], events: list[Event] | None = None)
                 max_logprobs=run.max_logprobs,
                 mutations=mutations.mutations([run.bug]),
                 row_order=run.row_order,
+                spec_tokens=run.spec_tokens,
             ),
         )
         try:
