@@ -24,6 +24,7 @@ from ..serving.backend import ServingBackend
 from ..serving.batching import ServingConfig, ServingEngine
 from ..serving.context import SamplingParams
 from ..serving.engine import NoProgress
+from ..serving.grammar import GRAMMARS
 from ..serving.models import DecoderModel, ProbeDecoder
 from ..serving.workload import Outcome, RequestPlan, run_workload, standard_plan
 
@@ -52,8 +53,9 @@ def logprob_errors(out: Outcome, plan: list[RequestPlan], model: DecoderModel,
                    greedy_engine: bool = False) -> list[str]:
     """What is wrong with the logprobs `out` delivered (empty: nothing). Each request that asked
     has one entry per token with the top n it asked for, most likely first, and each value is the
-    model's log-softmax at that token over the request's context; on a greedy engine the token
-    is its own top entry."""
+    model's log-softmax at that token over the request's context (a constrained request's logits
+    masked to what its grammar allows there, as the decoder op masks them); on a greedy engine
+    the token is its own top entry."""
     errors: list[str] = []
     asked = {p.req: p for p in plan if p.sampling is not None and p.sampling.logprobs is not None}
     if not asked:
@@ -68,7 +70,12 @@ def logprob_errors(out: Outcome, plan: list[RequestPlan], model: DecoderModel,
         context = list(p.prompt)
         n = p.sampling.logprobs if p.sampling is not None else None
         for t, (token, lp) in enumerate(zip(tokens, lps, strict=True)):
-            want = torch.log_softmax(model.logits(torch.tensor(context), t).float(), dim=-1)
+            logits = model.logits(torch.tensor(context), t).float()
+            if p.constraint is not None:
+                allowed = sorted(GRAMMARS[p.constraint].allowed(tuple(context), model.vocab))
+                logits = torch.full_like(logits, float("-inf")).index_copy(
+                    0, torch.tensor(allowed), logits[allowed])
+            want = torch.log_softmax(logits, dim=-1)
             where = f"r{req} token {t} ({token})"
             if len(lp.top) != n:
                 errors.append(f"{where}: {len(lp.top)} top entries, asked {n}")

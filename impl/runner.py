@@ -434,13 +434,13 @@ class Runner:
             raise PhaseError(
                 f"preempt(r{req}): only RUNNING requests can be; it is {r.status.name}"
             )
+        # Counted before a drop takes the rows: they were in flight when it hit.
+        self.stats["preempt_with_drafts_in_flight"] += any(
+            row.live and row.req == req and row.spec for step in self.queue for row in step.rows)
         if self.config.preempt_policy == "drop":
             self._drop(req, "preempt_in_flight")
         elif self.has_step_in_flight(req):
             self.stats["preempt_in_flight"] += 1
-        if any(row.live and row.req == req and row.spec for step in self.queue
-               for row in step.rows):
-            self.stats["preempt_with_drafts_in_flight"] += 1
         r.status, r.unchecked, r.prefill_left = Status.PREEMPTED, False, 0
         r.drafts_ready = False  # it re-enters without drafts
         r.preemptions += 1

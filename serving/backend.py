@@ -214,6 +214,8 @@ class ServingBackend(Backend):
         self.reports_device_waits = inner.reports_device_waits
         self.context: ContextStage | None = None
         """The opened mirror's context stager: the engine stages each step's rows through it."""
+        self.drafter: DecoderModel | None = None
+        """The model proposing drafts on the device, when the mirror was opened with drafts."""
 
     def supports_async_sampled_token_readback(self) -> bool:
         return self.inner.supports_async_sampled_token_readback()
@@ -232,6 +234,7 @@ class ServingBackend(Backend):
         blocks = spec.rows  # a request holds a block only while it can hold a row
         width = padded_rows(spec.rows)
         drafter = drafter_for(self.model, spec.drafts) if spec.drafts is not None else None
+        self.drafter = drafter
         if isinstance(self.inner, CpuBackend):
             if spec.trace:
                 raise ValueError("the cpu backend has no traces: open the mirror with trace=False")

@@ -133,9 +133,10 @@ class ServingEngine(Engine):
                              f"{c.spec_tokens}")
         self.k = c.spec_tokens
         if c.max_step_tokens is not None and c.max_step_tokens < c.rows * (1 + self.k):
+            per_row = f" times 1 + spec_tokens ({1 + self.k})" if self.k else ""
             raise ValueError(f"max_step_tokens ({c.max_step_tokens}) must be at least rows "
-                             f"({c.rows}) times 1 + spec_tokens ({1 + self.k}): every row of a "
-                             "step takes its tokens")
+                             f"({c.rows}){per_row}: every row of a step takes "
+                             f"{'its tokens' if self.k else 'a token'}")
         chosen = order or row_order(c.row_order, c.row_order_seed)  # ValueError if unknown
         if not 0 <= c.max_logprobs <= self.model.vocab:
             raise ValueError(f"max_logprobs must be in [0, {self.model.vocab}] (the vocabulary of "
@@ -448,13 +449,15 @@ class ServingEngine(Engine):
     def _context_after_step(self, req: int) -> int:
         """Context tokens `req` holds once the next step ran (in-flight tokens included). With
         drafts every in-flight step of it holds KV for its 1 + spec tokens (its placeholders),
-        and the next one for 1 + K: rejected drafts' KV is dead, but written."""
+        and the next one for 1 + the drafts it will carry: rejected drafts' KV is dead, but
+        written."""
         r = self.runner
         grows = r.status(req) in (Status.WAITING, Status.RUNNING) and r.next_pos(req) < (
             self.requests[req].max_tokens
         )
         held = len(r.requests[req].delivered) + r.owed(req)  # without drafts: next_pos
-        return len(self.requests[req].prompt) - 1 + held + (1 + self.k) * int(grows)
+        step = 1 + r.spec_due(req) if grows else 0
+        return len(self.requests[req].prompt) - 1 + held + step
 
     def _usage(self) -> int:
         return sum(self._context_after_step(q) for q in self.block_of)

@@ -325,7 +325,9 @@ def cmd_validate(ns: argparse.Namespace) -> int:
 
     path = Path(ns.trace)
     tty = sys.stderr.isatty()
-    recent: deque[tuple[int, Any]] = deque(maxlen=6)  # the step table's rows
+    # The step table's rows: its last six up to the divergence; with drafts validation reads a
+    # launch's readback ahead of it (`validate._with_verdicts`), a step or two of events.
+    recent: deque[tuple[int, Any]] = deque(maxlen=64)
     counts = {"events": 0, "steps": 0, "requests": 0}
 
     def seen(events: Any) -> Any:
@@ -358,16 +360,15 @@ def cmd_validate(ns: argparse.Namespace) -> int:
         if tty:
             print("\r\033[K", end="", file=sys.stderr, flush=True)
     seconds = time.perf_counter() - started
+    drafts = f", {bounds.spec_tokens} draft(s) per row" if bounds.spec_tokens else ""
     summary = (f"{counts['events']} events, {counts['requests']} requests, depth {bounds.depth}, "
-               f"K={bounds.slots}, {counts['steps']} steps")
+               f"K={bounds.slots}{drafts}, {counts['steps']} steps")
     if d is None:
         print(f"valid: {summary}, every event a model transition ({seconds:.2f} s)")
         return 0
     print(f"diverges at event {d.index + 1} ({summary} read): {d.reason}")
     print(f"{'event':>6}  action")
-    for i, event in recent:
-        if i > d.index:
-            break
+    for i, event in [(i, e) for i, e in recent if i <= d.index][-6:]:
         mark = "  <- here" if i == d.index else ""
         print(f"{i + 1:>6}  {event.action}{tuple(event.args) if event.args else ''}{mark}")
     print(f"model before it: queue {[(q.slot, q.phase.name) for q in d.state.queue]}, requests "

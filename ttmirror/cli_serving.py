@@ -56,6 +56,9 @@ def register(add_parser: AddParser) -> None:
     s.add_argument("--logprobs", type=int, default=None,
                    help="every request also gets, per token, its logprob and the top N "
                         "(printed: the tokens' mean logprob and the first token's top N)")
+    s.add_argument("--spec-tokens", type=int, default=0,
+                   help="speculative decoding: K = 1 or 2 drafts per decoding row, proposed and "
+                        "verified on the device (default %(default)s: none)")
     s.add_argument("--trace", default=None,
                    help="write the runner's recorded events here (an ITF trace for "
                         "`ttmirror validate`)")
@@ -84,6 +87,9 @@ def cmd_serve_demo(ns: argparse.Namespace) -> int:
     _positive("prefill-chunk", ns.prefill_chunk)
     _positive("max-step-tokens", ns.max_step_tokens)
     _positive("logprobs", ns.logprobs)
+    if ns.spec_tokens not in (0, 1, 2):
+        raise UsageError(f"--spec-tokens must be 0, 1 or 2 (drafts per decoding row), got "
+                         f"{ns.spec_tokens}")
     prompt = _parse_prompt(ns.prompt) if ns.prompt is not None else None
     if ns.trace is not None:  # before the run: its trace must have somewhere to go
         writable(ns.trace)
@@ -112,7 +118,7 @@ def cmd_serve_demo(ns: argparse.Namespace) -> int:
             return 1
         _print_header(ns, backend, engine, loaded)
         _print_requests(plan, out, timeline)
-        _print_totals(out)
+        _print_totals(out, ns.spec_tokens)
         if ns.trace is not None:
             _write_trace(Path(ns.trace), engine)
         if not _validated(engine):
@@ -204,7 +210,7 @@ def _open_engine(ns: argparse.Namespace, model: DecoderModel) -> tuple[ServingBa
         config = ServingConfig(async_scheduling=ns.async_scheduling, kv_tokens=ns.kv_tokens,
                                preempt_policy=ns.preempt_policy, prefill_chunk=ns.prefill_chunk,
                                max_step_tokens=ns.max_step_tokens,
-                               max_logprobs=ns.logprobs or 0)
+                               max_logprobs=ns.logprobs or 0, spec_tokens=ns.spec_tokens)
         return backend, ServingEngine(backend, config)
     except (ValueError, NotImplementedError) as e:
         # ValueError: async "on" where the backend cannot; NotImplementedError: the decoder op
@@ -248,6 +254,9 @@ def _print_header(ns: argparse.Namespace, backend: ServingBackend, engine: Any,
         f"max_concurrent_batches={engine.max_concurrent_batches()}, "
         f"KV budget {ns.kv_tokens} tokens, loaded in {loaded:.2f} s"
     )
+    if ns.spec_tokens:
+        print(f"speculative decoding: {ns.spec_tokens} draft(s) per decoding row from "
+              f"{backend.drafter.name if backend.drafter else '?'}, verified by the launch")
 
 
 def _print_requests(plan: list[RequestPlan], out: Outcome, timeline: _Timeline) -> None:
@@ -271,8 +280,15 @@ def _print_requests(plan: list[RequestPlan], out: Outcome, timeline: _Timeline) 
                   f"{len(lps[0].top)}: {top}")
 
 
-def _print_totals(out: Outcome) -> None:
+def _print_totals(out: Outcome, k: int) -> None:
     stats = out.stats
+    if k:
+        rows = stats.get("drafted_rows", 0)
+        counts = [stats.get(f"accepted_{n}", 0) for n in range(k + 1)]
+        accepted = sum(n * v for n, v in enumerate(counts))
+        print(f"drafts: {rows} rows verified, accepted "
+              + ", ".join(f"{n}: {v}" for n, v in enumerate(counts))
+              + f"; {accepted} of {rows * k} drafts accepted ({accepted / max(rows * k, 1):.0%})")
     print(
         f"{out.generated} tokens in {out.seconds:.2f} s ({out.generated / out.seconds:.1f} tok/s), "
         f"{stats.get('launches', 0)} steps, {stats.get('overlapped_launches', 0)} overlapped, "

@@ -41,6 +41,17 @@ def test_serve_demo_logprobs_under_a_step_budget(capsys: pytest.CaptureFixture[s
     assert out.count("logprobs: mean") == 4 and "top 2:" in out
 
 
+def test_serve_demo_with_drafts(capsys: pytest.CaptureFixture[str]) -> None:
+    code = main(["serve-demo", "--model", "probe", "--backend", "cpu", "--spec-tokens", "2",
+                 "--logprobs", "2"])
+    out = capsys.readouterr().out
+    assert code == 0
+    assert "2 draft(s) per decoding row from probe-drafter" in out
+    drafts = next(line for line in out.splitlines() if line.startswith("drafts: "))
+    assert "accepted 0: " in drafts and ", 2: " in drafts and "drafts accepted (" in drafts
+    assert out.count("logprobs: mean") == 8 and out.splitlines()[-1].startswith("validated: ")
+
+
 @pytest.mark.parametrize(
     ("args", "message"),
     [
@@ -53,6 +64,10 @@ def test_serve_demo_logprobs_under_a_step_budget(capsys: pytest.CaptureFixture[s
         (["--max-step-tokens", "5"], "max_step_tokens (5) must be at least rows (8)"),
         (["--logprobs", "0"], "--logprobs must be at least 1"),
         (["--logprobs", "65"], "max_logprobs must be in [0, 64]"),
+        (["--spec-tokens", "3"], "--spec-tokens must be 0, 1 or 2"),
+        (["--spec-tokens", "-1"], "--spec-tokens must be 0, 1 or 2"),
+        (["--spec-tokens", "2", "--max-step-tokens", "16"],
+         "max_step_tokens (16) must be at least rows (8) times 1 + spec_tokens (3)"),
     ],
 )
 def test_serve_demo_bad_input(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -121,3 +122,78 @@ def test_progress_shows_on_a_terminal(recorded_file: Path, capsys: pytest.Captur
     assert main(["validate", str(recorded_file)]) == 0
     err = capsys.readouterr().err
     assert "validating: 100 events" in err and "\r" in err
+
+
+# --- a run with drafts (spec rule 13) ------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def drafted(tmp_path_factory: pytest.TempPathFactory) -> dict:
+    path = tmp_path_factory.mktemp("trace") / "drafts.json"
+    assert main(["serve-demo", "--model", "probe", "--backend", "cpu", "--spec-tokens", "2",
+                 "--trace", str(path)]) == 0
+    return json.loads(path.read_text())
+
+
+def _picks(data: dict, action: str) -> list[tuple[int, dict]]:
+    return [(i, s["mbt::nondetPicks"]) for i, s in enumerate(data["states"])
+            if s["mbt::actionTaken"] == action]
+
+
+def _edited(data: dict, index: int, edit: Any) -> dict:
+    out = json.loads(json.dumps(data))
+    edit(out["states"][index]["mbt::nondetPicks"])
+    return out
+
+
+def test_a_recorded_run_with_drafts_validates(drafted: dict, tmp_path: Path,
+                                              capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = _validate(tmp_path, drafted, capsys)
+    assert code == 0 and "2 draft(s) per row" in out
+    # Non-vacuous: rows carried drafts, and readbacks brought back every count 1..3.
+    assert any(r["spec"] == 2 for _, p in _picks(drafted, "schedule") for r in p["rows"]["#tup"])
+    counts = {c for _, p in _picks(drafted, "readback_complete") for c in p["counts"]["#tup"]}
+    assert {1, 2, 3} <= counts
+
+
+def _first_count(data: dict, at_least: int) -> tuple[int, int]:
+    """The first readback with a count of at least `at_least`: its index and the row's."""
+    return next((i, j) for i, p in _picks(data, "readback_complete")
+                for j, c in enumerate(p["counts"]["#tup"]) if c >= at_least)
+
+
+def test_a_verdict_edited_diverges(drafted: dict, tmp_path: Path,
+                                   capsys: pytest.CaptureFixture[str]) -> None:
+    # The launch takes its verdict from its readback: one accepted draft less on every row that
+    # accepted some, and an apply delivers more tokens than the model's; one more than
+    # scheduled, and the launch is not a model transition at all.
+    edited = json.loads(json.dumps(drafted))
+    for state in edited["states"]:
+        if state["mbt::actionTaken"] == "readback_complete":
+            counts = state["mbt::nondetPicks"]["counts"]["#tup"]
+            counts[:] = [c - 1 if c >= 2 else c for c in counts]
+    code, out, _ = _validate(tmp_path, edited, capsys)
+    assert code == 1 and "tokens after the apply in the runner" in out
+    i, j = _first_count(drafted, 1)
+
+    def beyond(p: dict) -> None:
+        p["counts"]["#tup"][j] = 4  # 3 accepted of 2 drafts
+
+    code, out, _ = _validate(tmp_path, _edited(drafted, i, beyond), capsys)
+    assert code == 1 and "not enabled" in out
+    assert any("launch(" in line and "<- here" in line for line in out.splitlines())
+
+
+def test_drafts_scheduled_otherwise_diverge(drafted: dict, tmp_path: Path,
+                                            capsys: pytest.CaptureFixture[str]) -> None:
+    i = next(i for i, p in _picks(drafted, "schedule") if any(r["spec"] for r in p["rows"]["#tup"]))
+
+    def fewer(p: dict) -> None:
+        next(r for r in p["rows"]["#tup"] if r["spec"])["spec"] = 1
+
+    code, out, _ = _validate(tmp_path, _edited(drafted, i, fewer), capsys)
+    assert code == 1 and f"diverges at event {i + 1} " in out and "drafts scheduled" in out
+    # Read as a run without drafts, its first row with drafts leaves the model.
+    code, out, _ = _validate(tmp_path, _edited(drafted, 0, lambda p: p.pop("spec_tokens")),
+                             capsys)
+    assert code == 1 and "the runner's positions" in out
