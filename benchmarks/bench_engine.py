@@ -25,6 +25,13 @@ own figures, and the point prints the d/h it measured).
    the ids, its program after the sampler, its copy under the ids' event) beside without: what
    the second payload costs, and that depth 2 still overlaps with it.
 3. At d = h, the runner's event log (what trace validation reads) on, its default, and off.
+4. At d = h, speculative decoding (spec rule 13): K = 1 and 2 drafts per decoding row beside
+   none, at depth 2 and at depth 1, interleaved rounds: tokens per step, tokens/s, and the
+   acceptance rate the device's verification measured (drafts accepted over drafts scheduled;
+   the probe's drafter is right on a seeded share of its table). A step's 1 + K query tokens
+   are configured to take the decoder op's time of one token, s, in all (s / (1 + K) per lane):
+   a decode step is memory-bound, so verifying a few tokens costs about what decoding one does;
+   the drafter's own op costs its emulated kernel's time. The tokens are plain decoding's.
 
 Every run that records its events (all but the recording-off ones of 3) is then validated
 against the model, outside its timing; a divergence exits 1. The last lines print the ratios,
@@ -60,6 +67,8 @@ VALIDATED = {"runs": 0, "events": 0}
 """Every run that records its events is validated against the model (a divergence exits 1)."""
 ROWS = 8
 LOGPROBS = 3
+SPEC_TOKENS = (0, 1, 2)
+"""Drafts per decoding row in section 4 (0: none, the baseline)."""
 RATIOS = (0.25, 0.5, 1.0, 2.0, 4.0)
 """Device time per step over host time per step, d/h, at each point of the sweep."""
 TARGET = 0.9
@@ -126,9 +135,11 @@ class Measured:
 
 def serve(
     plan: list[RequestPlan], mode: str, delay_s: float, drain: bool = False,
-    logprobs: int = 0, record: bool = True,
+    logprobs: int = 0, record: bool = True, spec: int = 0,
 ) -> Measured:
-    scheduler = ThreadedScheduler({"decoder_forward": delay_s})
+    # With drafts the decoder op runs 1 + K lanes, together the time of one decode step.
+    scheduler = ThreadedScheduler({"decoder_forward": delay_s,
+                                   "decoder_lane": delay_s / (1 + spec)})
     device = open_device(
         num_command_queues=2,
         emulator=Emulator(scheduler=lambda: scheduler, hazard_mode="raise"),
@@ -137,7 +148,7 @@ def serve(
     backend = ServingBackend(TtBackend(device), MODEL)
     engine = ServingEngine(
         backend, ServingConfig(async_scheduling=mode, rows=ROWS, drain_on_layout_change=drain,
-                               max_logprobs=logprobs, record_events=record)
+                               max_logprobs=logprobs, record_events=record, spec_tokens=spec)
     )
     if logprobs:
         plan = [replace(p, sampling=SamplingParams(logprobs=logprobs)) for p in plan]
@@ -217,6 +228,44 @@ def recording(rounds: int, delay: float) -> tuple[float, float]:
     assert all(a.outcome.tokens == b.outcome.tokens for a, b in zip(on, off, strict=True))
     return (statistics.median(m.tokens_per_s for m in on),
             statistics.median(m.tokens_per_s for m in off))
+
+
+@dataclass
+class Drafted:
+    """Section 4 at one K: its depth-2 and depth-1 runs."""
+
+    k: int
+    d2: list[Measured]
+    d1: list[Measured]
+
+    def rate(self, depth: int) -> float:
+        return statistics.median(m.tokens_per_s for m in (self.d2 if depth == 2 else self.d1))
+
+    def per_step(self, depth: int) -> float:
+        """Tokens delivered per step (every request's, over the steps launched)."""
+        runs = self.d2 if depth == 2 else self.d1
+        return statistics.median(m.outcome.generated / m.outcome.stats["launches"] for m in runs)
+
+    @property
+    def acceptance(self) -> float:
+        """Drafts the device's verification accepted over the drafts scheduled (all runs)."""
+        stats = [m.outcome.stats for m in (*self.d2, *self.d1)]
+        accepted = sum(n * s.get(f"accepted_{n}", 0) for s in stats for n in range(self.k + 1))
+        return accepted / max(1, sum(s.get("drafted_rows", 0) * self.k for s in stats))
+
+
+def drafted(rounds: int, delay: float) -> list[Drafted]:
+    """Each K of `SPEC_TOKENS` at depth 2 and depth 1, rounds interleaved across them all so
+    drift hits every configuration alike; every run's tokens are the same."""
+    runs: dict[int, Drafted] = {k: Drafted(k, [], []) for k in SPEC_TOKENS}
+    for _ in range(rounds):
+        for k in SPEC_TOKENS:
+            runs[k].d2.append(serve(steady_plan(), "auto", delay, spec=k))
+            runs[k].d1.append(serve(steady_plan(), "off", delay, spec=k))
+    tokens = [m.outcome.tokens for r in runs.values() for m in (*r.d2, *r.d1)]
+    assert all(t == tokens[0] for t in tokens), "drafts changed the tokens"
+    assert all(r.k == 0 or r.acceptance > 0 for r in runs.values()), "no draft was accepted"
+    return list(runs.values())
 
 
 def churn(delay: float) -> tuple[Measured, Measured, int]:
@@ -339,6 +388,8 @@ def main() -> None:
     delay = max(0.0, host_step - floor)  # d = h for the rest
     lp_rate, plain_rate, lp_overlap = with_logprobs(args.rounds, delay)
     rec_rate, bare_rate = recording(args.rounds, delay)
+    drafts = drafted(args.rounds, delay)
+    base = drafts[0]
     print(
         f"logprobs (top {LOGPROBS}, every request; d = h): depth 2 {lp_rate:,.0f} tok/s, "
         f"without {plain_rate:,.0f} tok/s (tokens identical), at least {lp_overlap:.1%} of "
@@ -348,6 +399,12 @@ def main() -> None:
         f"event log (trace validation; d = h): depth 2 {rec_rate:,.0f} tok/s recording, "
         f"{bare_rate:,.0f} tok/s without"
     )
+    for r in drafts:
+        print(f"drafts K={r.k} (d = h): depth 2 {r.rate(2):,.0f} tok/s, {r.per_step(2):.2f} "
+              f"tokens/step; depth 1 {r.rate(1):,.0f} tok/s, {r.per_step(1):.2f} tokens/step"
+              + (f"; acceptance {r.acceptance:.1%}; over K=0: depth 2 "
+                 f"{r.rate(2) / base.rate(2):.2f}x, depth 1 {r.rate(1) / base.rate(1):.2f}x"
+                 if r.k else " (no drafts)"))
     gap = max(p.gap for p in points)
     launches = points[0].ours.outcome.stats["launches"]
     print(f"churn: {launches} steps per run, layout never the same for more than {gap} steps")
@@ -376,12 +433,20 @@ def main() -> None:
                         "overlapped": p.ours.overlapped, "overlapped_drain": p.drain.overlapped}
                        for p in points],
             "logprobs_ratio": lp_rate / plain_rate, "recording_ratio": rec_rate / bare_rate,
+            "drafts": [{"spec_tokens": r.k, "depth2_tok_s": r.rate(2), "depth1_tok_s": r.rate(1),
+                        "depth2_tokens_per_step": r.per_step(2),
+                        "depth1_tokens_per_step": r.per_step(1), "acceptance": r.acceptance,
+                        "depth2_over_no_drafts": r.rate(2) / base.rate(2),
+                        "depth1_over_no_drafts": r.rate(1) / base.rate(1)} for r in drafts],
         }, indent=1))
     print("ratios: depth2/depth1 tokens/s over ideal: " + "; ".join(
         f"d/h {p.ratio:g}: {p.speedup:.2f}x / {p.ideal:.2f}x" for p in points)
         + f"; with/without logprobs {lp_rate / plain_rate:.2f}x; recording/not "
         f"{rec_rate / bare_rate:.2f}x; overlapped under churn ours/drain " + ", ".join(
-            f"{p.ours.overlapped / max(p.drain.overlapped, 1e-9):.2f}x" for p in points))
+            f"{p.ours.overlapped / max(p.drain.overlapped, 1e-9):.2f}x" for p in points)
+        + "; drafts/none depth 2, depth 1: " + ", ".join(
+            f"K={r.k} {r.rate(2) / base.rate(2):.2f}x, {r.rate(1) / base.rate(1):.2f}x"
+            for r in drafts[1:]))
 
 if __name__ == "__main__":
     main()

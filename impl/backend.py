@@ -175,7 +175,9 @@ class Mirror(Protocol):
 
     def readback_logprobs(self, pending: Any) -> list[TokenLogprobs]:
         """After `readback_complete(pending)`: the logprob ring's host copy (all padded rows),
-        copied under the same event as the ids; only for a mirror opened with logprobs."""
+        copied under the same event as the ids; only for a mirror opened with logprobs. With K
+        drafts, every lane's, lane after lane: lane j of row i at j * padded rows + i (the
+        entry of the token the row's lane j sampled)."""
 
     def abandon(self, pending: Any) -> None:
         """The runner gave up on `pending` (its step failed): keep whatever the copy may still
