@@ -26,9 +26,12 @@ own figures, and the point prints the d/h it measured).
    the second payload costs, and that depth 2 still overlaps with it.
 3. At d = h, the runner's event log (what trace validation reads) on, its default, and off.
 4. At d = h, speculative decoding (spec rule 13): K = 1 and 2 drafts per decoding row beside
-   none, at depth 2 and at depth 1, interleaved rounds: tokens per step, tokens/s, and the
-   acceptance rate the device's verification measured (drafts accepted over drafts scheduled;
-   the probe's drafter is right on a seeded share of its table). A step's 1 + K query tokens
+   none, at depth 2 and at depth 1, interleaved rounds, every request queued at once (so the
+   batch stays full however soon requests finish): tokens per step, milliseconds per step,
+   tokens/s, and the acceptance rate the device's verification measured (drafts accepted over
+   drafts scheduled; the probe's drafter is right on a seeded share of its table). The verify
+   and draft ops are emulated kernels in Python too, on the host's GIL: tokens per step is
+   what drafts buy on any device, tokens/s what they bought on this one. A step's 1 + K query tokens
    are configured to take the decoder op's time of one token, s, in all (s / (1 + K) per lane):
    a decode step is memory-bound, so verifying a few tokens costs about what decoding one does;
    the drafter's own op costs its emulated kernel's time. The tokens are plain decoding's.
@@ -86,6 +89,12 @@ def steady_plan(requests: int = 16) -> list[RequestPlan]:
         )
         for i in range(requests)
     ]
+
+
+def queued_plan() -> list[RequestPlan]:
+    """`steady_plan`'s requests all submitted at once: a request that finishes sooner (with
+    drafts) frees its row for the next at once, so every configuration keeps the batch full."""
+    return [replace(p, arrival=0) for p in steady_plan()]
 
 
 def churn_plan(requests: int = 80) -> list[RequestPlan]:
@@ -246,6 +255,10 @@ class Drafted:
         runs = self.d2 if depth == 2 else self.d1
         return statistics.median(m.outcome.generated / m.outcome.stats["launches"] for m in runs)
 
+    def step_ms(self, depth: int) -> float:
+        """Milliseconds per step: more ops per step with drafts, fewer steps."""
+        return 1e3 * statistics.median(m.step_s for m in (self.d2 if depth == 2 else self.d1))
+
     @property
     def acceptance(self) -> float:
         """Drafts the device's verification accepted over the drafts scheduled (all runs)."""
@@ -260,8 +273,8 @@ def drafted(rounds: int, delay: float) -> list[Drafted]:
     runs: dict[int, Drafted] = {k: Drafted(k, [], []) for k in SPEC_TOKENS}
     for _ in range(rounds):
         for k in SPEC_TOKENS:
-            runs[k].d2.append(serve(steady_plan(), "auto", delay, spec=k))
-            runs[k].d1.append(serve(steady_plan(), "off", delay, spec=k))
+            runs[k].d2.append(serve(queued_plan(), "auto", delay, spec=k))
+            runs[k].d1.append(serve(queued_plan(), "off", delay, spec=k))
     tokens = [m.outcome.tokens for r in runs.values() for m in (*r.d2, *r.d1)]
     assert all(t == tokens[0] for t in tokens), "drafts changed the tokens"
     assert all(r.k == 0 or r.acceptance > 0 for r in runs.values()), "no draft was accepted"
@@ -401,7 +414,8 @@ def main() -> None:
     )
     for r in drafts:
         print(f"drafts K={r.k} (d = h): depth 2 {r.rate(2):,.0f} tok/s, {r.per_step(2):.2f} "
-              f"tokens/step; depth 1 {r.rate(1):,.0f} tok/s, {r.per_step(1):.2f} tokens/step"
+              f"tokens/step, {r.step_ms(2):.2f} ms/step; depth 1 {r.rate(1):,.0f} tok/s, "
+              f"{r.per_step(1):.2f} tokens/step, {r.step_ms(1):.2f} ms/step"
               + (f"; acceptance {r.acceptance:.1%}; over K=0: depth 2 "
                  f"{r.rate(2) / base.rate(2):.2f}x, depth 1 {r.rate(1) / base.rate(1):.2f}x"
                  if r.k else " (no drafts)"))
