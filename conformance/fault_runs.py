@@ -108,13 +108,14 @@ def open_emulated() -> Any:
 
 def engine_on(device: Any, *, depth2: bool = True, trace: bool = False,
               timeout: float | None = None, bug: str | None = None,
-              logprobs: bool = False) -> ServingEngine:
+              logprobs: bool = False, spec_tokens: int = 0) -> ServingEngine:
     return ServingEngine(
         ServingBackend(TtBackend(device), load_model("probe"),
                        SamplingParams(seed=SEED) if logprobs else None),
         ServingConfig(async_scheduling="auto" if depth2 else "off", rows=ROWS,
                       kv_tokens=KV_TOKENS, trace=trace, readback_timeout_s=timeout,
-                      max_logprobs=LOGPROBS if logprobs else 0, mutations=mutations([bug])),
+                      max_logprobs=LOGPROBS if logprobs else 0, mutations=mutations([bug]),
+                      spec_tokens=spec_tokens),
     )
 
 
@@ -137,14 +138,14 @@ def sync_tokens(logprobs: bool = False) -> dict[int, list[int]]:
 
 
 def faulted_run(name: str, arm_at: int = ARM_AT, bug: str | None = None,
-                logprobs: bool = False) -> FaultRun:
+                logprobs: bool = False, spec_tokens: int = 0) -> FaultRun:
     """Serve the workload (the logprob one with `logprobs`) at depth 2, `bug` planted, with the
-    fault `name` armed after iteration `arm_at`."""
+    fault `name` armed after iteration `arm_at` (with `spec_tokens` drafts per decoding row)."""
     kind = KINDS[name]
     device = open_emulated()
     try:
         engine = engine_on(device, trace=kind.trace, timeout=TIMEOUT_S if kind.stall else None,
-                           bug=bug, logprobs=logprobs)
+                           bug=bug, logprobs=logprobs, spec_tokens=spec_tokens)
         baseline = len(device.allocator.live)
 
         iterations = [0]

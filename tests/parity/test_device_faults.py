@@ -25,6 +25,28 @@ def test_a_fault_loses_nothing(name: str) -> None:
     assert run.faults == 1 and run.out.stats[f"engine_faults_at_{phase}"] == 1
 
 
+@pytest.mark.parametrize("name", [k for k in KINDS if k != "device-closed"])
+def test_a_fault_with_drafts_in_flight_loses_nothing(name: str) -> None:
+    # With two drafts per decoding row: the failed requests keep a prefix of what plain sync
+    # decoding gives them, every other request all of it (an aborted one up to K tokens more,
+    # its abort landing after a run), nothing hazards or leaks, and the run validates (a step
+    # failed before its readback never told the host its verdicts: the model takes none).
+    run = fault_runs.faulted_run(name, spec_tokens=2)
+    owed, out = sync_tokens(), run.out
+    failed = {r for r, s in out.statuses.items() if s == Status.FAILED}
+    assert failed and run.faults == 1 and run.hazards == 0 and run.live == run.baseline
+    for r, tokens in out.tokens.items():
+        n = min(len(tokens), len(owed[r]))
+        assert tokens[:n] == owed[r][:n], r
+        if r not in failed and out.statuses[r] != Status.ABORTED:
+            assert tokens == owed[r], r
+    assert run.out.stats.get("drafted_rows", 0) > 0
+    if KINDS[name].phase.startswith("readback"):  # a launched step whose verdict never came
+        assert any(e.action == "fault" and e.get("phase") in ("launched", "readback_issued")
+                   for e in run.events)
+    assert [e for e in promise_errors(run) if "left the model" in e] == []
+
+
 def test_a_device_closed_under_the_engine_fails_the_open_requests_and_keeps_their_tokens() -> None:
     run = faulted_run("device-closed")
     assert promise_errors(run) == []
