@@ -99,7 +99,7 @@ class TtMirror:
         )
         self.verify = (
             DeviceVerify(device, spec.probe, spec.drafts, self.ring.width, self.combiner,
-                         self.model, COMPUTE_CQ)
+                         self.model, COMPUTE_CQ, mutations=spec.mutations)
             if spec.drafts is not None else None
         )
         self._launched: list[Any] = [None] * spec.slots  # CQ0 event after the slot's writer
@@ -138,7 +138,10 @@ class TtMirror:
         drafts, the launch that verifies and drafts, writing the slot and its draft part."""
         target = 0 if self._planted("ring-reuse-k1") else slot  # planted: K=1 reuse
         if self.verify is not None:
-            self.verify.enqueue(self.ring[target], self.ring.drafts[target])
+            part = target
+            if self._planted("draft-part-previous-slot"):
+                part = self.ring.source_of(target)  # planted: the slot the combine just read
+            self.verify.enqueue(self.ring[target], self.ring.drafts[part])
             return
         part = self.ring.logprobs[target] if self.ring.logprobs else None
         self.model.forward(self.combiner.input_ids, self.combiner.positions, self.ring[target],
@@ -225,6 +228,8 @@ class TtMirror:
         k = len(self.ring.drafts[0].drafts)
         lanes = [[int(v) for v in ttnn.to_torch(t).reshape(-1).tolist()] for t in pending.drafts]
         tokens, (counts,), drafts = lanes[: k + 1], lanes[k + 1: k + 2], lanes[k + 2:]
+        if self._planted("count-from-wrong-row"):
+            counts = counts[1:] + counts[:1]  # planted: each row's count from the next row
         return DraftCopy(tokens=tuple(zip(*tokens, strict=True)), counts=tuple(counts),
                          drafts=tuple(zip(*drafts, strict=True)))
 

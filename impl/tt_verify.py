@@ -35,6 +35,7 @@ import ttnn
 
 from .combine import DeviceCombine
 from .drafts import DraftSpec, draft_table
+from .mutations import NONE, Mutations
 from .probe import ProbeSpec
 from .ring import DraftSlot, allocate_ids
 from .tt_model import GreedyHead, TtProbeModel
@@ -44,8 +45,11 @@ class DeviceVerify:
     """Scratch of the launch with drafts, the drafter's head, and the ops writing a slot."""
 
     def __init__(self, device: Any, probe: ProbeSpec, drafts: DraftSpec, width: int,
-                 combine: DeviceCombine, target: TtProbeModel, cq: int = 0) -> None:
+                 combine: DeviceCombine, target: TtProbeModel, cq: int = 0, *,
+                 mutations: Mutations = NONE) -> None:
+        """`mutations`: planted bugs (the mirror's)."""
         self.k = k = drafts.k
+        self.mutations = mutations
         self.cq = cq
         self.combine = combine
         self.target = target
@@ -93,8 +97,14 @@ class DeviceVerify:
                 ttnn.where(self.m1, tok[1], tok[0], output_tensor=n1)
                 ttnn.where(p2, tok[2], n1, output_tensor=self.newest)
             ttnn.add(self.newest, 0, output_tensor=ids)
-            ttnn.add(accepted, 1, output_tensor=slot.count)
-            ttnn.add(base, slot.count, output_tensor=slot.position)
+            bonus = 0 if self._planted("bonus-token-dropped") else 1  # planted: a, not a + 1
+            ttnn.add(accepted, bonus, output_tensor=slot.count)
+            if self._planted("positions-advance-by-spec"):
+                # planted: advanced by the 1 + spec tokens scheduled (the scratch is free here)
+                ttnn.add(spec, 1, output_tensor=self.draft_position)
+                ttnn.add(base, self.draft_position, output_tensor=slot.position)
+            else:
+                ttnn.add(base, slot.count, output_tensor=slot.position)
         token = self.newest
         for j in range(self.k):
             position = slot.position
@@ -106,3 +116,16 @@ class DeviceVerify:
             with ttnn.command_queue(self.cq):
                 ttnn.add(self.draft_rows, 0, output_tensor=slot.drafts[j])
             token = slot.drafts[j]
+        if self._planted("rejected-draft-delivered"):
+            # planted: the run from the draft inputs wherever a draft was scheduled (lane j
+            # where spec > j: not eq(spec, 0), then eq(spec, 2)); the scratch is free by now
+            masks = [(self.spec_zero, tok[0], lanes[1])]
+            if self.k == 2:
+                masks.append((self.second[0], lanes[2], tok[1]))
+            with ttnn.command_queue(self.cq):
+                for j, (mask, chosen, other) in enumerate(masks):
+                    ttnn.where(mask, chosen, other, output_tensor=self.draft_position)
+                    ttnn.add(self.draft_position, 0, output_tensor=slot.tokens[j])
+
+    def _planted(self, bug: str) -> bool:
+        return bug in self.mutations
