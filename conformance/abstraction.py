@@ -83,7 +83,7 @@ from ..impl import rows, runner
 from ..impl.drafts import DraftReference
 from ..impl.runner import PLACEHOLDER_ID, RunnerView
 from ..model.actions import DEAD_ROW
-from ..model.state import GARBAGE, PLACEHOLDER, Phase, Row, State, Status, Token
+from ..model.state import CLOSED, GARBAGE, PLACEHOLDER, Phase, Row, State, Status, Token
 from . import drafted
 from .drafted import SlotRow
 from .observe import Observed
@@ -122,6 +122,8 @@ class ARequest(NamedTuple):
     prefill_left: int
     placeholders: int = 0
     drafts_ready: bool = False
+    """Whether drafts follow its newest token; a closed request's is False (nothing reads it:
+    the runner stops updating closed requests, the model at their next step)."""
 
 
 class ASlot(NamedTuple):
@@ -249,7 +251,8 @@ def project(s: State, seen: Seen, spec: int = 0) -> Abstract:
             else r if combined else r._replace(consumed=None)
             for r in step.rows
         )
-        accepted = host_counts = ()
+        accepted: tuple[int, ...] = ()
+        host_counts: tuple[int, ...] = ()
         if spec:
             if q in seen.counted and step.accepted:
                 accepted = drafted.masked(step.rows, step.accepted)
@@ -271,7 +274,7 @@ def project(s: State, seen: Seen, spec: int = 0) -> Abstract:
         slots=tuple(slots),
         requests=tuple(
             ARequest(r.status.name, r.delivered, r.closed_at, r.unchecked, r.preemptions,
-                     r.prefill_left, r.placeholders, r.drafts_ready)
+                     r.prefill_left, r.placeholders, r.drafts_ready and r.status not in CLOSED)
             for r in s.requests
         ),
     )
@@ -354,7 +357,7 @@ def abstract(view: RunnerView, context: Context, observed: Observed | None, seen
         delivered = tuple(context.token(r, i + 1, v) for i, v in enumerate(rv.delivered))
         requests.append(ARequest(status_name(rv.status), delivered, rv.closed_at, rv.unchecked,
                                  rv.preemptions, rv.prefill_left, rv.placeholders,
-                                 rv.drafts_ready))
+                                 rv.drafts_ready and rv.status not in runner.CLOSED))
     return Abstract(view.allocated, view.next_slot, tuple(queue), tuple(slots), tuple(requests))
 
 

@@ -12,7 +12,7 @@ count tokens past it, and drafts as the drafter's proposals after the token they
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from ..impl import rows
 from ..impl.runner import RunnerView, SlotView
@@ -33,8 +33,8 @@ class SlotRow(NamedTuple):
     """What a slot holds for one row beside its newest token; each field None until the
     command writing it completed."""
 
-    count: Field
-    """a + 1: the tokens the row yielded."""
+    yielded: Field
+    """a + 1: how many tokens the row yielded (the slot's count)."""
     position: Field
     """The newest token's position as the device advanced it."""
     run: tuple[Token, ...] | str | None
@@ -92,7 +92,7 @@ def project_row(row: Row, q: int, seen: Seen) -> Row:
     ids = q in seen.combined
     host = row.prev_row is None
     lanes = [(q, f"lane{j + 1}") in seen.lanes for j in range(row.spec)]
-    drafts = row.drafts
+    drafts: tuple[Any, ...] = row.drafts  # None where a lane is not written yet
     if not host:
         drafts = (tuple(d if lane else None for d, lane in zip(row.drafts, lanes, strict=True))
                   if any(lanes) else ())
@@ -115,7 +115,7 @@ def project_slot(slot: Slot, k: int, seen: Seen, spec: int) -> tuple[SlotRow, ..
         count = slot.counts[i]
         req, newest = token
         out.append(SlotRow(
-            count=count if "count" in has else None,
+            yielded=count if "count" in has else None,
             position=slot.positions[i] if "position" in has else None,
             run=tuple((req, newest - count + 1 + j) for j in range(count)) if run_seen else None,
             drafts=tuple(d if f"drafts{j}" in has else None
@@ -139,7 +139,7 @@ def row_of(row: rows.Row, q: int, step: int, i: int, context: Context,
     placed = parts["base"][i] if (q, "base") in seen.lanes else row.pos if host else None
     # Drafts follow the newest token: a host row's at the position the host staged.
     newest = row.pos if host else pos
-    drafts: list[Token | None] = []
+    drafts: list[Any] = []  # tokens, None where a lane is not written yet
     for j in range(row.spec):
         lane = f"lane{j + 1}"
         if (q, lane) in seen.lanes:

@@ -138,10 +138,10 @@ class TtMirror:
         drafts, the launch that verifies and drafts, writing the slot and its draft part."""
         target = 0 if self._planted("ring-reuse-k1") else slot  # planted: K=1 reuse
         if self.verify is not None:
-            part = target
+            at = target
             if self._planted("draft-part-previous-slot"):
-                part = self.ring.source_of(target)  # planted: the slot the combine just read
-            self.verify.enqueue(self.ring[target], self.ring.drafts[part])
+                at = self.ring.source_of(target)  # planted: the slot the combine just read
+            self.verify.enqueue(self.ring[target], self.ring.drafts[at])
             return
         part = self.ring.logprobs[target] if self.ring.logprobs else None
         self.model.forward(self.combiner.input_ids, self.combiner.positions, self.ring[target],

@@ -72,13 +72,16 @@ class DeviceVerify:
         """The launch that verifies, writing the slot's ids (the newest tokens) and draft part."""
         lanes, spec, base = self.combine.lanes, self.combine.spec, self.combine.base
         assert spec is not None and base is not None
+        # planted: the run's draft lanes written after verification, from the draft inputs
+        late = self.k if self._planted("rejected-draft-delivered") else 0
         for j in range(self.k + 1):
             if j:
                 with ttnn.command_queue(self.cq):
                     ttnn.add(base, j, output_tensor=self.lane_positions[j])
-            self.target.forward(lanes[j], self.lane_positions[j], slot.tokens[j])
+            target = self.draft_rows if j < late else slot.tokens[j]
+            self.target.forward(lanes[j], self.lane_positions[j], target)
             with ttnn.command_queue(self.cq):
-                ttnn.add(slot.tokens[j], 0, output_tensor=self.tokens[j])
+                ttnn.add(target, 0, output_tensor=self.tokens[j])
         tok = self.tokens
         with ttnn.command_queue(self.cq):
             for i in range(self.k):
@@ -96,6 +99,8 @@ class DeviceVerify:
                 ttnn.add(self.m1, p2, output_tensor=accepted)
                 ttnn.where(self.m1, tok[1], tok[0], output_tensor=n1)
                 ttnn.where(p2, tok[2], n1, output_tensor=self.newest)
+            if late:
+                self._drafts_as_run(slot)
             ttnn.add(self.newest, 0, output_tensor=ids)
             bonus = 0 if self._planted("bonus-token-dropped") else 1  # planted: a, not a + 1
             ttnn.add(accepted, bonus, output_tensor=slot.count)
@@ -116,16 +121,19 @@ class DeviceVerify:
             with ttnn.command_queue(self.cq):
                 ttnn.add(self.draft_rows, 0, output_tensor=slot.drafts[j])
             token = slot.drafts[j]
-        if self._planted("rejected-draft-delivered"):
-            # planted: the run from the draft inputs wherever a draft was scheduled (lane j
-            # where spec > j: not eq(spec, 0), then eq(spec, 2)); the scratch is free by now
-            masks = [(self.spec_zero, tok[0], lanes[1])]
-            if self.k == 2:
-                masks.append((self.second[0], lanes[2], tok[1]))
-            with ttnn.command_queue(self.cq):
-                for j, (mask, chosen, other) in enumerate(masks):
-                    ttnn.where(mask, chosen, other, output_tensor=self.draft_position)
-                    ttnn.add(self.draft_position, 0, output_tensor=slot.tokens[j])
+
+    def _drafts_as_run(self, slot: DraftSlot) -> None:
+        """The planted rejected-draft-delivered: the run's first K lanes are the draft inputs
+        wherever a draft was scheduled (lane j where spec > j: not eq(spec, 0), eq(spec, 2)),
+        the target's token elsewhere, so a rejected draft is delivered (the draft position's
+        scratch is free here)."""
+        lanes, tok = self.combine.lanes, self.tokens
+        masks = [(self.spec_zero, tok[0], lanes[1])]
+        if self.k == 2:
+            masks.append((self.second[0], lanes[2], tok[1]))
+        for j, (mask, chosen, other) in enumerate(masks):
+            ttnn.where(mask, chosen, other, output_tensor=self.draft_position)
+            ttnn.add(self.draft_position, 0, output_tensor=slot.tokens[j])
 
     def _planted(self, bug: str) -> bool:
         return bug in self.mutations
