@@ -39,6 +39,7 @@ from __future__ import annotations
 import gc
 import random
 import time
+from array import array
 from collections.abc import Callable, Mapping, MutableSequence
 from dataclasses import dataclass
 from multiprocessing.connection import Connection, wait
@@ -337,18 +338,18 @@ def _passes(cov: Coverage, backend: str, *, seed: int, deadline: float, until: f
     return report
 
 
-def _predecessors(cov: Coverage) -> list[list[int]]:
-    """Each state's predecessors in the graph."""
-    preds: list[list[int]] = [[] for _ in cov.ex.states]
-    for u, v in cov.ex.graph.edges():
-        preds[v].append(u)
-    return preds
+def _predecessors(cov: Coverage) -> tuple[array[int], array[int]]:
+    """Each state's predecessors in the graph, compressed: state v's are
+    ``preds[start[v]:start[v + 1]]`` (arrays: nothing for the collector to scan)."""
+    return cov.ex.edges.predecessors(len(cov.ex.states))
 
 
 def _useful(reqs: patterns.Requirements, pattern: patterns.Need,
-            uncovered: list[tuple[int, int]], preds: list[list[int]], n: int) -> bytes:
+            uncovered: list[tuple[int, int]], preds: tuple[array[int], array[int]],
+            n: int) -> bytes:
     """Per state, 1 if an uncovered edge that `pattern` allows is reachable from it through
     edges it allows (reverse reachability from those edges' sources)."""
+    start, pred = preds
     useful = bytearray(n)
     stack = []
     for u, v in uncovered:
@@ -357,7 +358,8 @@ def _useful(reqs: patterns.Requirements, pattern: patterns.Need,
             stack.append(u)
     while stack:
         v = stack.pop()
-        for u in preds[v]:
+        for i in range(start[v], start[v + 1]):
+            u = pred[i]
             if not useful[u] and reqs.allows(pattern, u, v):
                 useful[u] = 1
                 stack.append(u)

@@ -172,6 +172,9 @@ class Lockstep:
             return "mirror data on the host: combine output and slot content as each returns"
         if self.device is not None and not self.emulated():
             return "host state only: a chip's memory has no view (consumed and content erased)"
+        if self.bounds.spec_tokens:
+            return ("device data: combine output and slot content as each command completes "
+                    "(with drafts: ids, draft lanes, positions, counts, runs and drafts)")
         return "device data: combine output and slot content as each command completes"
 
     def _open_backend(self, name: str) -> Any:

@@ -84,8 +84,10 @@ class Requirements:
     """The domain: bit index -> (request, position)."""
     edge_need: dict[tuple[int, int], Need]
     """(u, v) of each launch edge -> its need (every other edge needs nothing)."""
-    state_needs: list[list[Need]]
-    """Per state, the least needs of the paths reaching it (empty: no path's bits agree)."""
+    state_needs: tuple[tuple[Need, ...], ...]
+    """Per state, the least needs of the paths reaching it (empty: no path's bits agree).
+    Tuples of integers: the collector stops tracking them, so a million states cost the branch
+    walks' collections nothing."""
 
     @staticmethod
     def of(ex: Exploration) -> Requirements:
@@ -115,9 +117,11 @@ class Requirements:
 
     def needs(self, u: int, v: int) -> list[Need]:
         """The least needs of the paths that walk edge (u, v)."""
-        own = self.edge_need.get((u, v), NOTHING)
+        own = self.edge_need.get((u, v))
+        if own is None:
+            return list(self.state_needs[u])
         out = {m for c in self.state_needs[u] if (m := merge(c, own)) is not None}
-        return _least(out)
+        return _least(out) if len(out) > 1 else list(out)
 
     def unreachable(self, edges: Iterable[tuple[int, int]]) -> list[tuple[int, int]]:
         """The edges no drafter lets a run take: every path to them needs contradicting bits."""
@@ -132,7 +136,10 @@ class Requirements:
         """A pattern for the next pass: the first uncovered edge's least need, merged with each
         further one's that agrees; None when no uncovered edge can be taken at all."""
         pattern: Need | None = None
+        every = (1 << len(self.bits)) - 1
         for u, v in uncovered:
+            if pattern is not None and pattern[0] | pattern[1] == every:
+                break  # every bit is fixed: nothing more can be merged
             for need in self.needs(u, v):
                 merged = need if pattern is None else merge(pattern, need)
                 if merged is not None:
@@ -155,7 +162,8 @@ def _least(needs: set[Need]) -> list[Need]:
     return out
 
 
-def _state_needs(ex: Exploration, edge_need: dict[tuple[int, int], Need]) -> list[list[Need]]:
+def _state_needs(ex: Exploration, edge_need: dict[tuple[int, int], Need]
+                 ) -> tuple[tuple[Need, ...], ...]:
     """Each state's least needs, over the DAG in topological order (Kahn's)."""
     n = len(ex.states)
     src, dst = ex.edges.src, ex.edges.dst
@@ -188,7 +196,7 @@ def _state_needs(ex: Exploration, edge_need: dict[tuple[int, int], Need]) -> lis
             indegree[v] -= 1
             if indegree[v] == 0:
                 ready.append(v)
-    return [sorted(s) for s in needs]
+    return tuple(tuple(sorted(s)) for s in needs)
 
 
 # --- from a pattern to a drafter -----------------------------------------------------------------
