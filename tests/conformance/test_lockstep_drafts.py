@@ -25,6 +25,7 @@ import pytest
 import torch
 
 from ttmirror.arguments import BUG_VARIABLE
+from ttmirror.cli import main
 from ttmirror.conformance import branches, campaign, itf, patterns, profiles, walks
 from ttmirror.conformance.abstraction import seen_in
 from ttmirror.conformance.coverage import Coverage
@@ -119,6 +120,18 @@ def test_the_state_machine_draws_drafters_and_conforms(backend: str, config: str
     assert not result.failed, result.error
     assert len(drafters) > 5  # each example draws its drafter
     assert accepted["accepted_0"] and accepted["accepted_1"]  # both verdicts happened
+
+
+@pytest.mark.parametrize("config", ["eager-2cq", "eager-1cq", "traced"])
+def test_two_drafts_conform_in_each_configuration(config: str, explored: Explored) -> None:
+    result = campaign.run(SPEC2, "tt", profiles.profile("ci"), config=config, max_examples=25)
+    assert not result.failed, result.error
+    # Planned walks, each with the drafter its path needs: none, one and both drafts accepted.
+    cov = Coverage(explored(SPEC2))
+    report = walks.run(cov, "tt", seed=0, until=1.0, seconds=math.inf, config=config,
+                       max_walks=40)
+    assert report.failure is None and report.walks == 40
+    assert set(_accepted_taken(cov)) == {0, 1, 2}
 
 
 def test_planned_walks_carry_the_guesses_their_path_needs(explored: Explored) -> None:
@@ -224,6 +237,13 @@ def test_a_launch_the_drafter_does_not_accept_is_not_offered(tmp_path: Path) -> 
     out = replay(SPEC, "cpu", (5,), [*moves, Move("act", Action("launch", (1, 1)))],
                  drafter=Drafter(agree=()))
     assert out.status == INVALID and "drafter" in (out.reason or "")
+
+
+def test_replay_runs_a_spec_regression_trace(capsys: pytest.CaptureFixture[str]) -> None:
+    trace = Path(__file__).parent.parent / "regressions" / "positions-advance-by-spec.itf.json"
+    assert main(["replay", str(trace)]) == 0  # its drafter comes from the trace
+    assert main(["replay", str(trace), "--bug", "positions-advance-by-spec"]) == 1
+    assert "(device data)" in capsys.readouterr().out
 
 
 def test_a_spec_run_trace_writes_reads_and_replays(tmp_path: Path) -> None:
