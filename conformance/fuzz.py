@@ -20,7 +20,7 @@ from hypothesis.database import ExampleDatabase
 
 from ..model.explore import explore
 from ..model.state import Bounds
-from . import branches, campaign, itf, profiles, shards, walks
+from . import branches, campaign, itf, patterns, profiles, shards, walks
 from .coverage import Coverage
 from .walk_bound import walks_lower_bound
 
@@ -103,6 +103,8 @@ def run(o: Options, say: Say) -> Result:
     gc.freeze()  # the graph lives to the end: keep the collector from rescanning it
     try:
         return _walked(o, cov, deadline, time.perf_counter() - start, say)
+    except patterns.NoDrafter as e:  # the walks cannot choose drafters here: say so in a line
+        return Result(None, False, problem=f"{e}; walk smaller bounds")
     finally:
         gc.unfreeze()  # frozen objects are never collected: ttnn ones would outlive exit
 

@@ -49,6 +49,10 @@ type Need = tuple[int, int]
 NOTHING: Need = (0, 0)
 
 
+class NoDrafter(ValueError):
+    """No prompts give the bound's bits distinct rows of the drafter's table."""
+
+
 def merge(a: Need, b: Need) -> Need | None:
     """Both needs at once, or None where they contradict."""
     ones, zeros = a[0] | b[0], a[1] | b[1]
@@ -239,7 +243,9 @@ def choose_base(sampling: str, requests: int, bits: Sequence[Bit], start: int) -
         base = (start + i) % vocab
         if distinct(probe_for(sampling, base), prompts_from(base, requests), bits):
             return base
-    raise ValueError(f"no prompts give the {len(bits)} drafter bits distinct table rows")
+    raise NoDrafter(f"no prompts give the {len(bits)} drafter guesses of the bound distinct "
+                    "rows of the drafter's table, so not every pattern of right and wrong "
+                    "guesses is a drafter")
 
 
 def drafter_for(sampling: str, base: int, requests: int, assignment: dict[Bit, bool]

@@ -269,6 +269,11 @@ def test_a_spec_run_trace_writes_reads_and_replays(tmp_path: Path) -> None:
     (tmp_path / "bad.json").write_text(json.dumps(data))
     with pytest.raises(itf.TraceError, match="not a drafter"):
         itf.load(tmp_path / "bad.json")
+    data = json.loads(path.read_text())
+    data["#meta"]["ttmirror"]["version"] = 2  # before the records carried drafts
+    (tmp_path / "old.json").write_text(json.dumps(data))
+    with pytest.raises(itf.TraceError, match="v2, not 'mirrored-sampled-ids' v3"):
+        itf.load(tmp_path / "old.json")
 
 
 @pytest.mark.parametrize("policy", ["keep", "drop"])
@@ -297,3 +302,10 @@ def test_a_pattern_is_a_drafter_that_guesses_it(sampling: str) -> None:
             assert {bit: ls.context.right(*bit) for bit in bits} == assignment
         finally:
             ls.close()
+
+
+def test_bits_without_distinct_rows_are_refused_in_one_line() -> None:
+    # Two requests at 100 positions each need 200 rows, but token + position stays below 163.
+    bits = [(r, p) for r in range(2) for p in range(100)]
+    with pytest.raises(patterns.NoDrafter, match="not every pattern"):
+        patterns.choose_base("greedy", 2, bits, 0)
