@@ -4,9 +4,9 @@ counts the run's drafter makes the verification accept; every edge of a spec-dec
 walked, in passes under patterns of the drafter's guesses, in every configuration; and each new
 check, fed device data where it must fail, fails.
 
-`ttmirror fuzz --spec-tokens 1` at the spec-decode default bound (two requests, 2,379,246 edges)
+`ttmirror fuzz --spec-tokens 1` at the spec-decode default bound (two requests of three tokens)
 runs off CI; here the bound is one request of three tokens (1,602 states, 3,774 edges) with one
-draft, and with two drafts on the cpu backend (2,499 states, 5,936 edges).
+draft, and with two drafts (2,499 states, 5,936 edges).
 """
 
 from __future__ import annotations
