@@ -25,10 +25,36 @@ slots[k].content       the slot's ids (device data), copied when    once the sam
                        released; None when never written            sides; id -> token below
 slots[k].released      SlotView.released                            exact
 requests[r]            RequestView(status, delivered, closed_at,    absent from the view = ABSENT;
-                       unchecked, preemptions, prefill_left)        statuses by name; delivered
-                                                                    ids -> tokens
+                       unchecked, preemptions, prefill_left,        statuses by name; delivered
+                       placeholders, drafts_ready)                  ids -> tokens
 broken                 (ghost, no counterpart)                      checked as a model invariant
 =====================  ===========================================  ==============================
+
+With drafts (spec rule 13, `drafted.py`), field by field:
+
+=====================  ===========================================  ==============================
+model                  implementation                               note
+=====================  ===========================================  ==============================
+rows[i].spec           Row.spec                                     exact (books)
+rows[i].pos            delivered + the counts the request's rows    once the combine's ids exist;
+                       of earlier in-flight steps wrote (device     -1 before, on both sides
+                       data), as the model's `true_pos`
+rows[i].placed         the combine's base position (device data);   a mirror row's: None until
+                       before it exists, a host row's staged Row.pos  the base exists
+rows[i].drafts         the combine's draft lanes (device data);     a mirror row's: None per lane
+                       before a lane exists, a host row's staged    until it exists; ids ->
+                       Row.drafts                                   proposals, below
+queue[q].accepted      the launch's counts - 1 (device data)        once the count exists; a
+                                                                    dropped row's is 0
+queue[q].host_counts   StepView.host_counts                         a dropped row's is 0
+slots[k].counts,       the slot's count and position (device        each once its command
+positions              data)                                        completed
+(content, counts)      the slot's run: its token lanes 0 .. count   once the count and those
+                       - 1 (device data)                            lanes exist
+drafts_after(content)  the slot's drafts (device data)              per lane, once it exists
+=====================  ===========================================  ==============================
+
+A slot row whose token is garbage (dropped, partial) is erased on both sides: nothing reads it.
 
 No model variable is left unobserved on the emulated device or the cpu backend. On a chip there
 is no view of device memory: the observer is absent, nothing counts as completed, and `consumed`
@@ -36,6 +62,9 @@ and `content` stay None / PENDING on both sides (the lockstep says so in its out
 
 Tokens. The model's token ``(r, p)`` is "position p of request r's sequence": position 0 is the
 request's prompt id, and the probe's reference sequence (`ProbeReference.sequence`) gives the rest.
+With drafts, the newest token of a row at position p that yielded c tokens is at p + c, and a
+draft ``(r, p + j)`` after the newest token at p is the drafter's j-th proposal there
+(`DraftReference.propose`, from the reference's token at p).
 An id read for a row of request r at position p maps to ``(r, p)`` when it equals the reference
 id there, to PLACEHOLDER when it is the host's placeholder (-1 as uint32), and to GARBAGE
 otherwise. The probe's step is a bijection of the input id at each position, so a stale input
@@ -51,9 +80,12 @@ from dataclasses import dataclass, field
 from typing import NamedTuple
 
 from ..impl import rows, runner
+from ..impl.drafts import DraftReference
 from ..impl.runner import PLACEHOLDER_ID, RunnerView
 from ..model.actions import DEAD_ROW
-from ..model.state import GARBAGE, PLACEHOLDER, Phase, Row, State, Status, Token
+from ..model.state import CLOSED, GARBAGE, PLACEHOLDER, Phase, Row, State, Status, Token
+from . import drafted
+from .drafted import SlotRow
 from .observe import Observed
 
 PENDING = "pending"
@@ -74,6 +106,10 @@ class AStep(NamedTuple):
     rows: tuple[Row, ...]
     """The model's rows; `consumed` is None until the combine's output is seen."""
     host_copy: tuple[Token, ...] | None
+    accepted: tuple[int, ...] = ()
+    """With drafts: per row the drafts its launch accepted, once the launch's counts exist."""
+    host_counts: tuple[int, ...] = ()
+    """With drafts: the readback's copy of the counts."""
 
 
 class ARequest(NamedTuple):
@@ -84,6 +120,18 @@ class ARequest(NamedTuple):
     unchecked: bool
     preemptions: int
     prefill_left: int
+    placeholders: int = 0
+    drafts_ready: bool = False
+    """Whether drafts follow its newest token; a closed request's is False (nothing reads it:
+    the runner stops updating closed requests, the model at their next step)."""
+
+
+class ASlot(NamedTuple):
+    content: Content
+    released: bool
+    rows: tuple[SlotRow, ...] | None = None
+    """With drafts: what the slot holds per row beside its newest token; None without drafts or
+    where the slot holds nothing (never written, released)."""
 
 
 class Abstract(NamedTuple):
@@ -92,8 +140,7 @@ class Abstract(NamedTuple):
     allocated: bool
     next_slot: int
     queue: tuple[AStep, ...]
-    slots: tuple[tuple[Content, bool], ...]
-    """Per slot: (content, released)."""
+    slots: tuple[ASlot, ...]
     requests: tuple[ARequest, ...]
 
 
@@ -103,7 +150,15 @@ class Seen(NamedTuple):
     combined: frozenset[int] = frozenset()
     """Queue positions whose combine output exists on the device."""
     written: frozenset[int] = frozenset()
-    """Slots whose current writer's sampler has completed."""
+    """Slots whose current writer's sampler has completed (with drafts: and its count)."""
+    lanes: frozenset[tuple[int, str]] = frozenset()
+    """With drafts: (queue position, part) of each other combine output that exists: the draft
+    lanes ("lane1"..) and the base positions ("base")."""
+    parts: frozenset[tuple[int, str]] = frozenset()
+    """With drafts: (slot, part) of each part of a slot's draft part ("count", "position",
+    "tokens0".., "drafts0"..) that its writer wrote, or a later step overwrote."""
+    counted: frozenset[int] = frozenset()
+    """With drafts: queue positions whose launch's counts exist."""
 
 
 @dataclass
@@ -118,8 +173,17 @@ class Context:
     partials: dict[int, frozenset[int]] = field(default_factory=dict)
     """Step number -> its partial-prefill rows."""
     drops: list[tuple[int, int]] = field(default_factory=list)
-    """(request, steps scheduled so far) at each finish, abort or preemption (drop policy)."""
+    """(request, steps scheduled so far) at each finish, abort or preemption (drop policy), and
+    with drafts at each apply that finished a request with a later row in flight."""
     prefill_chunks: int = 1
+    spec: int = 0
+    """K: the spec tokens of each decoding row's drafts (0: no drafts)."""
+    drafter: DraftReference | None = None
+    """With drafts: the run's drafter, whose proposals the draft ids are."""
+    truths: dict[int, tuple[int, ...]] = field(default_factory=dict)
+    """With drafts: step number -> each row's position, fixed once its combine's ids exist."""
+    proposals: dict[tuple[int, int], tuple[int, ...]] = field(default_factory=dict, repr=False)
+    """Cache: (req, pos) -> the drafter's K proposals after the token at pos."""
 
     def id_at(self, req: int, pos: int) -> int | None:
         if pos == 0:
@@ -137,28 +201,72 @@ class Context:
         """Was `req` finished, aborted or preempted after step number `step` was scheduled?"""
         return any(r == req and at > step for r, at in self.drops)
 
+    # --- with drafts --------------------------------------------------------------------------
+    def proposal(self, req: int, pos: int, lane: int) -> int | None:
+        """The drafter's proposal for position pos + lane after `req`'s token at `pos`."""
+        chain = self.proposals.get((req, pos))
+        if chain is None:
+            newest = self.id_at(req, pos)
+            chain = () if newest is None or self.drafter is None else self.drafter.propose(
+                newest, pos)
+            self.proposals[(req, pos)] = chain
+        return chain[lane - 1] if 1 <= lane <= len(chain) else None
 
-def project(s: State, seen: Seen) -> Abstract:
+    def draft_token(self, req: int, pos: int, lane: int, value: int) -> Token:
+        """The model token for a draft id `value` in lane `lane` after `req`'s token at `pos`:
+        the drafter's proposal for pos + lane, the host's placeholder, or garbage."""
+        if pos >= 0 and value == self.proposal(req, pos, lane):
+            return (req, pos + lane)
+        return PLACEHOLDER if value & UINT32 == PLACEHOLDER_ID & UINT32 else GARBAGE
+
+    def right(self, req: int, pos: int) -> bool:
+        """Is the drafter's proposal after `req`'s token at `pos` the token at pos + 1 (the
+        target verifies it: the probe's tokens are plain decoding's)?"""
+        after = self.id_at(req, pos + 1)
+        return after is not None and self.proposal(req, pos, 1) == after
+
+    def truth(self, step: int, row: int) -> int:
+        """With drafts: row `row` of step number `step`'s position, -1 while unknown."""
+        known = self.truths.get(step)
+        return known[row] if known is not None else -1
+
+    def learn(self, view: RunnerView, observed: Observed | None) -> None:
+        """With drafts: fix the positions of each in-flight step whose combine's ids exist."""
+        if not self.spec or observed is None:
+            return
+        for q, step in enumerate(view.queue):
+            if step.n not in self.truths and step.n in observed.consumed:
+                known = drafted.positions(view, observed, q)
+                if known is not None:
+                    self.truths[step.n] = known
+
+
+def project(s: State, seen: Seen, spec: int = 0) -> Abstract:
     """The model state as the implementation can show it once `seen` effects completed."""
     queue = []
     for q, step in enumerate(s.queue):
         combined = q in seen.combined
-        queue.append(AStep(
-            slot=step.slot,
-            src_slot=step.src_slot,
-            phase=step.phase.name,
-            rows=tuple(
-                (r if combined else r._replace(consumed=None)) if r.live else DEAD
-                for r in step.rows
-            ),
-            host_copy=step.host_copy,
-        ))
+        rows_ = tuple(
+            DEAD if not r.live else drafted.project_row(r, q, seen) if spec
+            else r if combined else r._replace(consumed=None)
+            for r in step.rows
+        )
+        accepted: tuple[int, ...] = ()
+        host_counts: tuple[int, ...] = ()
+        if spec:
+            if q in seen.counted and step.accepted:
+                accepted = drafted.masked(step.rows, step.accepted)
+            host_counts = drafted.masked(step.rows, step.host_counts)
+        queue.append(AStep(slot=step.slot, src_slot=step.src_slot, phase=step.phase.name,
+                           rows=rows_, host_copy=step.host_copy, accepted=accepted,
+                           host_counts=host_counts))
     slots = []
     for k, slot in enumerate(s.slots):
         content: Content = slot.content
         if content and not slot.released and k not in seen.written:
             content = PENDING
-        slots.append((content, slot.released))
+        part = drafted.project_slot(slot, k, seen, spec) if spec else None
+        slots.append(ASlot(content, slot.released, part))
     return Abstract(
         allocated=s.allocated,
         next_slot=s.next_slot,
@@ -166,7 +274,7 @@ def project(s: State, seen: Seen) -> Abstract:
         slots=tuple(slots),
         requests=tuple(
             ARequest(r.status.name, r.delivered, r.closed_at, r.unchecked, r.preemptions,
-                     r.prefill_left)
+                     r.prefill_left, r.placeholders, r.drafts_ready and r.status not in CLOSED)
             for r in s.requests
         ),
     )
@@ -181,28 +289,50 @@ def seen_in(view: RunnerView, observed: Observed | None) -> Seen:
         k for k, slot in enumerate(view.slots)
         if slot.writer is not None and observed.content.get(k, (None, ()))[0] == slot.writer
     )
-    return Seen(combined, written)
+    if not observed.drafts:
+        return Seen(combined, written)
+    lanes = frozenset((q, part) for q, step in enumerate(view.queue)
+                      for part in observed.lanes.get(step.n, {}))
+    parts = frozenset(
+        (k, part) for k, slot in enumerate(view.slots) if slot.writer is not None
+        for part, (writer, _) in observed.parts.get(k, {}).items() if writer >= slot.writer
+    )
+    # With drafts the newest token's position depends on the count: the two are read together.
+    written = frozenset(k for k in written if (k, "count") in parts)
+    counted = frozenset(q for q, step in enumerate(view.queue) if step.n in observed.counts)
+    return Seen(combined, written, lanes, parts, counted)
 
 
 def abstract(view: RunnerView, context: Context, observed: Observed | None, seen: Seen
              ) -> Abstract:
-    """The implementation's state in the model's terms (see the table above)."""
+    """The implementation's state in the model's terms (see the tables above)."""
+    context.learn(view, observed)
+    spec = context.spec
     queue = []
     for q, step in enumerate(view.queue):
         consumed = observed.consumed.get(step.n) if observed and q in seen.combined else None
         host_copy = None
         if step.host_copy is not None:
             host_copy = tuple(
-                context.token(row.req, row.pos + 1, value)
-                if row.live and not row.partial else GARBAGE
-                for row, value in zip(step.rows, step.host_copy, strict=True)
+                _read_back(context, step.n, i, row, value, step.host_counts)
+                for i, (row, value) in enumerate(zip(step.rows, step.host_copy, strict=True))
             )
+        accepted: tuple[int, ...] = ()
+        if spec and observed is not None and q in seen.counted:
+            accepted = drafted.masked(step.rows, tuple(
+                c - 1 for c in observed.counts[step.n][: len(step.rows)]))
         queue.append(AStep(
             slot=step.slot,
             src_slot=step.src_slot,
             phase=phase_name(step.phase),
-            rows=tuple(_row(context, row, consumed, i) for i, row in enumerate(step.rows)),
+            rows=tuple(
+                DEAD if not row.live
+                else drafted.row_of(row, q, step.n, i, context, observed, seen) if spec
+                else _row(context, row, consumed, i)
+                for i, row in enumerate(step.rows)),
             host_copy=host_copy,
+            accepted=accepted,
+            host_counts=drafted.masked(step.rows, step.host_counts) if spec else (),
         ))
     slots = []
     for k, slot in enumerate(view.slots):
@@ -213,8 +343,10 @@ def abstract(view: RunnerView, context: Context, observed: Observed | None, seen
             content = PENDING
             if observed is not None and k in seen.written:
                 writer, ids = observed.content[k]
-                content = _content(context, writer, ids)
-        slots.append((content, slot.released))
+                content = (drafted.content_of(context, observed, k, writer, ids) if spec
+                           else _content(context, writer, ids))
+        part = drafted.slot_of(k, slot, context, observed, seen) if spec else None
+        slots.append(ASlot(content, slot.released, part))
     requests = []
     for r in range(len(context.prompts)):
         rv = view.requests.get(r)
@@ -224,14 +356,24 @@ def abstract(view: RunnerView, context: Context, observed: Observed | None, seen
             continue
         delivered = tuple(context.token(r, i + 1, v) for i, v in enumerate(rv.delivered))
         requests.append(ARequest(status_name(rv.status), delivered, rv.closed_at, rv.unchecked,
-                                 rv.preemptions, rv.prefill_left))
+                                 rv.preemptions, rv.prefill_left, rv.placeholders,
+                                 rv.drafts_ready and rv.status not in runner.CLOSED))
     return Abstract(view.allocated, view.next_slot, tuple(queue), tuple(slots), tuple(requests))
 
 
+def _read_back(context: Context, step: int, i: int, row: rows.Row, value: int,
+               counts: tuple[int, ...]) -> Token:
+    """A host copy's id as a token: the row's next token; with drafts, its newest, count tokens
+    past its position."""
+    if not row.live or row.partial:
+        return GARBAGE
+    if context.spec:
+        return context.token(row.req, context.truth(step, i) + counts[i], value)
+    return context.token(row.req, row.pos + 1, value)
+
+
 def _row(context: Context, row: rows.Row, consumed: tuple[int, ...] | None, i: int) -> Row:
-    """The implementation's row as the model's: the consumed id, when seen, as a token."""
-    if not row.live:
-        return DEAD
+    """The implementation's live row as the model's: the consumed id, when seen, as a token."""
     token = None if consumed is None else context.token(row.req, row.pos, consumed[i])
     return Row(req=row.req, pos=row.pos, prev_row=row.prev_row, consumed=token, live=True,
                partial=row.partial)
@@ -258,9 +400,12 @@ def status_name(status: runner.Status) -> str:
     return Status[status.name].name
 
 
-def diff(expected: Abstract, got: Abstract) -> list[str]:
+def diff(expected: Abstract, got: Abstract, seen: Seen | None = None, spec: int = 0
+         ) -> list[str]:
     """Readable differences, field by field (model first, implementation second): the queue
-    first, so a combine's output is named before the slot the sampler then wrote from it."""
+    first, so a combine's output is named before the slot the sampler then wrote from it;
+    `seen` labels the drafts' row fields that are device data (`spec`: K)."""
+    seen = seen or Seen()
     out: list[str] = []
     for name in ("allocated", "next_slot"):
         a, b = getattr(expected, name), getattr(got, name)
@@ -275,19 +420,17 @@ def diff(expected: Abstract, got: Abstract) -> list[str]:
                 continue
             if f == "rows" and len(x) == len(y):
                 for i, (rx, ry) in enumerate(zip(x, y, strict=True)):
-                    if rx.consumed != ry.consumed:
-                        out.append(f"queue[{q}].rows[{i}].consumed (device data): model "
-                                   f"{rx.consumed} != impl {ry.consumed}")
-                    if _books(rx) != _books(ry):
-                        out.append(f"queue[{q}].rows[{i}] ({', '.join(BOOKS)}): "
-                                   f"model {_books(rx)} != impl {_books(ry)}")
+                    out.extend(_row_diff(q, i, rx, ry, seen, spec))
                 continue
-            out.append(f"queue[{q}].{f}: model {x} != impl {y}")
+            label = " (device data)" if f == "accepted" else ""
+            out.append(f"queue[{q}].{f}{label}: model {x} != impl {y}")
     for k, (a, b) in enumerate(zip(expected.slots, got.slots, strict=True)):
-        if a[0] != b[0]:
-            out.append(f"slots[{k}].content (device data): model {a[0]} != impl {b[0]}")
-        if a[1] != b[1]:
-            out.append(f"slots[{k}].released: model {a[1]} != impl {b[1]}")
+        if a.content != b.content:
+            out.append(f"slots[{k}].content (device data): model {a.content} != impl {b.content}")
+        if a.released != b.released:
+            out.append(f"slots[{k}].released: model {a.released} != impl {b.released}")
+        if a.rows != b.rows:
+            out.extend(drafted.slot_diff(k, a.rows, b.rows))
     for r, (a, b) in enumerate(zip(expected.requests, got.requests, strict=True)):
         for f in ARequest._fields:
             if getattr(a, f) != getattr(b, f):
@@ -297,7 +440,26 @@ def diff(expected: Abstract, got: Abstract) -> list[str]:
 
 BOOKS = ("req", "pos", "prev_row", "live", "partial")
 """A row's fields that the host's books decide (the rest, `consumed`, is device data)."""
+SPEC_BOOKS = ("req", "prev_row", "live", "partial", "spec")
+"""With drafts: a row's fields that the host's books decide (its position is the device's)."""
 
 
-def _books(row: Row) -> tuple[object, ...]:
-    return tuple(getattr(row, f) for f in BOOKS)
+def _row_diff(q: int, i: int, rx: Row, ry: Row, seen: Seen, spec: int) -> list[str]:
+    out = []
+    if rx.consumed != ry.consumed:
+        out.append(f"queue[{q}].rows[{i}].consumed (device data): model {rx.consumed} != impl "
+                   f"{ry.consumed}")
+    books = SPEC_BOOKS if spec else BOOKS
+    x, y = _books(rx, books), _books(ry, books)
+    if x != y:
+        out.append(f"queue[{q}].rows[{i}] ({', '.join(books)}): model {x} != impl {y}")
+    for f in drafted.ROW_FIELDS if spec else ():
+        x, y = getattr(rx, f), getattr(ry, f)
+        if x != y:
+            label = " (device data)" if drafted.seen_part(f, q, seen) else ""
+            out.append(f"queue[{q}].rows[{i}].{f}{label}: model {x} != impl {y}")
+    return out
+
+
+def _books(row: Row, books: tuple[str, ...]) -> tuple[object, ...]:
+    return tuple(getattr(row, f) for f in books)

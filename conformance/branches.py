@@ -24,6 +24,14 @@ first varies, and a failure is its trace.
 
 Saving needs the implementation's state as data: the emulated device or the cpu backend; a chip
 cannot be saved, and there the planned walks from the initial state remain.
+
+With drafts (spec rule 13) a run takes only the launch edges its drafter's guesses allow
+(`patterns.py`), so the search runs in passes: each pass fixes one pattern of right and wrong
+guesses (a drafter; the prompts are chosen once so that every pattern is one), walks the graph
+restricted to the launch edges that pattern allows, and prunes every branch from which no edge
+still uncovered can be reached in that restricted graph (reverse reachability on the DAG).
+Passes go on, each with the pattern the first uncovered edge needs, until every edge a drafter
+can take is covered; an edge that none can take is reported (`Report.unreachable`).
 """
 
 from __future__ import annotations
@@ -31,16 +39,19 @@ from __future__ import annotations
 import gc
 import random
 import time
+from array import array
 from collections.abc import Callable, Mapping, MutableSequence
 from dataclasses import dataclass
 from multiprocessing.connection import Connection, wait
 from multiprocessing.shared_memory import SharedMemory
 from typing import Any
 
-from ..model.actions import Action, successors
+from ..model.actions import Action
 from ..model.state import Bounds, State
+from . import patterns
 from .coverage import Coverage
 from .lockstep import SAMPLERS, Divergence, Lockstep, prompts_from
+from .moves import Drafter
 from .walk_bound import require_acyclic
 from .walks import DEVICE_MOVES, FailedWalk, Report
 from .workers import Workers, one_core
@@ -82,16 +93,20 @@ class Search:
 
     def __init__(self, index: Mapping[State, int], bounds: Bounds, backend: str, *, seed: int,
                  config: str | None = None, covered: set[tuple[int, int]] | None = None,
-                 expanded: MutableSequence[int] | None = None, bug: str | None = None) -> None:
+                 expanded: MutableSequence[int] | None = None, bug: str | None = None,
+                 drafter: Drafter | None = None, useful: bytes | None = None,
+                 setup: tuple[int, str] | None = None) -> None:
+        """With drafts: `drafter` is the pass's, `useful` says per state whether an uncovered
+        edge can be reached from it under that drafter (None: every state), and `setup` is
+        the (base, sampler) that every run of the pass uses (default: drawn from `seed`)."""
         self.index, self.bounds, self.backend, self.config = index, bounds, backend, config
         self.bug = bug
         """Planted in every run the search starts (a saved run carries it in its runner)."""
+        self.drafter, self.useful = drafter, useful
         self.covered = covered if covered is not None else set()
         self.expanded = expanded if expanded is not None else bytearray(len(index))
         self.rng = random.Random(f"branches/{seed}")
-        rng = random.Random(f"branches/{seed}/prompts")  # the same in every worker
-        self.base = rng.randrange(64)
-        self.sampling = rng.choice(SAMPLERS)
+        self.base, self.sampling = setup or draw_setup(seed)
         self.refused: set[State] = set()
         self.walked: list[Edge] = []
         """Edges walked and checked, not yet handed over (`take_walked`)."""
@@ -107,7 +122,7 @@ class Search:
     def start_at_initial_state(self) -> None:
         first = Lockstep(self.bounds, self.backend, prompts_from(self.base, self.bounds.requests),
                          refused=self.refused, config=self.config, sampling=self.sampling,
-                         sampling_seed=self.base, bug=self.bug)
+                         sampling_seed=self.base, bug=self.bug, drafter=self.drafter)
         self.stack.append(self._frame(0, first))
 
     def start_at(self, item: Item) -> None:
@@ -161,13 +176,13 @@ class Search:
                 except Divergence as d:
                     self.failure = FailedWalk(
                         len(self.walked), ls.prompts, list(ls.moves), list(ls.states), d.kind,
-                        d.message, d.step, self.sampling, self.base)
+                        d.message, d.step, self.sampling, self.base, ls.drafter)
                     self.steps += len(ls.moves) - before
                     self._retire(ls)
                     return False
                 self.steps += len(ls.moves) - before
                 self.walked.append((frame.node, v, action.name))
-                if self.expanded[v]:
+                if self.expanded[v] or not self._useful(v):
                     self._retire(ls)
                 else:
                     stack.append(self._frame(v, ls))
@@ -199,19 +214,24 @@ class Search:
             self.retired.discard()
         self.retired = ls
 
+    def _useful(self, v: int) -> bool:
+        """Can an uncovered edge still be reached from state v (with drafts, in this pass)?"""
+        return self.useful is None or bool(self.useful[v])
+
     def _frame(self, u: int, ls: Lockstep) -> _Frame:
         """Expand state `u`, reached by `ls`: its edges still to walk (those not covered, and
-        those leading to a state not expanded yet), saving `ls` if there is more than one."""
+        those leading to a useful state not expanded yet), saving `ls` if there is more than
+        one. The edges are the run's: with drafts, the launches its drafter allows."""
         self.expanded[u] = 1
         index, covered, expanded = self.index, self.covered, self.expanded
         todo: list[tuple[Action, State, int]] = []
         seen: set[int] = set()
-        for action, target in successors(ls.state, self.bounds):
+        for action, target in ls.successors():
             v = index[target]
             if v in seen:  # another action to the same state: the edge is one
                 continue
             seen.add(v)
-            if (u, v) not in covered or not expanded[v]:
+            if (u, v) not in covered or (not expanded[v] and self._useful(v)):
                 todo.append((action, target, v))
         todo.reverse()  # popped from the end: walked in the model's order
         saved = None
@@ -240,7 +260,11 @@ def run(cov: Coverage, backend: str, *, seed: int, seconds: float, until: float 
     require_acyclic(cov.ex.graph)  # a state is expanded once: the search must end
     start = time.perf_counter()
     goal = int(until * cov.total_edges + 0.999999)
-    if jobs == 1:
+    if cov.ex.bounds.spec_tokens:
+        report = _passes(cov, backend, seed=seed, deadline=start + seconds, until=until,
+                         jobs=jobs, progress=progress, every=every, config=config, bug=bug)
+        goal = int(until * (cov.total_edges - report.unreachable) + 0.999999)
+    elif jobs == 1:
         report = _run_here(cov, backend, seed=seed, deadline=start + seconds, goal=goal,
                            progress=progress, every=every, config=config, bug=bug)
     else:
@@ -256,6 +280,92 @@ def run(cov: Coverage, backend: str, *, seed: int, seconds: float, until: float 
     return report
 
 
+def draw_setup(seed: int) -> tuple[int, str]:
+    """The (base of the prompts, sampler) of a search seeded `seed`."""
+    rng = random.Random(f"branches/{seed}/prompts")  # the same in every worker
+    base = rng.randrange(64)
+    return base, rng.choice(SAMPLERS)
+
+
+def _passes(cov: Coverage, backend: str, *, seed: int, deadline: float, until: float,
+            jobs: int, progress: Progress | None, every: float, config: str | None,
+            bug: str | None) -> Report:
+    """With drafts: one search per pattern, each pruned to what is still uncovered under it,
+    until every edge a drafter allows is covered (or time is up, or a run fails)."""
+    reqs = patterns.Requirements.of(cov.ex)
+    pairs = sorted(cov.ex.graph.edges())
+    unreachable = set(reqs.unreachable(pairs))
+    goal = int(until * (len(pairs) - len(unreachable)) + 0.999999)
+    base, sampling = draw_setup(seed)
+    base = patterns.choose_base(sampling, cov.ex.bounds.requests, reqs.bits, base)
+    preds = _predecessors(cov)
+    report = Report(jobs=jobs, unreachable=len(unreachable))
+    start = time.perf_counter()
+
+    def so_far(done: Report, cov: Coverage) -> None:  # the passes before this one, and this
+        if progress is not None:
+            progress(Report(walks=report.walks + done.walks, steps=report.steps + done.steps,
+                            seconds=time.perf_counter() - start, jobs=jobs,
+                            passes=report.passes + 1), cov)
+
+    while len(cov.edges) < goal and time.perf_counter() < deadline:
+        uncovered = [e for e in pairs if e not in cov.edges and e not in unreachable]
+        pattern = reqs.choose(uncovered)
+        assert pattern is not None  # each uncovered edge here has a need: one is chosen
+        drafter = patterns.drafter_for(sampling, base, cov.ex.bounds.requests,
+                                       reqs.assignment(pattern))
+        useful = _useful(reqs, pattern, uncovered, preds, len(cov.ex.states))
+        setup = (base, sampling)
+        if jobs == 1:
+            done = _run_here(cov, backend, seed=seed, deadline=deadline, goal=goal,
+                             progress=so_far, every=every, config=config, bug=bug,
+                             drafter=drafter, useful=useful, setup=setup)
+        else:
+            done = _Master(cov, backend, seed=seed, jobs=jobs, config=config, bug=bug,
+                           drafter=drafter, useful=useful, setup=setup).run(
+                deadline, goal, so_far, every)
+        report.walks += done.walks
+        report.steps += done.steps
+        report.passes += 1
+        if done.failure is not None:
+            report.failure = done.failure
+            break
+        if done.stopped == "budget":
+            report.stopped = "budget"
+            break
+    if not report.stopped and report.failure is None and len(cov.edges) >= goal:
+        report.stopped = "covered"
+    return report
+
+
+def _predecessors(cov: Coverage) -> tuple[array[int], array[int]]:
+    """Each state's predecessors in the graph, compressed: state v's are
+    ``preds[start[v]:start[v + 1]]`` (arrays: nothing for the collector to scan)."""
+    return cov.ex.edges.predecessors(len(cov.ex.states))
+
+
+def _useful(reqs: patterns.Requirements, pattern: patterns.Need,
+            uncovered: list[tuple[int, int]], preds: tuple[array[int], array[int]],
+            n: int) -> bytes:
+    """Per state, 1 if an uncovered edge that `pattern` allows is reachable from it through
+    edges it allows (reverse reachability from those edges' sources)."""
+    start, pred = preds
+    useful = bytearray(n)
+    stack = []
+    for u, v in uncovered:
+        if not useful[u] and reqs.allows(pattern, u, v):
+            useful[u] = 1
+            stack.append(u)
+    while stack:
+        v = stack.pop()
+        for i in range(start[v], start[v + 1]):
+            u = pred[i]
+            if not useful[u] and reqs.allows(pattern, u, v):
+                useful[u] = 1
+                stack.append(u)
+    return bytes(useful)
+
+
 def _mark(cov: Coverage, report: Report, walked: list[Edge]) -> None:
     for u, v, name in walked:
         cov.mark(u, v, name)
@@ -264,10 +374,11 @@ def _mark(cov: Coverage, report: Report, walked: list[Edge]) -> None:
 
 def _run_here(cov: Coverage, backend: str, *, seed: int, deadline: float, goal: int,
               progress: Progress | None, every: float, config: str | None,
-              bug: str | None) -> Report:
+              bug: str | None, drafter: Drafter | None = None, useful: bytes | None = None,
+              setup: tuple[int, str] | None = None) -> Report:
     report = Report(jobs=1)
     search = Search(cov.index, cov.ex.bounds, backend, seed=seed, config=config,
-                    covered=set(cov.edges), bug=bug)
+                    covered=set(cov.edges), bug=bug, drafter=drafter, useful=useful, setup=setup)
     start = time.perf_counter()
     next_report = start + every
 
@@ -297,12 +408,13 @@ class _Master:
     """Hands branch points to worker processes and collects the edges they walked."""
 
     def __init__(self, cov: Coverage, backend: str, *, seed: int, jobs: int,
-                 config: str | None, bug: str | None) -> None:
+                 config: str | None, bug: str | None, drafter: Drafter | None = None,
+                 useful: bytes | None = None, setup: tuple[int, str] | None = None) -> None:
         self.cov, self.jobs = cov, jobs
         self.report = Report(jobs=jobs)
         self.shared = SharedMemory(create=True, size=max(1, len(cov.ex.states)))
         args = (cov.ex.states, cov.ex.bounds, backend, seed, config, bug,
-                set(cov.edges), self.shared.name)
+                set(cov.edges), self.shared.name, drafter, useful, setup)
         self.workers = Workers.start(_serve, [(w, *args) for w in range(jobs)])
         self.conns = self.workers.conns
         self.busy: set[Connection] = set()
@@ -385,6 +497,7 @@ class _Master:
 
 def _serve(worker: int, states: list[State], bounds: Bounds, backend: str, seed: int,
            config: str | None, bug: str | None, covered: set[tuple[int, int]], shared: str,
+           drafter: Drafter | None, useful: bytes | None, setup: tuple[int, str] | None,
            conn: Connection) -> None:
     """A worker: search from each branch point it is given; share one when asked."""
     one_core()
@@ -396,7 +509,7 @@ def _serve(worker: int, states: list[State], bounds: Bounds, backend: str, seed:
         gc.freeze()  # the index lives to the end: keep full collections from rescanning it
         search = here = Search(index, bounds, backend, seed=seed * 1000 + worker, config=config,
                                covered=covered, expanded=memory.buf,  # type: ignore[arg-type]
-                               bug=bug)
+                               bug=bug, drafter=drafter, useful=useful, setup=setup)
         sent_steps = 0
 
         def report() -> tuple[list[Edge], int]:

@@ -106,6 +106,7 @@ def run(
             err = failure.error if isinstance(failure.error, Divergence) else None
             trace = itf.to_itf(bounds, backend, failure.prompts, failure.moves, failure.states,
                                failure=err, bug=bug, seed=seed, config=config,
-                               sampling=failure.sampling, sampling_seed=failure.sampling_seed)
+                               sampling=failure.sampling, sampling_seed=failure.sampling_seed,
+                               drafter=failure.drafter)
             result.trace_path = itf.write(Path(trace_dir) / f"{name}.itf.json", trace)
     return result

@@ -20,7 +20,7 @@ from hypothesis.database import ExampleDatabase
 
 from ..model.explore import explore
 from ..model.state import Bounds
-from . import branches, campaign, itf, profiles, shards, walks
+from . import branches, campaign, itf, patterns, profiles, shards, walks
 from .coverage import Coverage
 from .walk_bound import walks_lower_bound
 
@@ -103,6 +103,8 @@ def run(o: Options, say: Say) -> Result:
     gc.freeze()  # the graph lives to the end: keep the collector from rescanning it
     try:
         return _walked(o, cov, deadline, time.perf_counter() - start, say)
+    except patterns.NoDrafter as e:  # the walks cannot choose drafters here: say so in a line
+        return Result(None, False, problem=f"{e}; walk smaller bounds")
     finally:
         gc.unfreeze()  # frozen objects are never collected: ttnn ones would outlive exit
 
@@ -151,6 +153,9 @@ def _walked(o: Options, cov: Coverage, deadline: float, explore_seconds: float,
         "database": o.database,
         "walk_mode": o.walk_mode,
         "walks": walked.walks if walked else 0,
+        **({"passes": walked.passes if walked else 0,
+            "unreachable_edges": walked.unreachable if walked else 0}
+           if o.bounds.spec_tokens else {}),
         "shard": f"{o.shard[0]}/{o.shard[1]}" if o.shard else None,
         "covered_edges": shards.encode_ids(shards.edge_ids(cov)),
         "walks_taken": shards.encode_ids(walked.taken if walked else ()),
@@ -175,7 +180,9 @@ def _verdict(o: Options, cov: Coverage, report: dict[str, Any], walked: walks.Re
         return Result(report, False, problem=(
             f"shard {report['shard']} did not take its whole share of the plan (walks stopped: "
             f"{report['stopped']}; raise --seconds or --jobs)"))
-    if cov.actions_covered == 1.0 and cov.edges_covered >= o.min_edges:
+    # With drafts, edges that no drafter lets a run take are reported, not required.
+    reachable = cov.total_edges - (walked.unreachable if walked is not None else 0)
+    if cov.actions_covered == 1.0 and len(cov.edges) >= o.min_edges * reachable:
         return Result(report, True)
     return Result(report, False, problem=(
         f"coverage below the minimum: actions {cov.actions_covered:.3f}, edges "
@@ -208,7 +215,8 @@ def _walk(o: Options, cov: Coverage, seconds: float, say: Say
         return walked, None
     trace = itf.to_itf(o.bounds, o.backend, failed.prompts, failed.moves, failed.states,
                        failure=failed.error, bug=o.bug, seed=o.seed, config=o.config,
-                       sampling=failed.sampling, sampling_seed=failed.sampling_seed)
+                       sampling=failed.sampling, sampling_seed=failed.sampling_seed,
+                       drafter=failed.drafter)
     name = f"walk-{o.backend}-{o.config}-seed{o.seed}-walk{failed.walk}.itf.json"
     return walked, Failure(itf.write(o.traces / name, trace), str(failed.error))
 

@@ -6,7 +6,9 @@ both kinds of trace ttmirror writes.
   (``mbt::actionTaken``, ``mbt::nondetPicks``): model actions, device completions (``device``
   with the queue it advanced) and refusals (``refuse`` with the disabled action the
   implementation had to reject). ``#meta.ttmirror`` says what to rebuild: bounds, backend,
-  prompts, the planted bug that was on, the seed, and the failure.
+  prompts, the planted bug that was on, the seed, the failure, and with spec tokens the drafter
+  (``drafter``: its seed and agreement, or its agreeing rows), which decides what a launch's
+  verification accepts.
 - Recorded runs of the runner (`write_events`, `read_events`, `events_from`; `ttmirror
   validate`): one state per recorded event (`impl.events.Event`), its action and its arguments
   and details in the same two variables, one state per line so a long run streams.
@@ -30,7 +32,7 @@ from ..impl.rows import Row
 from ..model.actions import FAULT, Action
 from ..model.state import Bounds, State, initial_state
 from .configs import CONFIGS
-from .moves import EFFECT, Divergence, Move
+from .moves import EFFECT, Divergence, Drafter, Move
 
 MODEL = "mirrored-sampled-ids"
 VERSION = 3
@@ -122,6 +124,7 @@ def to_itf(
     config: str | None = None,
     sampling: str = "greedy",
     sampling_seed: int = 0,
+    drafter: Drafter | None = None,
 ) -> dict[str, Any]:
     """The whole trace: state 0 is the initial state, state i+1 follows moves[i]."""
     rows = [{"#meta": {"index": 0}, **encode_state(initial_state(bounds)),
@@ -148,6 +151,8 @@ def to_itf(
         "failure": None if failure is None else {
             "step": failure.step + 1, "kind": failure.kind, "message": failure.message},
     }
+    if bounds.spec_tokens:  # without drafts the trace is as it always was
+        meta["drafter"] = (drafter or Drafter()).as_json()
     return {
         "#meta": {
             "format": "ITF",
@@ -178,6 +183,9 @@ class Loaded:
         self.config = str(meta.get("config") or CONFIGS.get(backend, ("?",))[0])
         self.sampling = str(meta.get("sampling") or "greedy")
         self.sampling_seed = int(meta.get("sampling_seed") or 0)
+        self.drafter = (Drafter.from_json(meta["drafter"]) if bounds.spec_tokens
+                        else None)
+        """With spec tokens, the run's drafter."""
         self.prompts = prompts
         self.moves = moves
         self.states = states
@@ -210,11 +218,12 @@ def load(path: Path) -> Loaded:
         for i, s in enumerate(states):
             if s["#meta"]["index"] != i:
                 raise TraceError(f"{path}: state {i} has index {s['#meta']['index']}")
+        loaded = Loaded(bounds, str(meta["backend"]), prompts, moves, states, meta)
     except TraceError:
         raise
     except (KeyError, TypeError, ValueError, AttributeError) as e:
         raise TraceError(f"{path} is not a ttmirror ITF trace: {type(e).__name__}: {e}") from None
-    return Loaded(bounds, str(meta["backend"]), prompts, moves, states, meta)
+    return loaded
 
 
 def _move(row: dict[str, Any]) -> Move:

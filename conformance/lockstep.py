@@ -15,6 +15,13 @@ invariants hold. Three kinds of move:
 Every random choice belongs to the caller (Hypothesis or the guided walker); the device runs
 under a `ManualScheduler`, so a list of moves replays exactly.
 
+With drafts (spec rule 13) the model's launch chooses each row's accepted count, while the
+implementation's follows from its drafter (`Drafter`, a value of the run, like its prompts): the
+lockstep predicts it from the reference sequences and the drafter (`predicted`), offers only
+that launch (`successors`), and the device data check then confirms what the verification
+accepted. Which launches a run can take is therefore chosen with the drafter's agreeing rows
+(`conformance/patterns.py`).
+
 Configurations (`CONFIGS`): on the tt backend, ``eager-2cq`` (compute on CQ0, readback on CQ1,
 ordered by events), ``eager-1cq`` (everything on CQ0) and ``traced`` (the decode step captured
 once per slot at load, replayed by every launch); the cpu backend has one, ``host``.
@@ -27,16 +34,18 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..impl.cpu_backend import CpuBackend
+from ..impl.drafts import DraftReference, DraftSpec
 from ..impl.mutations import mutations
 from ..impl.probe import ProbeReference, ProbeSpec
 from ..impl.runner import PhaseError, Runner, RunnerConfig
+from ..impl.runner import Status as RunnerStatus
 from ..model import actions as A
 from ..model.actions import Action, take
 from ..model.invariants import INVARIANTS
-from ..model.state import Bounds, State, Status, initial_state
+from ..model.state import Bounds, Phase, State, Status, initial_state
 from .abstraction import Abstract, Context, Seen, abstract, diff, project, seen_in
 from .configs import check_config
-from .moves import EFFECT, Divergence, Move
+from .moves import EFFECT, Divergence, Drafter, Move
 from .observe import DeviceObserver, HostObserver
 
 DRAM = 1 << 20
@@ -92,12 +101,14 @@ class Lockstep:
         sampling: str = "greedy",
         sampling_seed: int = 0,
         bug: str | None = None,
+        drafter: Drafter | None = None,
     ) -> None:
         """`refusals`: after every act, try every model-disabled action on the implementation;
         `refused`: model states whose refusals were already tried (skipped, and added to);
         `config`: one of `CONFIGS[backend]` (default its first); `sampling`: one of
         `SAMPLERS`, the seeded one drawing with `sampling_seed`; `bug`: a planted bug of the
-        implementation (`impl/mutations.py`), or None."""
+        implementation (`impl/mutations.py`), or None; `drafter`: with spec tokens, the
+        probe's drafter (default `Drafter()`)."""
         if bounds.release_at != "complete":
             raise ValueError("the implementation has no --release-at issue switch; plant the "
                              "release-at-issue bug instead")
@@ -122,17 +133,27 @@ class Lockstep:
             raise ValueError(f"{bounds.requests} requests need {bounds.requests} prompts")
         probe = ProbeSpec(sampling=sampling_seed if sampling == "seeded" else None)
         ref = ProbeReference(probe)
+        k = bounds.spec_tokens
+        self.drafter = (drafter or Drafter()) if k else None
+        drafts = None
+        if self.drafter is not None:
+            d = self.drafter
+            drafts = DraftSpec(k=k, agreement=d.agreement, seed=d.seed,
+                               agree=None if d.agree is None else frozenset(d.agree))
+        # With drafts a row may verify positions past max tokens (its run is cut there).
+        length = bounds.max_tokens + 1 + (k and (bounds.depth + 2) * (k + 1))
         self.references = [
-            ref.sequence(p, bounds.max_tokens + 1, request=r) for r, p in enumerate(self.prompts)
+            ref.sequence(p, length, request=r) for r, p in enumerate(self.prompts)
         ]
         self.context = Context(self.prompts, self.references,
-                               prefill_chunks=bounds.prefill_chunks)
+                               prefill_chunks=bounds.prefill_chunks, spec=k,
+                               drafter=DraftReference(probe, drafts) if drafts else None)
         self.device: Any = None
         self.runner = Runner(self._open_backend(backend), RunnerConfig(
             depth=bounds.depth, slots=bounds.slots, rows=max(1, bounds.requests),
             max_tokens=bounds.max_tokens, guard=bounds.guard, probe=probe,
             trace=config == "traced", preempt_policy=bounds.preempt_policy,
-            prefill_chunks=bounds.prefill_chunks, mutations=mutations([bug]),
+            prefill_chunks=bounds.prefill_chunks, mutations=mutations([bug]), drafts=drafts,
         ))
         self.observer: DeviceObserver | HostObserver | None = None
         """Sees device data as it comes into being; None before load, and on a chip."""
@@ -151,6 +172,9 @@ class Lockstep:
             return "mirror data on the host: combine output and slot content as each returns"
         if self.device is not None and not self.emulated():
             return "host state only: a chip's memory has no view (consumed and content erased)"
+        if self.bounds.spec_tokens:
+            return ("device data: combine output and slot content as each command completes "
+                    "(with drafts: ids, draft lanes, positions, counts, runs and drafts)")
         return "device data: combine output and slot content as each command completes"
 
     def _open_backend(self, name: str) -> Any:
@@ -217,9 +241,29 @@ class Lockstep:
 
     # --- what may happen next --------------------------------------------------------------------
     def successors(self) -> list[tuple[Action, State]]:
+        """The model's successors that the implementation can take: with drafts, each launch
+        only with the accepted counts its verification will produce."""
         if self._succ is None or self._succ[0] is not self.state:
-            self._succ = (self.state, list(A.successors(self.state, self.bounds)))
+            found = list(A.successors(self.state, self.bounds))
+            if self.bounds.spec_tokens:
+                found = [(a, t) for a, t in found
+                         if a.name != "launch" or a.args[1:] == self.predicted(a.args[0])]
+            self._succ = (self.state, found)
         return self._succ[1]
+
+    def predicted(self, q: int) -> tuple[int, ...]:
+        """With drafts: per row of step q (combined), the drafts its launch's verification will
+        accept: the leading run of proposals the target agrees with, from the row's newest
+        token on, at most its scheduled drafts (0 for a row whose inputs are wrong: its
+        output is garbage, and the model explores no other count there)."""
+        out = []
+        for row in self.state.queue[q].rows:
+            a = 0
+            if row.live and not row.partial and row.spec and A.inputs_right(row):
+                while a < row.spec and self.context.right(row.req, row.pos + a):
+                    a += 1
+            out.append(a)
+        return tuple(out)
 
     def enabled(self, name: str | None = None) -> list[Action]:
         return [a for a, _ in self.successors() if name is None or a.name == name]
@@ -242,7 +286,11 @@ class Lockstep:
         candidates = [Action("allocate"), Action("apply")]
         candidates += [Action("schedule", todo), Action("schedule", todo[:-1])]
         candidates += [Action(n, (r,)) for n in A.REQUEST_ACTIONS for r in range(b.requests)]
-        candidates += [Action(n, (q,)) for n in A.STEP_ACTIONS for q in range(b.depth)]
+        # With drafts a combined step's launch carries the accepted counts: it is enabled.
+        combined = {q for q, step in enumerate(s.queue)
+                    if b.spec_tokens and step.phase == Phase.COMBINED}
+        candidates += [Action(n, (q,)) for n in A.STEP_ACTIONS for q in range(b.depth)
+                       if not (n == "launch" and q in combined)]
         candidates += [Action("release", (k,)) for k in range(b.slots)]
         out = []
         for a in dict.fromkeys(candidates):
@@ -262,6 +310,11 @@ class Lockstep:
         self._record(Move("act", action), nxt if nxt is not None else self.state)
         if nxt is None:
             self._fail("not-enabled", f"{action.label()} is disabled in the model", step)
+        if action.name == "launch" and self.bounds.spec_tokens and (
+                action.args[1:] != self.predicted(action.args[0])):
+            self._fail("harness", f"{action.label()}: this run's drafter accepts "
+                       f"{self.predicted(action.args[0])}", step)
+        later = self._later_rows() if action.name == "apply" else set()
         try:
             self._call(action)
         except PhaseError as e:
@@ -270,7 +323,7 @@ class Lockstep:
             self._fail(_kind(e), f"{action.label()}: {type(e).__name__}: {e}", step)
         assert nxt is not None
         self.state = nxt
-        self._acted(action)
+        self._acted(action, later)
         self.check(step)
         if self.refusals and (self.refused is None or nxt not in self.refused):
             if self.refused is not None:
@@ -357,13 +410,15 @@ class Lockstep:
             new_state = cached is None or cached[0] is not self.state
             if new_state or cached is None or cached[1] != seen:
                 # A device move or a refusal leaves the model state as it was: project it once.
-                cached = self._projected = (self.state, seen, project(self.state, seen))
+                cached = self._projected = (
+                    self.state, seen, project(self.state, seen, self.bounds.spec_tokens))
             expected, got = cached[2], abstract(view, self.context, observed, seen)
         except Exception as e:  # the harness itself broke: never a verdict on the implementation
             self._fail("harness", f"checking: {type(e).__name__}: {e}", step)
             raise  # unreachable: _fail raised
         if expected != got:
-            self._fail("state", "; ".join(diff(expected, got)), step)
+            self._fail("state", "; ".join(diff(expected, got, seen, self.bounds.spec_tokens)),
+                       step)
         if new_state:
             for inv in INVARIANTS:
                 if not inv.holds(self.state, self.bounds):
@@ -375,8 +430,14 @@ class Lockstep:
         view = self.runner.abstract()
         return abstract(view, self.context, observed, seen_in(view, observed))
 
-    def _acted(self, action: Action) -> None:
-        """Keep what turns ids into tokens, and attribute the device work the act issued."""
+    def _later_rows(self, after: int = 1) -> set[int]:
+        """Requests with a live row in a step after the first `after` (before an apply, those
+        it may drop)."""
+        return {row.req for step in self.runner.queue[after:] for row in step.rows if row.live}
+
+    def _acted(self, action: Action, later: set[int]) -> None:
+        """Keep what turns ids into tokens, and attribute the device work the act issued;
+        `later`: before an apply, the requests with a live row after the oldest step."""
         r = self.runner
         if action.name == "allocate":
             if self.backend == "cpu":
@@ -392,6 +453,11 @@ class Lockstep:
             action.name == "preempt" and self.bounds.preempt_policy == "keep"
         ):
             self.context.drops.append((action.args[0], r.steps))
+        elif action.name == "apply":
+            # With drafts a run can reach max tokens with a later row in flight: it drops.
+            for req in sorted(later - self._later_rows(0)):
+                if r.status(req) == RunnerStatus.FINISHED:
+                    self.context.drops.append((req, r.steps))
         elif action.name in ("combine", "launch"):
             step = r.queue[action.args[0]]
             if isinstance(self.observer, DeviceObserver):

@@ -34,6 +34,7 @@ from hypothesis.stateful import (
 from ..model.actions import ALL_ACTIONS
 from ..model.state import Bounds
 from .lockstep import SAMPLERS, Divergence, Lockstep, Move, prompts_from
+from .moves import Drafter
 
 type EdgeSink = Callable[[Lockstep], None]
 
@@ -51,6 +52,7 @@ class FailedRun:
     error: Any
     sampling: str = "greedy"
     sampling_seed: int = 0
+    drafter: Drafter | None = None
 
 
 @dataclass
@@ -97,7 +99,7 @@ class Recorder:
         failure = ls.failure
         kept = Divergence(failure.kind, failure.message, failure.step)
         self.last_failure = FailedRun(list(ls.moves), list(ls.states), ls.prompts, kept,
-                                      ls.sampling, ls.sampling_seed)
+                                      ls.sampling, ls.sampling_seed, ls.drafter)
         smallest = self.smallest_failure
         if smallest is None or kept.step <= smallest.error.step:
             self.smallest_failure = self.last_failure
@@ -180,15 +182,28 @@ def machine(bounds: Bounds, backend: str, recorder: Recorder, config: str | None
             recorder.examples += 1
             self.ls: Lockstep | None = None  # opened by the initialize rule, which runs first
 
-        @initialize(base=st.integers(0, 63), sampling=st.sampled_from(SAMPLERS))
-        def prompts(self, base: int, sampling: str) -> None:
+        def start(self, base: int, sampling: str, drafter: Drafter | None) -> None:
             # Distinct prompts per request, and the sampler (seeded first: the simplest examples
             # then test the draw's keying too); drawn, so a failure's trace says which.
             self.ls = Lockstep(bounds, backend, prompts_from(base, bounds.requests),
-                               config=config, sampling=sampling, sampling_seed=base, bug=bug)
+                               config=config, sampling=sampling, sampling_seed=base, bug=bug,
+                               drafter=drafter)
             # Load allocates the ring before anything else can happen; as a rule, swarm testing
             # would switch it off in a share of the examples, which then do nothing at all.
             self.ls.act(self.ls.enabled("allocate")[0])
+
+        if bounds.spec_tokens:
+            # With drafts the drafter is drawn too (its seeded share of right guesses): which
+            # launches an example can take follow from it. Without, nothing more is drawn, so
+            # examples without drafts are as they always were.
+            @initialize(base=st.integers(0, 63), sampling=st.sampled_from(SAMPLERS),
+                        drafter=st.integers(0, 255))
+            def prompts(self, base: int, sampling: str, drafter: int) -> None:
+                self.start(base, sampling, Drafter(seed=drafter, agreement=0.5))
+        else:
+            @initialize(base=st.integers(0, 63), sampling=st.sampled_from(SAMPLERS))
+            def prompts(self, base: int, sampling: str) -> None:
+                self.start(base, sampling, None)
 
         def teardown(self) -> None:
             if self.ls is None:

@@ -37,16 +37,24 @@ DEVICE_HALF = frozenset(
     {
         "where-swapped", "mask-inverted", "gather-off-by-one", "gather-current-slot",
         "positions-stale", "stage-cq1-no-event", "sampler-keyed-by-row", "sampler-keyed-by-step",
+        "positions-advance-by-spec", "bonus-token-dropped", "rejected-draft-delivered",
+        "host-drafts-placeholder",
     }
 )
-"""Bugs in what the device computes (the combine's ops and inputs), not the runner's books."""
+"""Bugs in what the device computes (the combine's ops and inputs, the launch's verification),
+not the runner's books."""
+SPEC_BOUND: dict[str, int | bool] = {"requests": 1, "max_tokens": 3, "spec_tokens": 1}
+"""The bound of the spec-decode bugs: one request of three tokens with one draft per decoding
+row, so that a drafted step is verified (both ways), its position read by the next, a resumed
+request re-enters past its prompt, and a host row carries drafts read back (1,602 states)."""
 NEEDS_BOUNDS: dict[str, dict[str, int | bool]] = {
     "prev-row-two-back": {"max_tokens": 3},
     "partial-prefill-feeds-mirror": {"prefill_chunks": 2},
     "host-sync-unguarded": {"host_sync": True},
+    **dict.fromkeys(mutations.SPEC_BUGS, SPEC_BOUND),
 }
 """Bounds a bug needs to occur at all (beyond the defaults): a request must have a row in three
-steps for "two back" and "one back" to differ; chunked prefill; a host-sync request."""
+steps for "two back" and "one back" to differ; chunked prefill; a host-sync request; drafts."""
 TWO_QUEUES = frozenset({"readback-cq1-no-wait", "stage-cq1-no-event"})
 """Bugs that need a second command queue: they cannot occur in the one-queue configuration."""
 
@@ -107,12 +115,14 @@ def kill(bug: str, bounds: Bounds, backend: str, base: settings, *, walk_seconds
     moves: list[Move] | None = None
     prompts: tuple[int, ...] = ()
     sampling, sampling_seed = "greedy", 0
+    drafter = None
     by, examples, seconds = None, None, None
     if result.failed and result.failing is not None:
         by, examples = "hypothesis", result.first_failure_examples
         seconds = result.first_failure_seconds
         moves, prompts = result.failing.moves, result.failing.prompts
         sampling, sampling_seed = result.failing.sampling, result.failing.sampling_seed
+        drafter = result.failing.drafter
         step = getattr(result.failing.error, "step", len(moves) - 1)
         moves = moves[: step + 1]
     else:
@@ -126,16 +136,17 @@ def kill(bug: str, bounds: Bounds, backend: str, base: settings, *, walk_seconds
             moves = walked.failure.moves[: walked.failure.step + 1]
             prompts = walked.failure.prompts
             sampling, sampling_seed = walked.failure.sampling, walked.failure.sampling_seed
+            drafter = walked.failure.drafter
     if moves is None:
         return Kill(bug, False, None, config, None, None, None, None, None)
 
     def fails(candidate: list[Move]) -> bool:
         return replay(bounds, backend, prompts, candidate, config=config, sampling=sampling,
-                      sampling_seed=sampling_seed, bug=bug).status == FAILS
+                      sampling_seed=sampling_seed, bug=bug, drafter=drafter).status == FAILS
 
     small = shrink(list(moves), fails) if shrinking else list(moves)
     outcome = replay(bounds, backend, prompts, small, config=config, sampling=sampling,
-                     sampling_seed=sampling_seed, bug=bug)
+                     sampling_seed=sampling_seed, bug=bug, drafter=drafter)
     d = outcome.divergence
     if d is not None and d.kind == "harness":
         return Kill(bug, False, by, config, None, f"{d.message}"[:300], examples, None, None)
@@ -144,7 +155,7 @@ def kill(bug: str, bounds: Bounds, backend: str, base: settings, *, walk_seconds
         states = model_states(bounds, small)
         trace = itf.to_itf(bounds, backend, prompts, small, states, failure=d, bug=bug,
                            seed=seed, config=config, sampling=sampling,
-                           sampling_seed=sampling_seed)
+                           sampling_seed=sampling_seed, drafter=drafter)
         name = bug if config == CONFIGS[backend][0] else f"{bug}-{config}"
         path = str(itf.write(Path(trace_dir) / f"{name}.itf.json", trace))
     return Kill(bug, outcome.status == FAILS, by, config,

@@ -19,6 +19,25 @@ launch(q): slots[k].content        the one writing ring slot k (the sampler), is
 readback_complete(q): host_copy    none: the host copy is the host's, read after the event
 =================================  ==========================================================
 
+With drafts (spec rule 13) each effect has more parts, and each part exists from the moment the
+command writing it completes (a "part" below is a buffer the command writes):
+
+=================================  ==========================================================
+model effect (with drafts)         the part, and the command writing it
+=================================  ==========================================================
+combine(q): rows[i].drafts[j]      ``lane{j+1}``: the `where` writing draft lane j + 1
+combine(q): rows[i].placed, pos    ``base``: the `where` writing the rows' base positions
+launch(q): slots[k].counts         ``count``: the `add` writing slot k's count (a + 1)
+launch(q): slots[k].positions      ``position``: the `add` advancing slot k's position
+launch(q): the slot's run          ``tokens{j}``: the sampler writing the target's token of
+                                   lane j (the run is tokens 0 .. count - 1)
+launch(q): the slot's drafts       ``drafts{j}``: the `add` writing the drafter's j-th proposal
+=================================  ==========================================================
+
+Each part is copied anew whenever a command writes it, with the step that wrote it, so a part
+that a later step overwrites shows as overwritten. The counts are also kept per step, after the
+slot is rewritten: they are how far each row got, which fixes where its later tokens are.
+
 On the cpu backend the mirror computes on the host, synchronously: the effects exist when the
 combine and launch return, and are copied then. On a chip no such view exists; the observer is
 absent and the abstraction erases `consumed` and `content`, as before (`Lockstep` says so).
@@ -31,6 +50,9 @@ from typing import Any
 
 from ..impl.runner import Runner
 
+type Part = tuple[int, tuple[int, ...]]
+"""(the step that wrote it, the ids)."""
+
 
 @dataclass
 class Observed:
@@ -42,6 +64,57 @@ class Observed:
     """Slot -> (the step whose sampler wrote it, the ids), once that command completed."""
     problems: list[str] = field(default_factory=list)
     """Device effects in an order the model forbids (a sampler before its own combine)."""
+    drafts: int = 0
+    """K: the spec tokens the mirror carries (0: none of the fields below is ever filled)."""
+    lanes: dict[int, dict[str, tuple[int, ...]]] = field(default_factory=dict)
+    """With drafts: step number -> its combine's other parts ("lane1".., "base") -> ids."""
+    parts: dict[int, dict[str, Part]] = field(default_factory=dict)
+    """With drafts: slot -> its draft part's parts ("count", "position", "tokens0"..,
+    "drafts0"..) -> (the step that wrote it, the ids)."""
+    counts: dict[int, tuple[int, ...]] = field(default_factory=dict)
+    """With drafts: step number -> the counts its launch wrote, kept after the slot is
+    rewritten."""
+
+    def record_combine(self, step: int, part: str, ids: tuple[int, ...]) -> None:
+        if part == "ids":
+            self.consumed[step] = ids
+        else:
+            self.lanes.setdefault(step, {})[part] = ids
+
+    def record_launch(self, step: int, slot: int, part: str, ids: tuple[int, ...]) -> None:
+        if part == "ids":
+            if step not in self.consumed:
+                self.problems.append(
+                    f"the sampler of step {step} completed before its combine wrote the input ids"
+                )
+            self.content[slot] = (step, ids)
+            return
+        self.parts.setdefault(slot, {})[part] = (step, ids)
+        if part == "count":
+            self.counts[step] = ids
+
+
+def combine_parts(mirror: Any) -> dict[str, Any]:
+    """The combine's output tensors by part name: the ids, and with drafts the draft lanes and
+    the base positions."""
+    combiner = mirror.combiner
+    parts = {"ids": combiner.input_ids}
+    if combiner.k:
+        parts.update({f"lane{j}": lane for j, lane in enumerate(combiner.lanes) if j})
+        parts["base"] = combiner.base
+    return parts
+
+
+def slot_parts(mirror: Any, k: int) -> dict[str, Any]:
+    """Slot k's tensors by part name: its ids, and with drafts its draft part's."""
+    ring = mirror.ring
+    parts = {"ids": ring.slots[k]}
+    if ring.drafts:
+        part = ring.drafts[k]
+        parts.update({f"tokens{j}": t for j, t in enumerate(part.tokens)})
+        parts.update({"count": part.count, "position": part.position})
+        parts.update({f"drafts{j}": t for j, t in enumerate(part.drafts)})
+    return parts
 
 
 class DeviceObserver:
@@ -53,29 +126,29 @@ class DeviceObserver:
         mirror: Any = runner.mirror
         self.runner = runner
         self.device = mirror.device
-        self.input_ids = mirror.combiner.input_ids.buffer
-        self.slots = {slot.buffer: k for k, slot in enumerate(mirror.ring.slots)}
-        self.views = {"input_ids": mirror.combiner.input_ids, **{
-            f"slot{k}": slot for k, slot in enumerate(mirror.ring.slots)}}
-        self.effects: dict[int, tuple[str, int]] = {}
-        """Command id -> ("combine" | "launch", step number)."""
+        # Buffer -> ("combine", part, the tensor) or ("launch", part, slot, the tensor).
+        self.buffers: dict[Any, tuple[Any, ...]] = {
+            t.buffer: ("combine", part, t) for part, t in combine_parts(mirror).items()}
+        for k in range(len(mirror.ring)):
+            self.buffers.update({t.buffer: ("launch", part, k, t)
+                                 for part, t in slot_parts(mirror, k).items()})
+        self.effects: dict[int, tuple[int, list[tuple[Any, ...]]]] = {}
+        """Command id -> (step number, the parts it writes)."""
         self.seen = 0
         self.seen = self._newest()
-        self.observed = Observed()
+        self.observed = Observed(drafts=mirror.combiner.k)
         self.device.observers.append(self._completed)
 
     def issued(self, step: int) -> None:
         """Attribute the commands the host just enqueued for `step` (after its combine or
-        launch): which one writes the input ids, which one writes a slot."""
+        launch): which ones write the combine's outputs, which ones a slot's."""
         for queue in self.device.queues:
             for command in queue:
                 if command.id <= self.seen:
                     continue
-                for buffer in command.writes:
-                    if buffer is self.input_ids:
-                        self.effects[command.id] = ("combine", step)
-                    elif buffer in self.slots:
-                        self.effects[command.id] = ("launch", step)
+                parts = [self.buffers[b] for b in command.writes if b in self.buffers]
+                if parts:
+                    self.effects[command.id] = (step, parts)
         self.seen = self._newest()
 
     def next_effect(self, cq: int) -> Any | None:
@@ -98,16 +171,13 @@ class DeviceObserver:
         effect = self.effects.pop(command.id, None)
         if effect is None:
             return
-        kind, step = effect
-        if kind == "combine":
-            self.observed.consumed[step] = _ids(self.views["input_ids"])
-            return
-        if step not in self.observed.consumed:
-            self.observed.problems.append(
-                f"the sampler of step {step} completed before its combine wrote the input ids"
-            )
-        slot = next(self.slots[b] for b in command.writes if b in self.slots)
-        self.observed.content[slot] = (step, _ids(self.views[f"slot{slot}"]))
+        step, parts = effect
+        for kind, part, *where in parts:
+            ids = _ids(where[-1])
+            if kind == "combine":
+                self.observed.record_combine(step, part, ids)
+            else:
+                self.observed.record_launch(step, where[0], part, ids)
 
     def _newest(self) -> int:
         """The newest command id enqueued so far (ids only grow)."""
@@ -125,18 +195,36 @@ class HostObserver:
 
     def __init__(self, runner: Runner) -> None:
         self.runner = runner
-        self.observed = Observed()
+        mirror: Any = runner.mirror
+        self.observed = Observed(drafts=mirror.k)
 
     def combined(self, step: int) -> None:
         mirror: Any = self.runner.mirror
-        self.observed.consumed[step] = tuple(int(v) for v in mirror.input_ids.tolist())
+        self.observed.record_combine(step, "ids", _values(mirror.input_ids))
+        if mirror.k:
+            for j in range(1, mirror.k + 1):
+                self.observed.record_combine(step, f"lane{j}", _values(mirror.input_lanes[j]))
+            self.observed.record_combine(step, "base", _values(mirror.input_positions))
 
     def launched(self, step: int, slot: int) -> None:
         mirror: Any = self.runner.mirror
-        self.observed.content[slot] = (step, tuple(int(v) for v in mirror.ring[slot].tolist()))
+        self.observed.record_launch(step, slot, "ids", _values(mirror.ring[slot]))
+        if not mirror.k:
+            return
+        parts = {f"tokens{j}": t for j, t in enumerate(mirror.ring_tokens[slot])}
+        parts.update({"count": mirror.ring_counts[slot],
+                      "position": mirror.ring_positions[slot]})
+        parts.update({f"drafts{j}": t for j, t in enumerate(mirror.ring_drafts[slot])})
+        for part, values in parts.items():
+            self.observed.record_launch(step, slot, part, _values(values))
 
     def close(self) -> None:
         pass
+
+
+def _values(tensor: Any) -> tuple[int, ...]:
+    """A host tensor's ids as uint32, as a device holds them."""
+    return tuple(int(v) & 0xFFFFFFFF for v in tensor.tolist())
 
 
 def _ids(tensor: Any) -> tuple[int, ...]:

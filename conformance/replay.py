@@ -17,7 +17,7 @@ from ..model.actions import take
 from ..model.state import Bounds
 from .itf import encode_state
 from .lockstep import Lockstep, detached, permissive
-from .moves import EFFECT, Divergence, Move
+from .moves import EFFECT, Divergence, Drafter, Move
 
 CONFORMS, FAILS, INVALID = "conforms", "fails", "invalid"
 
@@ -49,11 +49,12 @@ def replay(
     sampling: str = "greedy",
     sampling_seed: int = 0,
     bug: str | None = None,
+    drafter: Drafter | None = None,
 ) -> Outcome:
     """Run `moves` in lockstep, `bug` planted in the implementation; `claimed[i]` is the trace's
-    encoded model state after move i."""
+    encoded model state after move i; `drafter`: with spec tokens, the run's."""
     ls = Lockstep(bounds, backend, prompts, config=config, sampling=sampling,
-                  sampling_seed=sampling_seed, bug=bug)
+                  sampling_seed=sampling_seed, bug=bug, drafter=drafter)
     rows: list[Row] = []
     try:
         for i, move in enumerate(moves):
@@ -96,6 +97,10 @@ def _invalid(ls: Lockstep, move: Move) -> str | None:
             return "its arguments do not fit the action"
         if not enabled:
             return "the model disables it"
+        if move.action.name == "launch" and ls.bounds.spec_tokens:
+            accepts = ls.predicted(move.action.args[0])
+            if move.action.args[1:] != accepts:
+                return f"the run's drafter makes the verification accept {accepts}"
     elif move.kind == "device":
         if move.action.args[0] not in (0, 1):
             return "no such command queue"

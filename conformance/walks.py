@@ -20,8 +20,10 @@ from multiprocessing.connection import Connection, wait
 
 from ..model.actions import Action
 from ..model.state import Bounds, State
+from . import patterns
 from .coverage import Coverage, Planner
 from .lockstep import SAMPLERS, Divergence, Lockstep, Move, prompts_from
+from .moves import Drafter
 from .workers import Workers, one_core
 
 DEVICE_MOVES = 0.35
@@ -34,6 +36,8 @@ BATCH = 8
 class Walk:
     id: int
     actions: list[Action]
+    guesses: dict[patterns.Bit, bool] | None = None
+    """With drafts: which of the drafter's guesses are right along the walk (`patterns.py`)."""
 
 
 @dataclass
@@ -49,6 +53,7 @@ class FailedWalk:
     step: int
     sampling: str = "greedy"
     sampling_seed: int = 0
+    drafter: Drafter | None = None
 
     @property
     def error(self) -> Divergence:
@@ -80,10 +85,16 @@ class Executor:
     def run(self, walk: Walk) -> WalkResult:
         rng = walk_rng(self.seed, walk.id)
         base = rng.randrange(64)
-        prompts = prompts_from(base, self.bounds.requests)
         sampling = rng.choice(SAMPLERS)
+        drafter = None
+        if walk.guesses is not None:  # prompts that let a drafter guess as the walk needs
+            requests = self.bounds.requests
+            base = patterns.choose_base(sampling, requests, sorted(walk.guesses), base)
+            drafter = patterns.drafter_for(sampling, base, requests, walk.guesses)
+        prompts = prompts_from(base, self.bounds.requests)
         ls = Lockstep(self.bounds, self.backend, prompts, refused=self.refused,
-                      config=self.config, sampling=sampling, sampling_seed=base, bug=self.bug)
+                      config=self.config, sampling=sampling, sampling_seed=base, bug=self.bug,
+                      drafter=drafter)
         try:
             for action in walk.actions:
                 while rng.random() < DEVICE_MOVES:
@@ -94,7 +105,7 @@ class Executor:
                 ls.act(action)
         except Divergence as d:
             failed = FailedWalk(walk.id, ls.prompts, list(ls.moves), list(ls.states), d.kind,
-                                d.message, d.step, sampling, base)
+                                d.message, d.step, sampling, base, ls.drafter)
             return WalkResult(walk.id, len(ls.moves), failed)
         finally:
             ls.close()
@@ -116,6 +127,10 @@ class Report:
     or failure."""
     taken: list[int] = field(default_factory=list)
     """The planned walks' ids replayed and conformed (a shard's share of the plan)."""
+    passes: int = 0
+    """With drafts, branch walks: the searches run, one per pattern of the drafter's guesses."""
+    unreachable: int = 0
+    """With drafts: edges no drafter lets a run take (`patterns.Requirements.unreachable`)."""
 
 
 type Progress = Callable[[Report, Coverage], None]
@@ -166,6 +181,7 @@ class _Campaign:
         self.max_walks = max_walks
         self.shard = shard
         self.planner = Planner(cov, random.Random(seed), fresh=shard is not None)
+        self.reqs = patterns.Requirements.of(cov.ex) if cov.ex.bounds.spec_tokens else None
         self.report = Report(jobs=jobs)
         self.start = time.perf_counter()
         self.deadline = self.start + seconds
@@ -192,10 +208,28 @@ class _Campaign:
             walk_id = planner.planned - 1
             if self.shard is not None and walk_id % self.shard[1] != self.shard[0] - 1:
                 continue  # another shard's walk: planned (the plan is the same), not taken
-            walk = Walk(walk_id, [planner.action(e) for e in path])
-            self.pending[walk.id] = path
+            walk = self._walk(walk_id, path)
+            self.pending[walk.id] = path[: len(walk.actions)]
             out.append(walk)
         return out
+
+    def _walk(self, walk_id: int, path: list[int]) -> Walk:
+        """The walk along `path`; with drafts, with the guesses its launches need, and cut
+        before a launch whose need contradicts an earlier one's (no drafter takes it there)."""
+        planner, reqs = self.planner, self.reqs
+        if reqs is None:
+            return Walk(walk_id, [planner.action(e) for e in path])
+        need: patterns.Need | None = patterns.NOTHING
+        taken = []
+        for e in path:
+            assert need is not None
+            merged = patterns.merge(need, reqs.edge_need.get(planner.edge(e), patterns.NOTHING))
+            if merged is None:
+                break
+            need = merged
+            taken.append(e)
+        assert need is not None
+        return Walk(walk_id, [planner.action(e) for e in taken], reqs.assignment(need))
 
     def walk_here(self, executor: Executor) -> bool:
         """Plan one walk and replay it in this process; False when none is left to plan."""

@@ -102,13 +102,18 @@ class StepInputs:
         """Drafts scheduled per row (spec rule 13): verification accepts at most these."""
         return tuple(r.spec if r.live else 0 for r in self.rows)
 
-    def host_drafts(self, k: int) -> tuple[tuple[int, ...], ...]:
-        """K lanes of host-staged drafts, lane j holding each host row's draft j (else 0)."""
-        return tuple(
-            tuple(r.drafts[j] if r.live and r.prev_row is None and j < len(r.drafts) else 0
-                  for r in self.rows)
-            for j in range(k)
-        )
+    def host_drafts(self, k: int, placeholders: bool = False) -> tuple[tuple[int, ...], ...]:
+        """K lanes of host-staged drafts, lane j holding each host row's draft j (else 0);
+        `placeholders`: the planted host-drafts-placeholder, -1 in place of each host row's
+        scheduled drafts."""
+        def staged(r: Row, j: int) -> int:
+            if not (r.live and r.prev_row is None):
+                return 0
+            if placeholders and j < r.spec:
+                return -1  # planted: the async scheduler's placeholder, never filled
+            return r.drafts[j] if j < len(r.drafts) else 0
+
+        return tuple(tuple(staged(r, j) for r in self.rows) for j in range(k))
 
     @property
     def requests(self) -> tuple[int, ...]:

@@ -104,7 +104,8 @@ class DeviceCombine:
             staged.append((inputs.requests, self.requests))
         if self.spec_rows is not None:
             staged.append((inputs.spec, self.spec_rows))
-            staged.extend(zip(inputs.host_drafts(self.k), self.host_drafts, strict=True))
+            lanes = inputs.host_drafts(self.k, self._planted("host-drafts-placeholder"))
+            staged.extend(zip(lanes, self.host_drafts, strict=True))
         for values, target in staged:
             ttnn.copy_host_to_device_tensor(host_uint32(values, self.width), target, cq_id=cq)
 

@@ -56,7 +56,8 @@ class CpuMirror:
             self._requests[:n] = torch.tensor(inputs.requests)
         if self.k:
             self._spec[:n] = torch.tensor(inputs.spec)
-            self._host_drafts[:, :n] = torch.tensor(inputs.host_drafts(self.k)) & UINT32_MASK
+            lanes = inputs.host_drafts(self.k, self._planted("host-drafts-placeholder"))
+            self._host_drafts[:, :n] = torch.tensor(lanes) & UINT32_MASK
 
     def combine(self, slot: int) -> None:
         src = (slot - 1) % self.spec.slots
@@ -97,12 +98,22 @@ class CpuMirror:
         match = match * (lanes < self._spec.unsqueeze(0))  # no draft scheduled: nothing accepted
         accepted = torch.cumprod(match, dim=0).sum(dim=0)
         newest = torch.gather(tokens, 0, accepted.unsqueeze(0)).squeeze(0)
-        position = base + accepted + 1
+        count = accepted + (0 if self._planted("bonus-token-dropped") else 1)  # planted: a
+        position = base + count
+        if self._planted("positions-advance-by-spec"):
+            position = base + self._spec + 1  # planted: by the 1 + spec tokens scheduled
+        if self._planted("rejected-draft-delivered"):  # planted: the drafts where scheduled
+            drafted = torch.where(lanes < self._spec.unsqueeze(0), self.input_lanes[1:],
+                                  tokens[:-1])
+            tokens = torch.cat([drafted, tokens[-1:]])
+        part = slot
+        if self._planted("draft-part-previous-slot"):
+            part = (slot - 1) % self.spec.slots  # planted: the slot the combine just read
         self.ring[slot] = newest
-        self.ring_tokens[slot] = tokens
-        self.ring_counts[slot] = accepted + 1
-        self.ring_positions[slot] = position
-        self.ring_drafts[slot] = self._propose(newest, position)
+        self.ring_tokens[part] = tokens
+        self.ring_counts[part] = count
+        self.ring_positions[part] = position
+        self.ring_drafts[part] = self._propose(newest, position)
 
     def _lane(self, j: int, positions: torch.Tensor, slot: int) -> torch.Tensor:
         """The target's token after input lane j at `positions` (lane j of the slot's step)."""
@@ -120,9 +131,11 @@ class CpuMirror:
     def readback_issue(self, slot: int) -> Any:
         # The copy is the readback: synchronous on the host.
         if self.k:
+            counts = tuple(self.ring_counts[slot].tolist())
+            if self._planted("count-from-wrong-row"):
+                counts = counts[1:] + counts[:1]  # planted: each row's count from the next row
             return (self.ring[slot].clone(), DraftCopy(
-                tokens=tuple(map(tuple, self.ring_tokens[slot].T.tolist())),
-                counts=tuple(self.ring_counts[slot].tolist()),
+                tokens=tuple(map(tuple, self.ring_tokens[slot].T.tolist())), counts=counts,
                 drafts=tuple(map(tuple, self.ring_drafts[slot].T.tolist()))))
         return self.ring[slot].clone()
 
@@ -141,6 +154,10 @@ class CpuMirror:
 
     def abandon(self, pending: Any) -> None:
         pass  # the copy was made on the host at issue: nothing is still writing into it
+
+    def _planted(self, bug: str) -> bool:
+        """Is `bug` planted in this mirror (`MirrorSpec.mutations`)?"""
+        return bug in self.spec.mutations
 
     def describe(self) -> dict[str, Any]:
         return {"launches": self.launches, "trace": False}

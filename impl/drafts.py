@@ -12,13 +12,14 @@ verification must reproduce token for token.
         the row yields t(0) .. t(a): the accepted drafts and the target's token after them
 
 The drafter is a second one-hot table of the probe's shape, so a device computes it with the
-target's own ops (gather and argmax); which rows agree is a fixed seeded subset, so acceptance
-varies from row to row and step to step. Verification compares each draft with the target's
-own token at that position, sampled with the draw keyed by (request, position): greedy, it is
-exact (the yielded tokens are plain greedy decoding's); seeded, it is rejection sampling for a
-deterministic drafter (accept with the target's probability of the draft, else the target's
-token given that it is not the draft), coupled to the same draw, so seeded decoding with drafts
-gives exactly the tokens seeded decoding gives without them.
+target's own ops (gather and argmax); which rows agree is a fixed seeded subset (or a set given
+row by row, `DraftSpec.agree`), so acceptance varies from row to row and step to step.
+Verification compares each draft with the target's own token at that position, sampled with the
+draw keyed by (request, position): greedy, it is exact (the yielded tokens are plain greedy
+decoding's); seeded, it is rejection sampling for a deterministic drafter (accept with the
+target's probability of the draft, else the target's token given that it is not the draft),
+coupled to the same draw, so seeded decoding with drafts gives exactly the tokens seeded decoding
+gives without them.
 """
 
 from __future__ import annotations
@@ -40,18 +41,32 @@ class DraftSpec:
     """Share of the table's rows where the drafter proposes the target's first choice."""
     seed: int = 1
     """Which rows agree (a seeded subset, fixed for the run)."""
+    agree: frozenset[int] | None = None
+    """The agreeing rows themselves, where given (then `agreement` and `seed` are unused): a
+    drafter whose right and wrong guesses are chosen row by row. None: the seeded share."""
 
     def __post_init__(self) -> None:
         if self.k not in (1, 2):
             raise ValueError(f"spec tokens K must be 1 or 2, got {self.k}")
         if not 0.0 <= self.agreement <= 1.0:
             raise ValueError(f"draft agreement must be in [0, 1], got {self.agreement}")
+        if self.agree is not None:
+            object.__setattr__(self, "agree", frozenset(self.agree))
+            if any(x < 0 for x in self.agree):
+                raise ValueError("draft agreeing rows must be table rows, 0 or more")
 
 
 def agreeing_rows(probe: ProbeSpec, drafts: DraftSpec) -> torch.Tensor:
     """[V + P] bool: the table rows where the drafter proposes the target's first choice."""
+    rows = probe.vocab + probe.max_positions
+    if drafts.agree is not None:
+        outside = [x for x in drafts.agree if x >= rows]
+        if outside:
+            raise ValueError(f"draft agreeing row {min(outside)} is outside the table's {rows} "
+                             "rows")
+        return torch.tensor([x in drafts.agree for x in range(rows)], dtype=torch.bool)
     generator = torch.Generator().manual_seed(drafts.seed)
-    return torch.rand(probe.vocab + probe.max_positions, generator=generator) < drafts.agreement
+    return torch.rand(rows, generator=generator) < drafts.agreement
 
 
 def draft_table(probe: ProbeSpec, drafts: DraftSpec) -> torch.Tensor:

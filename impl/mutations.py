@@ -57,6 +57,25 @@ BUGS: dict[str, str] = {
     "flight, from host ids that lack its newest token",
     "prev-row-by-id-rank": "schedule: the previous-row map takes a request's rank by id among "
     "the previous step's rows as its row (right only while the engine keeps rows in id order)",
+    # Speculative decoding (spec rule 13): each needs drafts (`mutants.NEEDS_BOUNDS`).
+    "positions-advance-by-spec": "launch: the device advances a row's position by the 1 + "
+    "spec tokens it was scheduled, not by the a + 1 it accepted",
+    "bonus-token-dropped": "launch: the count is the accepted drafts alone, so the row "
+    "yields them without the target's token after them (and its position lags one behind)",
+    "rejected-draft-delivered": "launch: the slot's run is written from the draft inputs (the "
+    "target's token only after the last), so where verification rejected a draft, that draft "
+    "is delivered instead of the target's token",
+    "reentering-drafts-from-device": "schedule: a request re-entering past its prompt "
+    "(resumed, or absent from the previous step) is scheduled with K placeholder drafts "
+    "for the device to fill; the device holds none for it",
+    "host-drafts-placeholder": "combine: a host row's draft lanes are staged as the "
+    "async scheduler's -1 placeholders, not the drafts read back, so a placeholder draft "
+    "reaches the input ids",
+    "count-from-wrong-row": "readback_complete: each row's accepted count is read from the "
+    "next row of the copy",
+    "draft-part-previous-slot": "launch: the draft part (tokens, count, position, drafts) "
+    "is written into the previous step's slot, the one its combine just read, while that "
+    "slot's readback may still be outstanding",
 }
 """Bug id -> what goes wrong. Ids marked (tt) only exist on the tt backend."""
 
@@ -96,6 +115,16 @@ TT_ONLY = frozenset(
     }
 )
 """Bugs of the tt mirror's device half (its queues, events and ops): the cpu backend has none."""
+
+SPEC_BUGS = frozenset(
+    {
+        "positions-advance-by-spec", "bonus-token-dropped", "rejected-draft-delivered",
+        "reentering-drafts-from-device", "host-drafts-placeholder", "count-from-wrong-row",
+        "draft-part-previous-slot",
+    }
+)
+"""Bugs of speculative decoding (spec rule 13): they exist only where rows carry drafts, so the
+kill matrix runs them at a bound with spec tokens; planted in the tt and the cpu mirror."""
 
 ALL: dict[str, str] = {**BUGS, **SERVING_BUGS, **FAULT_HANDLING_BUGS}
 """Every planted bug, by id."""

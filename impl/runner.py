@@ -154,6 +154,8 @@ class StepView(NamedTuple):
     rows: tuple[Row, ...]
     host_copy: tuple[int, ...] | None
     """Sampled ids per row, once the readback completed."""
+    host_counts: tuple[int, ...] = ()
+    """With drafts: the counts read back with the ids (a + 1 per row)."""
 
 
 class SlotView(NamedTuple):
@@ -179,6 +181,10 @@ class RequestView(NamedTuple):
     """It needs its newest token on the host before its next step."""
     error: str | None = None
     """Why it failed (FAILED): the device's error for the step that failed it."""
+    placeholders: int = 0
+    """With drafts: the output placeholders it owes (drained at apply)."""
+    drafts_ready: bool = False
+    """With drafts: it was in the last scheduled step past its prompt."""
 
 
 class RunnerView(NamedTuple):
@@ -572,8 +578,16 @@ class Runner:
         spec = self.spec_due(r, partial)
         if prev_row is not None:
             return Row(req=r, pos=-1, prev_row=prev_row, partial=partial, spec=spec)
+        drafts = req.host_drafts if spec else ()
+        if not spec and req.delivered and not partial and self._planted(
+                "reentering-drafts-from-device"):
+            # planted: a request re-entering past its prompt is scheduled with K placeholder
+            # drafts, for a device that holds none for it
+            assert self.config.drafts is not None  # a row with drafts: the runner has them
+            spec = self.config.drafts.k
+            drafts = (PLACEHOLDER_ID,) * spec
         return Row(req=r, pos=len(req.delivered) + req.placeholders, prev_row=None,
-                   partial=partial, spec=spec, drafts=req.host_drafts if spec else ())
+                   partial=partial, spec=spec, drafts=drafts)
 
     def spec_due(self, req: int, partial: bool = False) -> int:
         """Drafts `req`'s row of the next step carries (rule 13): K if the drafter proposed them
@@ -834,6 +848,7 @@ class Runner:
                     phase=s.phase,
                     rows=s.rows,
                     host_copy=s.host_copy,
+                    host_counts=s.drafts.counts[: len(s.rows)] if s.drafts is not None else (),
                 )
                 for s in self.queue
             ),
@@ -851,6 +866,8 @@ class Runner:
                         r.prefill_left,
                         r.host_sync,
                         r.error,
+                        r.placeholders,
+                        r.drafts_ready,
                     )
                     for i, r in sorted(self.requests.items())
                 }

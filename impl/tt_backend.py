@@ -120,11 +120,12 @@ class TtMirror:
         assert self.spec.drafts is not None
         width, k = self.ring.width, self.spec.drafts.k
         if model is not None:
-            return DeviceVerify(device, k, width, self.combiner, model, model, COMPUTE_CQ)
+            return DeviceVerify(device, k, width, self.combiner, model, model, COMPUTE_CQ,
+                                mutations=self.spec.mutations)
         drafter = HeadDrafter(device, draft_table(self.spec.probe, self.spec.drafts), width,
                               COMPUTE_CQ)
         return DeviceVerify(device, k, width, self.combiner, ProbeLanes(self.model), drafter,
-                            COMPUTE_CQ)
+                            COMPUTE_CQ, mutations=self.spec.mutations)
 
     def _next_issue(self) -> int:
         self._issued += 1
@@ -146,7 +147,10 @@ class TtMirror:
         target = 0 if self._planted("ring-reuse-k1") else slot  # planted: K=1 reuse
         part = self.ring.logprobs[target] if self.ring.logprobs else None
         if self.verify is not None:
-            draft = self.ring.drafts[target]
+            at = target
+            if self._planted("draft-part-previous-slot"):
+                at = self.ring.source_of(target)  # planted: the slot the combine just read
+            draft = self.ring.drafts[at]
             lanes = (part, *draft.logprobs) if part is not None else None
             self.verify.enqueue(self.ring[target], draft, lanes)
             return
@@ -238,6 +242,8 @@ class TtMirror:
         k = len(self.ring.drafts[0].drafts)
         lanes = [[int(v) for v in ttnn.to_torch(t).reshape(-1).tolist()] for t in pending.drafts]
         tokens, (counts,), drafts = lanes[: k + 1], lanes[k + 1: k + 2], lanes[k + 2:]
+        if self._planted("count-from-wrong-row"):
+            counts = counts[1:] + counts[:1]  # planted: each row's count from the next row
         return DraftCopy(tokens=tuple(zip(*tokens, strict=True)), counts=tuple(counts),
                          drafts=tuple(zip(*drafts, strict=True)))
 

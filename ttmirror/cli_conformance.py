@@ -273,10 +273,10 @@ def cmd_mutants(ns: argparse.Namespace) -> int:
     if ns.json:
         print(json.dumps([k.as_json() for k in kills], indent=1))
     else:
-        print(f"{'bug':<26}{'config':<11}{'killed':<8}{'layer':<17}{'by':<12}{'examples':>9}"
+        print(f"{'bug':<31}{'config':<11}{'killed':<8}{'layer':<17}{'by':<12}{'examples':>9}"
               f"{'seconds':>9}{'trace':>7}")
         for k in kills:
-            print(f"{k.id:<26}{k.config:<11}{'yes' if k.killed else 'NO':<8}"
+            print(f"{k.id:<31}{k.config:<11}{'yes' if k.killed else 'NO':<8}"
                   f"{k.layer or k.harness_error or '-':<17}{k.by or '-':<12}"
                   f"{k.examples if k.examples is not None else '-':>9}"
                   f"{k.seconds if k.seconds is not None else '-':>9}"
@@ -298,7 +298,7 @@ def cmd_replay(ns: argparse.Namespace) -> int:
     try:
         outcome = replay(loaded.bounds, backend, loaded.prompts, loaded.moves,
                          claimed=loaded.states[1:], config=config, sampling=loaded.sampling,
-                         sampling_seed=loaded.sampling_seed, bug=bug)
+                         sampling_seed=loaded.sampling_seed, bug=bug, drafter=loaded.drafter)
     except (ValueError, KeyError, IndexError) as e:
         raise UsageError(f"{ns.trace} is not for this model: {e}") from None
     if outcome.status == INVALID:

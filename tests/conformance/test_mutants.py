@@ -33,7 +33,8 @@ def _replay(trace: itf.Loaded, moves: list | None = None,  # type: ignore[type-a
             bug: str | None = None) -> str:
     return replay(trace.bounds, trace.backend, trace.prompts,
                   trace.moves if moves is None else moves, config=trace.config,
-                  sampling=trace.sampling, sampling_seed=trace.sampling_seed, bug=bug).status
+                  sampling=trace.sampling, sampling_seed=trace.sampling_seed, bug=bug,
+                  drafter=trace.drafter).status
 
 
 def test_catalog_has_every_bug_class_and_a_trace_each() -> None:
@@ -49,21 +50,23 @@ def test_regression_trace_fails_with_its_bug_and_passes_without(bug: str) -> Non
     assert trace.meta["bug"] == bug
     on = replay(trace.bounds, trace.backend, trace.prompts, trace.moves, trace.states[1:],
                 config=trace.config, sampling=trace.sampling, sampling_seed=trace.sampling_seed,
-                bug=bug)
+                bug=bug, drafter=trace.drafter)
     off = replay(trace.bounds, trace.backend, trace.prompts, trace.moves, trace.states[1:],
-                 config=trace.config, sampling=trace.sampling, sampling_seed=trace.sampling_seed)
+                 config=trace.config, sampling=trace.sampling, sampling_seed=trace.sampling_seed,
+                 drafter=trace.drafter)
     assert on.status == FAILS, on.reason
     assert off.status == CONFORMS, off.rows[-1:]
 
 
 def _effects(trace: itf.Loaded, moves: list,  # type: ignore[type-arg]
-             bug: str) -> set[tuple[str, int]]:
-    """The device effects (combine outputs, sampler writes, by step) that came into being
-    during `moves`, `bug` planted (a slot's content is overwritten later, so it is collected
-    move by move)."""
+             bug: str) -> set[tuple[object, ...]]:
+    """The device effects (combine outputs, sampler writes, by step; with drafts each part of
+    them, with what it holds) that came into being during `moves`, `bug` planted (a slot's
+    content is overwritten later, so it is collected move by move)."""
     ls = Lockstep(trace.bounds, trace.backend, trace.prompts, config=trace.config,
-                  sampling=trace.sampling, sampling_seed=trace.sampling_seed, bug=bug)
-    effects: set[tuple[str, int]] = set()
+                  sampling=trace.sampling, sampling_seed=trace.sampling_seed, bug=bug,
+                  drafter=trace.drafter)
+    effects: set[tuple[object, ...]] = set()
     try:
         for move in moves:
             diverged = False
@@ -75,6 +78,10 @@ def _effects(trace: itf.Loaded, moves: list,  # type: ignore[type-arg]
                 seen = ls.observer.observed
                 effects |= {("combine", n) for n in seen.consumed}
                 effects |= {("sampler", n) for n, _ in seen.content.values()}
+                effects |= {("combine", n, part, ids) for n, parts in seen.lanes.items()
+                            for part, ids in parts.items()}
+                effects |= {("slot", k, part, n, ids) for k, parts in seen.parts.items()
+                            for part, (n, ids) in parts.items()}
             if diverged:
                 break
         return effects
