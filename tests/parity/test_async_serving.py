@@ -24,7 +24,7 @@ import ttnn
 
 from ttmirror.conformance.serving import logprob_errors
 from ttmirror.conformance.validate import bounds_of, validate
-from ttmirror.emulator import Emulator, SeededScheduler, open_device
+from ttmirror.emulator import Emulator, HazardError, SeededScheduler, open_device
 from ttmirror.emulator.decoder import dram_bytes
 from ttmirror.impl import mutations
 from ttmirror.impl.backend import padded_rows
@@ -698,7 +698,8 @@ def _plan_for(kind: str | None) -> list[RequestPlan]:
 def test_every_runner_bug_is_either_killed_by_validation_or_unreachable_in_the_loop() -> None:
     # The data bugs (tt) change what the device computes, not the protocol's events: the
     # battery's token comparison and the hazard checks kill those.
-    runner_bugs = set(mutations.BUGS) - mutations.TT_ONLY
+    # The spec-decode bugs need drafts: `test_the_spec_decode_battery_kills_...` below.
+    runner_bugs = set(mutations.BUGS) - mutations.TT_ONLY - mutations.SPEC_BUGS
     assert set(VALIDATION_KILLS).isdisjoint(UNREACHABLE_IN_THE_LOOP)
     assert runner_bugs <= set(VALIDATION_KILLS) | set(UNREACHABLE_IN_THE_LOOP)
 
@@ -1008,3 +1009,50 @@ def test_traced_and_cpu_serving_with_drafts_equal_eager(sampling: str) -> None:
     assert drafted(cpu, 2, preempting=False) == []
     for other in (traced, cpu):
         assert other.tokens == eager.tokens and other.statuses == eager.statuses
+
+
+# --- the planted spec-decode bugs in a serving run with drafts -----------------------------------
+
+SPEC_BATTERY_KILLS: dict[str, type[BaseException] | None] = {
+    "bonus-token-dropped": RunLeftTheModel,  # a count of a, not a + 1: the apply diverges
+    "reentering-drafts-from-device": RunLeftTheModel,  # drafts scheduled for a re-entering row
+    "draft-part-previous-slot": HazardError,  # written under the previous slot's readback
+    "count-from-wrong-row": None,  # the tokens differ from plain decoding's
+    "positions-advance-by-spec": None,
+    "rejected-draft-delivered": None,
+}
+"""How a serving run with drafts kills each planted spec-decode bug: the run leaves the model,
+the emulated device reports a hazard, or (None) the tokens differ from plain decoding's."""
+SPEC_LOCKSTEP_ONLY = ("host-drafts-placeholder",)
+"""Spec-decode bugs whose serving runs keep plain decoding's tokens: a placeholder draft is
+rejected by verification, and greedy verification loses nothing by a wrong draft. Only the
+lockstep's look at the draft lanes the combine wrote sees it (`ttmirror mutants`)."""
+
+
+def test_every_spec_decode_bug_is_killed_by_serving_or_left_to_the_lockstep() -> None:
+    assert set(SPEC_BATTERY_KILLS) | set(SPEC_LOCKSTEP_ONLY) == mutations.SPEC_BUGS
+    assert set(SPEC_BATTERY_KILLS).isdisjoint(SPEC_LOCKSTEP_ONLY)
+
+
+@pytest.mark.parametrize("bug", sorted(SPEC_BATTERY_KILLS))
+def test_the_spec_decode_battery_kills_each_spec_decode_bug(bug: str) -> None:
+    plan = standard_plan(_model("probe").vocab)
+    run = Run("probe", "greedy", spec_tokens=2)
+    plain = _outcome(Run("probe", "greedy", "off"))
+    assert agree(_serve(run, plan), plain, plan, 2) == []  # twin: without the bug, it agrees
+    expected = SPEC_BATTERY_KILLS[bug]
+    if expected is not None:
+        with pytest.raises(expected):
+            _serve(replace(run, bug=bug), plan)
+    else:
+        assert agree(_serve(replace(run, bug=bug), plan), plain, plan, 2) != []
+
+
+@pytest.mark.parametrize("bug", SPEC_LOCKSTEP_ONLY)
+def test_a_spec_decode_bug_serving_cannot_see_keeps_plain_tokens(bug: str) -> None:
+    """The twin of leaving it to the lockstep: the run with it planted validates, raises no
+    hazard and serves plain decoding's tokens, yet drafts really ran (every count came back)."""
+    plan = standard_plan(_model("probe").vocab)
+    out = _serve(Run("probe", "greedy", spec_tokens=2, bug=bug), plan)
+    assert agree(out, _outcome(Run("probe", "greedy", "off")), plan, 2) == []
+    assert out.stats["hazards"] == 0 and out.stats.get("drafted_rows", 0) > 0
