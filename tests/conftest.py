@@ -2,14 +2,24 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Callable, Iterator
 from functools import cache
 
 import pytest
+import torch
 
 from ttmirror.model.explore import Exploration, explore
 from ttmirror.model.state import Bounds
+
+# The emulated device's ops and the tiny models' forwards are a few dozen to a few thousand
+# elements each: torch's intra-op threads only spin against each other and against the suite's
+# worker processes (on 2 cores, the tiny-model battery ran 7 times slower with 2 threads). One
+# thread here, and in every command a test starts (the variable is inherited); the results do
+# not depend on it, only the time.
+os.environ["OMP_NUM_THREADS"] = "1"
+torch.set_num_threads(1)
 
 
 @cache
