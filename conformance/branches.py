@@ -316,6 +316,7 @@ def _passes(cov: Coverage, backend: str, *, seed: int, deadline: float, until: f
                                        reqs.assignment(pattern))
         useful = _useful(reqs, pattern, uncovered, preds, len(cov.ex.states))
         setup = (base, sampling)
+        before = len(cov.edges)
         if jobs == 1:
             done = _run_here(cov, backend, seed=seed, deadline=deadline, goal=goal,
                              progress=so_far, every=every, config=config, bug=bug,
@@ -333,6 +334,8 @@ def _passes(cov: Coverage, backend: str, *, seed: int, deadline: float, until: f
         if done.stopped == "budget":
             report.stopped = "budget"
             break
+        if len(cov.edges) == before:  # the pattern's drafter took none of the edges it needs
+            raise RuntimeError(f"harness: the pass under pattern {pattern} covered no edge")
     if not report.stopped and report.failure is None and len(cov.edges) >= goal:
         report.stopped = "covered"
     return report

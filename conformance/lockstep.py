@@ -168,14 +168,14 @@ class Lockstep:
     @property
     def observation(self) -> str:
         """What the abstraction can see: device data, or (on a chip) host state only."""
+        drafts = (" (with drafts: ids, draft lanes, positions, counts, runs and drafts)"
+                  if self.bounds.spec_tokens else "")
         if self.backend == "cpu":
-            return "mirror data on the host: combine output and slot content as each returns"
+            return ("mirror data on the host: combine output and slot content as each returns"
+                    + drafts)
         if self.device is not None and not self.emulated():
             return "host state only: a chip's memory has no view (consumed and content erased)"
-        if self.bounds.spec_tokens:
-            return ("device data: combine output and slot content as each command completes "
-                    "(with drafts: ids, draft lanes, positions, counts, runs and drafts)")
-        return "device data: combine output and slot content as each command completes"
+        return "device data: combine output and slot content as each command completes" + drafts
 
     def _open_backend(self, name: str) -> Any:
         if name == "cpu":
