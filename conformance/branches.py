@@ -253,10 +253,11 @@ class Search:
 
 def run(cov: Coverage, backend: str, *, seed: int, seconds: float, until: float = 1.0,
         jobs: int = 1, progress: Progress | None = None, every: float = 5.0,
-        config: str | None = None, bug: str | None = None) -> Report:
+        config: str | None = None, bug: str | None = None, prune: bool = False) -> Report:
     """Walk the edges of `cov`'s graph not walked yet, in `jobs` processes, `bug` planted in
     every run, until edges_covered reaches `until`, `seconds` pass or a run fails; marks each
-    edge walked (and checked) in `cov`."""
+    edge walked (and checked) in `cov`. `prune` (a resumed campaign, most edges covered):
+    without drafts too, enter only states from which an uncovered edge can be reached."""
     require_acyclic(cov.ex.graph)  # a state is expanded once: the search must end
     start = time.perf_counter()
     goal = int(until * cov.total_edges + 0.999999)
@@ -264,12 +265,15 @@ def run(cov: Coverage, backend: str, *, seed: int, seconds: float, until: float 
         report = _passes(cov, backend, seed=seed, deadline=start + seconds, until=until,
                          jobs=jobs, progress=progress, every=every, config=config, bug=bug)
         goal = int(until * (cov.total_edges - report.unreachable) + 0.999999)
-    elif jobs == 1:
-        report = _run_here(cov, backend, seed=seed, deadline=start + seconds, goal=goal,
-                           progress=progress, every=every, config=config, bug=bug)
     else:
-        report = _Master(cov, backend, seed=seed, jobs=jobs, config=config, bug=bug).run(
-            start + seconds, goal, progress, every)
+        useful = _reaching(cov) if prune else None
+        if jobs == 1:
+            report = _run_here(cov, backend, seed=seed, deadline=start + seconds, goal=goal,
+                               progress=progress, every=every, config=config, bug=bug,
+                               useful=useful)
+        else:
+            report = _Master(cov, backend, seed=seed, jobs=jobs, config=config, bug=bug,
+                             useful=useful).run(start + seconds, goal, progress, every)
     report.seconds = time.perf_counter() - start
     if report.failure is not None:
         report.stopped = "failure"
@@ -364,6 +368,26 @@ def _useful(reqs: patterns.Requirements, pattern: patterns.Need,
         for i in range(start[v], start[v + 1]):
             u = pred[i]
             if not useful[u] and reqs.allows(pattern, u, v):
+                useful[u] = 1
+                stack.append(u)
+    return bytes(useful)
+
+
+def _reaching(cov: Coverage) -> bytes:
+    """Per state, 1 if an uncovered edge is reachable from it (without drafts: every edge is
+    every run's)."""
+    start, pred = _predecessors(cov)
+    useful = bytearray(len(cov.ex.states))
+    stack = []
+    for u, _ in (e for e in cov.ex.graph.edges() if e not in cov.edges):
+        if not useful[u]:
+            useful[u] = 1
+            stack.append(u)
+    while stack:
+        v = stack.pop()
+        for i in range(start[v], start[v + 1]):
+            u = pred[i]
+            if not useful[u]:
                 useful[u] = 1
                 stack.append(u)
     return bytes(useful)

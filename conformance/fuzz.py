@@ -20,7 +20,7 @@ from hypothesis.database import ExampleDatabase
 
 from ..model.explore import explore
 from ..model.state import Bounds
-from . import branches, campaign, itf, patterns, profiles, shards, walks
+from . import branches, campaign, checkpoint, itf, patterns, profiles, shards, walks
 from .coverage import Coverage
 from .walk_bound import walks_lower_bound
 
@@ -55,6 +55,10 @@ class Options:
     initial state (a chip, or a shard of one plan)."""
     progress_every: float = 30.0
     """Seconds between two progress lines of the walks."""
+    checkpoint: Path | None = None
+    """Where the campaign's progress is saved and, if the file exists, resumed from."""
+    checkpoint_every: float = 300.0
+    """Seconds between two saves of the checkpoint during the walks."""
 
 
 @dataclass(frozen=True)
@@ -88,6 +92,11 @@ def run(o: Options, say: Say) -> Result:
     """The campaign: exploration, Hypothesis and its shrinking, the walks, within the deadline."""
     deadline = o.started + o.seconds
     start = time.perf_counter()
+    key = checkpoint.campaign_key(o.backend, o.config, o.seed, o.bounds._asdict(), o.bug)
+    try:  # before exploring: a wrong file is refused at once
+        resumed = checkpoint.load(o.checkpoint, key) if o.checkpoint else None
+    except ValueError as e:
+        return Result(None, False, problem=str(e))
 
     def explore_progress(states: int, transitions: int, frontier: int) -> None:
         if time.perf_counter() > deadline:
@@ -102,7 +111,7 @@ def run(o: Options, say: Say) -> Result:
             "so far): nothing walked; raise --seconds"))
     gc.freeze()  # the graph lives to the end: keep the collector from rescanning it
     try:
-        return _walked(o, cov, deadline, time.perf_counter() - start, say)
+        return _walked(o, cov, deadline, time.perf_counter() - start, say, key, resumed)
     except patterns.NoDrafter as e:  # the walks cannot choose drafters here: say so in a line
         return Result(None, False, problem=f"{e}; walk smaller bounds")
     finally:
@@ -110,18 +119,37 @@ def run(o: Options, say: Say) -> Result:
 
 
 def _walked(o: Options, cov: Coverage, deadline: float, explore_seconds: float,
-            say: Say) -> Result:
+            say: Say, key: dict[str, Any], resumed: checkpoint.Checkpoint | None) -> Result:
     """Hypothesis, then the walks, on the explored graph; the report of both."""
     lower_bound = walks_lower_bound(cov.ex.graph)
     explored = time.perf_counter()
+    before = checkpoint.Progress()
+    if resumed is not None:
+        try:
+            checkpoint.apply(resumed, cov)
+        except ValueError as e:
+            return Result(None, False, problem=f"--checkpoint {o.checkpoint}: {e}")
+        before = resumed.progress
+        cov.steps += before.steps
+        say(f"resuming {o.checkpoint}: {before.runs} run(s) before this one walked "
+            f"{before.walks:,} edges in {before.walk_seconds:.0f} s, edges_covered "
+            f"{cov.edges_covered:.4f}; their Hypothesis phase is not repeated")
     say(f"explored {cov.total_edges:,} edges in {explore_seconds:.0f} s (walks from the initial "
-        f"state cover them in no fewer than {lower_bound:,}); Hypothesis: {o.examples} examples")
+        f"state cover them in no fewer than {lower_bound:,}); Hypothesis: "
+        f"{before.hypothesis_examples if resumed else o.examples} examples")
     # Shards divide the Hypothesis phase by seed (shard i of a campaign seeded s draws with
     # s + i - 1), as they divide the walks by index: no two draw from the same seed.
     hypothesis_seed = o.seed + (o.shard[0] - 1 if o.shard else 0)
-    result = campaign.run(o.bounds, o.backend, profiles.profile(o.profile), seed=hypothesis_seed,
-                          trace_dir=o.traces, on_run=cov.record, max_examples=max(1, o.examples),
-                          config=o.config, deadline=deadline, bug=o.bug, database=o.example_db)
+    if resumed is None:
+        result = campaign.run(o.bounds, o.backend, profiles.profile(o.profile),
+                              seed=hypothesis_seed, trace_dir=o.traces, on_run=cov.record,
+                              max_examples=max(1, o.examples), config=o.config,
+                              deadline=deadline, bug=o.bug, database=o.example_db)
+    else:
+        result = campaign.Campaign(o.backend, o.config, o.bug, hypothesis_seed,
+                                   before.hypothesis_examples, 0, 0.0, failed=False,
+                                   observation=before.observation)
+    saver = _Saver(o, key, before, result.examples, result.observation)
     walked: walks.Report | None = None
     failure: Failure | None = None
     stopped = "failure"
@@ -137,8 +165,10 @@ def _walked(o: Options, cov: Coverage, deadline: float, explore_seconds: float,
     else:
         say(f"Hypothesis: {result.examples} examples, edges_covered {cov.edges_covered:.4f}; "
             f"guided walks on {o.jobs} worker(s) until {o.min_edges}")
-        walked, failure = _walk(o, cov, max(0.0, deadline - time.perf_counter()), say)
+        walked, failure = _walk(o, cov, max(0.0, deadline - time.perf_counter()), say, saver)
         stopped = walked.stopped
+    if failure is None:  # a failing run's edges are not all checked: keep the last save
+        saver.save(cov, walked, force=True)
     report = {
         "backend": o.backend,
         "config": o.config,
@@ -146,14 +176,14 @@ def _walked(o: Options, cov: Coverage, deadline: float, explore_seconds: float,
         "bounds": o.bounds._asdict(),
         "seed": o.seed,
         "hypothesis_seed": hypothesis_seed,
-        **coverage_figures(cov, time.perf_counter() - explored),
+        **coverage_figures(cov, time.perf_counter() - explored + before.walk_seconds),
         "explore_seconds": round(explore_seconds, 2),
         "hypothesis_examples": result.examples,
         "hypothesis_first_failure_example": result.first_failure_examples,
         "database": o.database,
         "walk_mode": o.walk_mode,
-        "walks": walked.walks if walked else 0,
-        **({"passes": walked.passes if walked else 0,
+        "walks": before.walks + (walked.walks if walked else 0),
+        **({"passes": before.passes + (walked.passes if walked else 0),
             "unreachable_edges": walked.unreachable if walked else 0}
            if o.bounds.spec_tokens else {}),
         "shard": f"{o.shard[0]}/{o.shard[1]}" if o.shard else None,
@@ -166,6 +196,8 @@ def _walked(o: Options, cov: Coverage, deadline: float, explore_seconds: float,
         "failure": failure.message if failure else None,
         "trace": str(failure.path) if failure and failure.path else None,
         "total_seconds": round(time.perf_counter() - o.started, 1),
+        **({"checkpoint": str(o.checkpoint), "runs": before.runs + 1,
+            "resumed_at_edges": before.edges} if o.checkpoint else {}),
     }
     return _verdict(o, cov, report, walked, failure)
 
@@ -190,7 +222,31 @@ def _verdict(o: Options, cov: Coverage, report: dict[str, Any], walked: walks.Re
         "--seconds or --jobs)"))
 
 
-def _walk(o: Options, cov: Coverage, seconds: float, say: Say
+class _Saver:
+    """Saves the campaign's checkpoint (if it has one) now and then during the walks, with the
+    totals of the runs before this one added."""
+
+    def __init__(self, o: Options, key: dict[str, Any], before: checkpoint.Progress,
+                 examples: int, observation: str) -> None:
+        self.path, self.every, self.key = o.checkpoint, o.checkpoint_every, key
+        self.before, self.examples, self.observation = before, examples, observation
+        self.start = self.last = time.perf_counter()
+
+    def save(self, cov: Coverage, report: walks.Report | None, force: bool = False) -> None:
+        now = time.perf_counter()
+        if self.path is None or (not force and now - self.last < self.every):
+            return
+        b = self.before
+        done = checkpoint.Progress(
+            runs=b.runs + 1, steps=cov.steps, walks=b.walks + (report.walks if report else 0),
+            passes=b.passes + (report.passes if report else 0),
+            walk_seconds=round(b.walk_seconds + now - self.start, 1),
+            hypothesis_examples=self.examples, observation=self.observation)
+        checkpoint.save(self.path, self.key, cov, done)
+        self.last = now
+
+
+def _walk(o: Options, cov: Coverage, seconds: float, say: Say, saver: _Saver
           ) -> tuple[walks.Report, Failure | None]:
     """The guided walks, for at most `seconds`; a failing walk is written as an ITF trace named
     after seed and walk."""
@@ -200,12 +256,13 @@ def _walk(o: Options, cov: Coverage, seconds: float, say: Say
         rate = report.steps / report.seconds if report.seconds > 0 else 0.0
         say(f"{report.seconds:6.0f} s  walks {report.walks:,}  edges_covered "
             f"{cov.edges_covered:.4f}  {rate:,.0f} steps/s")
+        saver.save(cov, report)
 
     if o.walk_mode == "branches":
         # The implementation's state can be saved: each edge is walked once, from a saved state.
         walked = branches.run(cov, o.backend, seed=o.seed, until=o.min_edges, seconds=seconds,
                               jobs=o.jobs, progress=progress, every=every, config=o.config,
-                              bug=o.bug)
+                              bug=o.bug, prune=saver.before.runs > 0)
     else:  # a chip cannot be saved, and a shard takes its share of one plan: planned walks
         walked = walks.run(cov, o.backend, seed=o.seed, until=o.min_edges, seconds=seconds,
                            jobs=o.jobs, progress=progress, every=every, config=o.config,

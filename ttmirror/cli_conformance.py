@@ -67,6 +67,10 @@ def register(add_parser: AddParser) -> None:
                    help="Hypothesis example database: a folder or redis://HOST:PORT/DB (shared "
                    "by every machine of a campaign; default ${TTMIRROR_DATABASE}, else "
                    ".hypothesis/examples)")
+    f.add_argument("--checkpoint", default=None, metavar="FILE",
+                   help="save the campaign's progress (edges walked, totals) to FILE every few "
+                   "minutes and at the end; if FILE exists, go on from it: its edges count as "
+                   "covered and its Hypothesis phase is not repeated (one campaign per file)")
     f.add_argument("--json", action="store_true", help="print one JSON object")
     f.set_defaults(func=cmd_fuzz)
 
@@ -119,7 +123,8 @@ def cmd_fuzz(ns: argparse.Namespace) -> int:
         profile=ns.profile, traces=Path(ns.traces), database=ns.database,
         example_db=ns.example_db, shard=ns.shard, bug=bug,
         walk_mode="from-initial" if ns.shard else _walk_mode(ns.backend),
-        progress_every=10.0 if sys.stderr.isatty() else 30.0), _say)
+        progress_every=10.0 if sys.stderr.isatty() else 30.0,
+        checkpoint=Path(ns.checkpoint) if ns.checkpoint else None), _say)
     if result.report is not None:
         _print_report(result.report, ns.json)
     if result.failure is not None:
@@ -186,6 +191,11 @@ def _fuzz_bounds(ns: argparse.Namespace) -> Bounds:
         raise UsageError("--examples and --seconds must be >= 0, --jobs >= 1, --min-edges in "
                          "[0, 1]")
     ns.config = _config(ns.backend, ns.config)
+    if ns.checkpoint is not None:
+        if ns.shard is not None:
+            raise UsageError("--checkpoint resumes branch walks; a --shard's walks are planned "
+                             "from the initial state: merge shards with `ttmirror coverage merge`")
+        writable_dir(str(Path(ns.checkpoint).parent))
     if ns.shard is not None:
         from .conformance.shards import parse_shard  # numpy only
 
