@@ -73,8 +73,8 @@ def load(path: Path, campaign: dict[str, Any]) -> Checkpoint | None:
                          "start afresh") from None
     if cp.campaign != campaign:
         differ = sorted(k for k in campaign if cp.campaign.get(k) != campaign[k])
-        raise ValueError(f"--checkpoint {path} is another campaign's (its {', '.join(differ)} "
-                         "differ); give this campaign its own file")
+        raise ValueError(f"--checkpoint {path} is another campaign's (different: "
+                         f"{', '.join(differ)}); give this campaign its own file")
     return cp
 
 
