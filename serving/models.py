@@ -220,3 +220,60 @@ def load_model(name: str, seed: int = 0) -> DecoderModel:
     if name not in loaders:
         raise ValueError(f"unknown model {name!r}; choose one of: {', '.join(model_names())}")
     return loaders[name]()
+
+
+MODEL_DIR_FILE = "ttmirror.json"
+"""In a model directory written by `write_model_dir`: which of our models it holds."""
+
+
+def write_model_dir(name: str, path: str, seed: int = 0) -> None:
+    """A local model directory for a serving engine that loads models by path (vLLM): the
+    `transformers` config (architecture, vocabulary, context) and, for a tiny architecture, its
+    weights; `MODEL_DIR_FILE` names the model so that `load_model_dir` serves the same one."""
+    import json
+
+    import transformers
+
+    os.makedirs(path, exist_ok=True)
+    if name == "probe":
+        spec = ProbeSpec(seed=seed)
+        # The probe has no weights: a config of its vocabulary and context is all a scheduler
+        # reads (vLLM: sizes of the KV cache and of requests).
+        config = transformers.Qwen3Config(
+            vocab_size=spec.vocab, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+            num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+            max_position_embeddings=spec.max_positions, tie_word_embeddings=False)
+        config.architectures = ["Qwen3ForCausalLM"]
+        config.save_pretrained(path)
+    elif name in TINY:
+        model = build_tiny(name, seed)
+        model.model.config.architectures = [TINY[name][1]]
+        model.model.save_pretrained(path)
+    else:
+        raise ValueError(f"write_model_dir: {name!r} is not the probe or a tiny architecture")
+    with open(os.path.join(path, MODEL_DIR_FILE), "w") as f:
+        json.dump({"model": name, "seed": seed}, f)
+
+
+def load_model_dir(path: str) -> DecoderModel:
+    """The model of a directory `write_model_dir` wrote: the probe from its seed, a tiny
+    architecture from the weights in the directory. ValueError (one line) for any other."""
+    import json
+
+    try:
+        with open(os.path.join(path, MODEL_DIR_FILE)) as f:
+            meta = json.load(f)
+        name, seed = meta["model"], int(meta["seed"])
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise ValueError(f"{path} is not a model directory of ttmirror ({MODEL_DIR_FILE}: "
+                         f"{e})") from None
+    if name == "probe":
+        return ProbeDecoder(ProbeSpec(seed=seed))
+    if name not in TINY:
+        raise ValueError(f"{path}: unknown model {name!r}")
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32,
+                                                 attn_implementation="eager",
+                                                 local_files_only=True)
+    return HfDecoder(name, model, TINY_CONTEXT)

@@ -1,0 +1,229 @@
+"""vLLM's executor for the TT mirror: each step goes to a ttmirror worker process.
+
+`execute_model` sends the step's plan and returns once the worker has launched it: the worker
+does not wait for the device. `sample_tokens` returns a future that asks the worker for the
+oldest step's tokens only when vLLM waits on it, so with async scheduling vLLM schedules and
+launches step N+1 before step N's tokens are read back, as on any device.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+from collections import deque
+from concurrent.futures import Future
+from multiprocessing.connection import Connection
+from typing import Any
+
+import torch
+from vllm.v1.core.sched.output import GrammarOutput, SchedulerOutput
+from vllm.v1.executor.abstract import Executor
+from vllm.v1.kv_cache_interface import FullAttentionSpec
+from vllm.v1.outputs import ModelRunnerOutput
+
+from . import check_version, wire
+
+PYTHON = "TTMIRROR_PYTHON"
+"""ttmirror's Python (its environment's interpreter): the worker runs there."""
+TRACE = "TTMIRROR_TRACE"
+"""Where the worker writes the run's events (an ITF trace for `ttmirror validate`)."""
+SEED = "TTMIRROR_SAMPLER_SEED"
+"""Set: the worker loads the seeded sampler (requests then draw by their own seeds)."""
+MAX_LOGPROBS = "TTMIRROR_MAX_LOGPROBS"
+SUMMARY = "TTMIRROR_SUMMARY"
+"""Where the executor writes the worker's closing summary (JSON: its counters, how it closed
+each request), at shutdown."""
+PROTOCOL = 1
+BLOCK_SIZE = 16
+
+
+NO_OPS = frozenset({"compile_or_warm_up_model", "init_device", "load_model", "reset_mm_cache",
+                    "reset_encoder_cache"})
+"""Worker methods vLLM calls that the mirror's worker has nothing for (no multimodal or
+encoder caches, no compilation)."""
+
+
+class WorkerError(RuntimeError):
+    """The worker refused or failed a request (its one line), or died."""
+
+
+class _Collect(Future):  # type: ignore[type-arg]
+    """A step's output, fetched from the worker when first waited on (oldest steps first)."""
+
+    def __init__(self, executor: MirrorExecutor) -> None:
+        super().__init__()
+        self.executor = executor
+
+    def result(self, timeout: float | None = None) -> Any:
+        if not self.done():
+            self.executor._collect_until(self)
+        return super().result(timeout)
+
+
+class MirrorExecutor(Executor):
+    uses_ray = False
+
+    def _init_executor(self) -> None:
+        check_version()
+        python = os.environ.get(PYTHON)
+        if not python:
+            raise WorkerError(f"set {PYTHON} to ttmirror's Python (its .venv/bin/python): the "
+                              "worker runs there")
+        ours, theirs = socket.socketpair()
+        self.proc = subprocess.Popen([python, "-m", "ttmirror.vllm_worker", "--fd",
+                                      str(theirs.fileno())], pass_fds=[theirs.fileno()])
+        theirs.close()
+        self.conn = Connection(ours.detach())
+        self.ids = wire.Ids()
+        self.in_flight: deque[tuple[SchedulerOutput, _Collect | None]] = deque()
+        self.closed: dict[str, Any] | None = None
+        sched = self.vllm_config.scheduler_config
+        spec = self.vllm_config.speculative_config
+        seed = os.environ.get(SEED)
+        self.facts = self._ask("init", {
+            "model_dir": self.model_config.model,
+            "async_scheduling": bool(sched.async_scheduling),
+            "rows": sched.max_num_seqs,
+            "spec_tokens": spec.num_speculative_tokens if spec is not None else 0,
+            "trace": os.environ.get(TRACE),
+            "seed": None if seed is None else int(seed),
+            "max_logprobs": int(os.environ.get(MAX_LOGPROBS, "0")),
+        })
+        if self.facts.get("protocol") != PROTOCOL:
+            raise WorkerError(f"the worker speaks protocol {self.facts.get('protocol')}, this "
+                              f"executor {PROTOCOL}: reinstall vllm_bridge beside ttmirror")
+        if self.facts["async_scheduling"] != bool(sched.async_scheduling):
+            raise WorkerError(f"vLLM schedules with async_scheduling={sched.async_scheduling}; "
+                              f"the worker's backend resolved {self.facts['async_scheduling']}")
+
+    # --- the worker ------------------------------------------------------------------------------
+    def _ask(self, kind: str, *args: Any) -> Any:
+        try:
+            self.conn.send((kind, *args))
+            reply, value = self.conn.recv()
+        except (EOFError, OSError, BrokenPipeError):
+            code = self.proc.poll()
+            raise WorkerError(f"the ttmirror worker died (exit code {code}) during {kind}"
+                              ) from None
+        if reply == "error":
+            raise WorkerError(f"ttmirror worker: {value}")
+        return value
+
+    def _collect_until(self, target: _Collect) -> None:
+        """Collect the oldest steps, in order, until `target` holds its output."""
+        while not target.done():
+            so, future = self.in_flight.popleft()
+            try:
+                got = self._ask("collect")
+                out = wire.output(so, got, self.ids)
+            except Exception as e:
+                if future is not None:
+                    future.set_exception(e)
+                if future is target or future is None:
+                    target.set_exception(e) if not target.done() else None
+                    return
+                continue
+            if future is not None:
+                future.set_result(out)
+
+    # --- vLLM's executor interface ---------------------------------------------------------------
+    def execute_model(self, scheduler_output: SchedulerOutput,  # type: ignore[override]
+                      non_block: bool = False) -> Any:
+        future: Future[None] = Future()
+        try:
+            if scheduler_output.total_num_scheduled_tokens > 0:
+                self._ask("launch", wire.plan(scheduler_output, self.ids))
+                self.in_flight.append((scheduler_output, None))
+            else:
+                self.in_flight.append((scheduler_output, None))
+            future.set_result(None)
+        except Exception as e:
+            if not non_block:
+                raise
+            future.set_exception(e)
+        return future if non_block else None
+
+    def sample_tokens(self, grammar_output: GrammarOutput | None,  # type: ignore[override]
+                      non_block: bool = False) -> Any:
+        so, _ = self.in_flight.pop()
+        future = _Collect(self)
+        self.in_flight.append((so, future))
+        if so.total_num_scheduled_tokens == 0:
+            self.in_flight.pop()
+            future.set_result(ModelRunnerOutput(req_ids=[], req_id_to_index={}))
+        return future if non_block else future.result()
+
+    def collective_rpc(self, method: Any, timeout: float | None = None, args: tuple = (),
+                       kwargs: dict | None = None, non_block: bool = False) -> Any:
+        name = method if isinstance(method, str) else getattr(method, "__name__", repr(method))
+        if name in NO_OPS:
+            result: list[Any] = [None]
+        else:
+            raise WorkerError(f"the ttmirror executor has no worker method {name!r}")
+        if non_block:
+            f: Future[list[Any]] = Future()
+            f.set_result(result)
+            return f
+        return result
+
+    def get_kv_cache_specs(self) -> list[dict[str, Any]]:
+        hf = self.model_config.hf_config
+        spec = FullAttentionSpec(block_size=BLOCK_SIZE, num_kv_heads=hf.num_key_value_heads,
+                                 head_size=hf.head_dim, dtype=torch.float32)
+        return [{f"model.layers.{i}.self_attn.attn": spec
+                 for i in range(hf.num_hidden_layers)}]
+
+    def determine_available_memory(self) -> list[int]:
+        # Room for every row's whole context twice over: vLLM's preemptions then come from
+        # `num_gpu_blocks_override` (a small KV cache), when a test asks for them.
+        hf = self.model_config.hf_config
+        per_token = 2 * hf.num_hidden_layers * hf.num_key_value_heads * hf.head_dim * 4
+        tokens = 2 * self.scheduler_config.max_num_seqs * self.model_config.max_model_len
+        return [per_token * tokens]
+
+    def get_supported_kv_cache_layouts(self) -> list[list[str]]:
+        return [["NHD"]]
+
+    def set_kv_cache_layout(self, layout_name: str, cp_kv_cache_interleave_size: int) -> None:
+        return None
+
+    def initialize_from_config(self, kv_cache_configs: list[Any]) -> None:
+        return None
+
+    def compile_or_warm_up_model(self) -> None:
+        return None
+
+    @property
+    def supported_tasks(self) -> tuple[str, ...]:  # type: ignore[override]
+        return ("generate",)
+
+    def check_health(self) -> None:
+        if self.proc.poll() is not None:
+            raise WorkerError(f"the ttmirror worker exited (code {self.proc.returncode})")
+
+    def shutdown(self) -> None:
+        if self.closed is not None or not hasattr(self, "proc"):
+            return
+        self.closed = {}
+        try:
+            if self.proc.poll() is None:
+                self.closed = self._ask("close")
+        except WorkerError:
+            pass
+        finally:
+            self.conn.close()
+            if os.environ.get(SUMMARY):
+                import json
+
+                with open(os.environ[SUMMARY], "w") as f:
+                    json.dump(self.closed, f)
+            try:
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+    @classmethod
+    def supports_async_scheduling(cls) -> bool:
+        return True
