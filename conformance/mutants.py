@@ -15,6 +15,7 @@ harness error, never a kill.
 from __future__ import annotations
 
 import functools
+import math
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
@@ -232,7 +233,7 @@ def bounds_for(bug: str, bounds: Bounds) -> Bounds:
 
 
 def matrix(bounds: Bounds, backend: str, base: settings, *, bugs: list[str] | None = None,
-           configs: list[str] | None = None, walk_seconds: float = 60.0,
+           configs: list[str] | None = None, walk_seconds: float = math.inf,
            trace_dir: Path | None = None, explored: Exploration | None = None) -> list[Kill]:
     """One kill per bug and configuration where it can occur, each at the bounds it needs; each
     bound's graph is explored at most once (and only if Hypothesis misses a bug there)."""

@@ -2,7 +2,7 @@
 
     ttmirror fuzz    [--backend tt|cpu] [--examples N] [--seed S] [--seconds T] [--min-edges F]
                      [--jobs N] [--profile ci|dev|nightly] [--traces DIR] [--json] [bounds]
-    ttmirror mutants [--backend tt|cpu] [--bug ID ...] [--walk-seconds T] [--traces DIR] [--json]
+    ttmirror mutants [--backend tt|cpu] [--bug ID ...] [--walk-seconds CAP] [--traces DIR] [--json]
     ttmirror replay  TRACE.json [--backend tt|cpu] [--bug ID]
     ttmirror validate TRACE.json  (a run recorded by the runner, e.g. serve-demo --trace)
 
@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import sys
 import time
@@ -89,8 +90,10 @@ def register(add_parser: AddParser) -> None:
     m.add_argument("--config", action="append", default=None,
                    help="only this configuration (repeatable; default: every one of the backend)")
     m.add_argument("--profile", choices=("ci", "dev", "nightly"), default="ci")
-    m.add_argument("--walk-seconds", type=float, default=60.0,
-                   help="guided-walk budget per bug that Hypothesis missed (default %(default)s)")
+    m.add_argument("--walk-seconds", type=float, default=math.inf,
+                   help="a cap on the guided walks per bug that Hypothesis missed (default: "
+                   "none: they stop at the kill or once every edge is walked, so no clock "
+                   "decides a verdict; a cap makes a slow or busy machine report survivors)")
     m.add_argument("--traces", default=None, help="directory for the shrunk traces")
     m.add_argument("--json", action="store_true", help="print a JSON list")
     m.set_defaults(func=cmd_mutants)
