@@ -85,6 +85,7 @@ class ScheduledEngine(ServingEngine):
         combine, launch and issue the readback of its step; returns the step's index."""
         for req in sorted(plan.finished):
             self._close(req)
+        self._reclaim()  # the blocks of requests closed since (at their length, too)
         for req in sorted(plan.preempted):
             self.preempt(req)
         for new in plan.new:

@@ -78,6 +78,7 @@ class MirrorExecutor(Executor):
         self.ids = wire.Ids()
         self.in_flight: deque[tuple[SchedulerOutput, _Collect | None]] = deque()
         self.closed: dict[str, Any] | None = None
+        self.decisions = wire.Decisions()
         sched = self.vllm_config.scheduler_config
         spec = self.vllm_config.speculative_config
         seed = os.environ.get(SEED)
@@ -110,6 +111,10 @@ class MirrorExecutor(Executor):
             raise WorkerError(f"ttmirror worker: {value}")
         return value
 
+    def in_flight_rows(self) -> set[int]:
+        """The worker's ids of the requests with a row in a step not collected yet."""
+        return {self.ids.of[rid] for so, _ in self.in_flight for rid in so.num_scheduled_tokens}
+
     def _collect_until(self, target: _Collect) -> None:
         """Collect the oldest steps, in order, until `target` holds its output."""
         while not target.done():
@@ -130,18 +135,14 @@ class MirrorExecutor(Executor):
     # --- vLLM's executor interface ---------------------------------------------------------------
     def execute_model(self, scheduler_output: SchedulerOutput,  # type: ignore[override]
                       non_block: bool = False) -> Any:
+        # A refusal is raised here, where vLLM's own executors surface a failed launch.
+        if scheduler_output.total_num_scheduled_tokens > 0:
+            plan = wire.plan(scheduler_output, self.ids)
+            self.decisions.count(plan, self.in_flight_rows())
+            self._ask("launch", plan)
+        self.in_flight.append((scheduler_output, None))
         future: Future[None] = Future()
-        try:
-            if scheduler_output.total_num_scheduled_tokens > 0:
-                self._ask("launch", wire.plan(scheduler_output, self.ids))
-                self.in_flight.append((scheduler_output, None))
-            else:
-                self.in_flight.append((scheduler_output, None))
-            future.set_result(None)
-        except Exception as e:
-            if not non_block:
-                raise
-            future.set_exception(e)
+        future.set_result(None)
         return future if non_block else None
 
     def sample_tokens(self, grammar_output: GrammarOutput | None,  # type: ignore[override]
@@ -209,9 +210,10 @@ class MirrorExecutor(Executor):
         try:
             if self.proc.poll() is None:
                 self.closed = self._ask("close")
-        except WorkerError:
-            pass
+        except WorkerError as e:
+            self.closed = {"failed": str(e)}
         finally:
+            self.closed["vllm"] = self.decisions.as_dict()
             self.conn.close()
             if os.environ.get(SUMMARY):
                 import json

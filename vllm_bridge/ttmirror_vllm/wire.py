@@ -25,6 +25,31 @@ class Ids:
         return n
 
 
+class Decisions:
+    """What vLLM's scheduler decided, counted from its outputs: steps, arrivals, prefill chunks
+    that stopped short of the prompt, preemptions, resumes, closes, and rows scheduled while the
+    request's previous step was still in flight (each one a placeholder in vLLM's books, filled
+    on the device by the mirror)."""
+
+    def __init__(self) -> None:
+        self.steps = self.arrivals = self.partial_chunks = self.preemptions = 0
+        self.resumes = self.finished = self.rows_over_placeholders = self.max_rows = 0
+
+    def count(self, plan: dict[str, Any], in_flight: set[int]) -> None:
+        self.steps += 1
+        self.arrivals += len(plan["new"])
+        self.preemptions += len(plan["preempted"])
+        self.resumes += len(plan["resumed"])
+        self.finished += len(plan["finished"])
+        self.max_rows = max(self.max_rows, len(plan["rows"]))
+        self.partial_chunks += sum(
+            1 for n in plan["new"] if plan["tokens"][str(n["req"])] < len(n["prompt"]))
+        self.rows_over_placeholders += sum(1 for req in plan["rows"] if req in in_flight)
+
+    def as_dict(self) -> dict[str, int]:
+        return dict(vars(self))
+
+
 def sampling(params: SamplingParams | None) -> dict[str, Any] | None:
     """The request's sampling as the worker's `SamplingParams` fields; None: greedy, the
     engine's own."""

@@ -1,0 +1,108 @@
+"""One cell of the vLLM-driven battery: a workload served by vLLM's engine on the TT mirror.
+
+    python -m ttmirror_vllm.battery CELL.json OUT.json
+
+CELL.json: `model_dir`, `async_scheduling`, the engine's sizes (`max_num_seqs`,
+`max_num_batched_tokens`, `num_gpu_blocks`, `max_model_len`), `requests` (id, prompt ids,
+max_tokens, and optional temperature, seed, top_k, top_p, stop ids, penalties, min_tokens,
+logprobs), `aborts` ({request id: after how many engine steps}) and `sampler_seed` (the worker
+loads the seeded sampler when set). OUT.json: each request's tokens and finish reason, the counts
+of vLLM's decisions, and the worker's summary. vLLM's own `LLMEngine` schedules every step.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from typing import Any
+
+ENGINE_STEPS = 10_000
+"""A run that has not finished after this many engine steps is stuck: it fails."""
+
+
+def _params(r: dict[str, Any]) -> Any:
+    from vllm import SamplingParams
+
+    return SamplingParams(
+        max_tokens=r["max_tokens"], temperature=r.get("temperature", 0.0), seed=r.get("seed"),
+        top_k=r.get("top_k", 0), top_p=r.get("top_p", 1.0),
+        stop_token_ids=r.get("stop", []), presence_penalty=r.get("presence_penalty", 0.0),
+        frequency_penalty=r.get("frequency_penalty", 0.0),
+        repetition_penalty=r.get("repetition_penalty", 1.0),
+        min_tokens=r.get("min_tokens", 0), logprobs=r.get("logprobs"), detokenize=False,
+        ignore_eos=True)
+
+
+def run(cell: dict[str, Any], summary_path: str) -> dict[str, Any]:
+    os.environ["TTMIRROR_VLLM"] = "1"
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+    os.environ["TTMIRROR_SUMMARY"] = summary_path
+    if cell.get("sampler_seed") is not None:
+        os.environ["TTMIRROR_SAMPLER_SEED"] = str(cell["sampler_seed"])
+    from vllm import EngineArgs
+    from vllm.inputs import TokensPrompt
+    from vllm.v1.engine.llm_engine import LLMEngine
+
+    from . import check_version
+
+    check_version()
+    args = EngineArgs(
+        model=cell["model_dir"], skip_tokenizer_init=True, dtype="float32",
+        max_model_len=cell.get("max_model_len", 128), max_num_seqs=cell["max_num_seqs"],
+        max_num_batched_tokens=cell["max_num_batched_tokens"],
+        num_gpu_blocks_override=cell.get("num_gpu_blocks"),
+        async_scheduling=cell["async_scheduling"], enforce_eager=True,
+        enable_prefix_caching=False, disable_log_stats=True)
+    engine = LLMEngine.from_engine_args(args)
+    config = engine.vllm_config
+    tokens: dict[str, list[int]] = {}
+    finish: dict[str, str | None] = {}
+    aborts = dict(cell.get("aborts", {}))
+    try:
+        for r in cell["requests"]:
+            engine.add_request(r["id"], TokensPrompt(prompt_token_ids=r["prompt"]), _params(r))
+        steps = 0
+        while engine.has_unfinished_requests():
+            if steps >= ENGINE_STEPS:
+                raise RuntimeError(f"vLLM's engine did not finish in {ENGINE_STEPS} steps")
+            for out in engine.step():
+                tokens[out.request_id] = list(out.outputs[0].token_ids)
+                if out.finished:
+                    finish[out.request_id] = out.outputs[0].finish_reason
+            steps += 1
+            for rid, after in list(aborts.items()):
+                if steps >= after:
+                    engine.abort_request([rid])
+                    aborts.pop(rid)
+                    finish.setdefault(rid, "abort")
+    finally:
+        engine.engine_core.shutdown()
+    return {
+        "async_scheduling": config.scheduler_config.async_scheduling,
+        "max_concurrent_batches": config.max_concurrent_batches,
+        "engine_steps": steps, "tokens": tokens, "finish": finish,
+    }
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) != 2:
+        print("usage: python -m ttmirror_vllm.battery CELL.json OUT.json", file=sys.stderr)
+        return 2
+    with open(argv[0]) as f:
+        cell = json.load(f)
+    summary = argv[1] + ".worker.json"
+    try:
+        result = run(cell, summary)
+    except Exception as e:  # noqa: BLE001  (one line for the caller; the exit code says it)
+        print(f"ttmirror_vllm.battery: {type(e).__name__}: {e}", file=sys.stderr)
+        return 1
+    with open(summary) as f:
+        result["worker"] = json.load(f)
+    with open(argv[1], "w") as f:
+        json.dump(result, f)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
