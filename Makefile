@@ -7,12 +7,15 @@ export LOGURU_LEVEL ?= WARNING
 VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
+# vLLM's own environment: vLLM needs numpy>=2, ttnn numpy<2 (README, "vLLM on the TT mirror").
+VENV_VLLM  := .venv-vllm
+STAMP_VLLM := $(VENV_VLLM)/.installed
 
 # A working python3.12: the one on PATH (pyenv shims honour .python-version), else pyenv's 3.12.1.
 PYTHON312 ?= $(shell for c in python3.12 "$$HOME/.pyenv/versions/3.12.1/bin/python3.12" /usr/local/bin/python3.12 /usr/bin/python3.12; do \
 	if "$$c" -c 'import sys; assert sys.version_info[:2] == (3, 12)' >/dev/null 2>&1; then echo "$$c"; break; fi; done)
 
-.PHONY: help demo test lint bench-check bench-device spec setup system-deps clean bench-engine bench-validate soak
+.PHONY: help demo test lint bench-check bench-device spec setup setup-vllm serve-vllm system-deps clean bench-engine bench-validate soak
 
 help:
 	@echo "make demo         check the model, write graphs and the review report to out/, serve a tiny Qwen3 at depth 2"
@@ -23,6 +26,7 @@ help:
 	@echo "make bench-validate  a 10,000-step serving run validated against the model"
 	@echo "make soak         100,000 serving steps on worker threads with device faults"
 	@echo "make spec         regenerate the generated parts of specs/"
+	@echo "make serve-vllm   vLLM's own engine and scheduler serving through the TT mirror"
 	@echo "make lint         ruff + mypy"
 
 setup: $(STAMP) system-deps
@@ -33,6 +37,17 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -e '.[dev]'
 	@touch $(STAMP)
+
+# vLLM 0.33.0 from the registry (about 9 GB with its CUDA torch), and our plugin for it.
+setup-vllm: $(STAMP_VLLM)
+
+$(STAMP_VLLM): vllm_bridge/pyproject.toml
+	@if [ -z "$(PYTHON312)" ]; then echo "error: Python 3.12 not found (install it, or pyenv install 3.12.1)" >&2; exit 2; fi
+	@test -x $(VENV_VLLM)/bin/python || "$(PYTHON312)" -m venv $(VENV_VLLM)
+	$(VENV_VLLM)/bin/python -m pip install -q --upgrade pip
+	$(VENV_VLLM)/bin/python -m pip install -q vllm==0.33.0
+	$(VENV_VLLM)/bin/python -m pip install -q --no-deps -e vllm_bridge
+	@touch $(STAMP_VLLM)
 
 # Graphviz's dot renders SVG graphs; Java runs TLC. Debian's packages provide both.
 system-deps:
@@ -59,10 +74,13 @@ demo: setup
 		--bench-engine out/bench-engine.json
 	$(VENV)/bin/ttmirror serve-demo --model tiny-qwen3 --backend tt
 
-test: setup
+test: setup setup-vllm
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/mypy ttmirror
 	$(PY) -m pytest -q
+
+serve-vllm: setup setup-vllm
+	$(PY) -m ttmirror serve-vllm --model tiny-qwen3
 
 lint: setup
 	$(VENV)/bin/ruff check .

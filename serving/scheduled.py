@@ -74,15 +74,14 @@ class Collected:
 class ScheduledEngine(ServingEngine):
     def __init__(self, backend: ServingBackend, config: ServingConfig | None = None) -> None:
         super().__init__(backend, config)
-        self.plans: list[Plan] = []
-        """The in-flight steps' plans, oldest first."""
         self.closed_as: dict[int, str] = {}
         """How each request the plans finished was closed here: finish or abort."""
 
     # --- one step --------------------------------------------------------------------------------
     def launch(self, plan: Plan) -> int:
         """Apply the plan's closes, preemptions, arrivals and resumes, then schedule, stage,
-        combine, launch and issue the readback of its step; returns the step's index."""
+        combine, launch and issue the readback of its step; returns the step's index (-1 for
+        a plan that schedules nothing: its closes and preemptions are applied all the same)."""
         for req in sorted(plan.finished):
             self._close(req)
         self._reclaim()  # the blocks of requests closed since (at their length, too)
@@ -99,6 +98,8 @@ class ScheduledEngine(ServingEngine):
             raise Disagreement(
                 f"the plan's step holds requests {sorted(rows)}; the model's step holds every "
                 f"eligible request: {eligible}")
+        if not rows:
+            return -1  # a plan of closes only: no step
         for req in rows:
             self._check_position(plan, req)
         self._plan_chunks(plan, rows)
@@ -109,7 +110,6 @@ class ScheduledEngine(ServingEngine):
         r.combine(q)
         r.launch(q)
         r.readback_issue(q)
-        self.plans.append(plan)
         return step
 
     def collect(self) -> Collected:
@@ -124,7 +124,6 @@ class ScheduledEngine(ServingEngine):
             raise
         before = {req: len(r.requests[req].delivered) for req in rows}
         r.apply()
-        self.plans.pop(0)
         self._release_free_slots()
         out = Collected(step, {})
         for req in rows:

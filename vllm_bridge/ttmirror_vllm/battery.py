@@ -1,11 +1,17 @@
 """One cell of the vLLM-driven battery: a workload served by vLLM's engine on the TT mirror.
 
-    python -m ttmirror_vllm.battery CELL.json OUT.json
+    python -m ttmirror_vllm.battery CELLS.json OUT.json
+
+CELLS.json is one cell or a list of them, served one after the other in this process (vLLM's
+import is paid once); OUT.json holds one result per cell, in order. Each cell names its own
+`trace` (where the worker writes the run's events).
 
 CELL.json: `model_dir`, `async_scheduling`, the engine's sizes (`max_num_seqs`,
 `max_num_batched_tokens`, `num_gpu_blocks`, `max_model_len`), `requests` (id, prompt ids,
-max_tokens, and optional temperature, seed, top_k, top_p, stop ids, penalties, min_tokens,
-logprobs), `aborts` ({request id: after how many engine steps}) and `sampler_seed` (the worker
+max_tokens, and optional arrival (the engine step it is added before), abort_after (aborted
+once it has that many tokens), temperature, seed, top_k, top_p, stop ids, penalties,
+min_tokens, logprobs), `aborts` ({request id: after how many engine steps}) and
+`sampler_seed` (the worker
 loads the seeded sampler when set). OUT.json: each request's tokens and finish reason, the counts
 of vLLM's decisions, and the worker's summary. vLLM's own `LLMEngine` schedules every step.
 """
@@ -38,8 +44,12 @@ def run(cell: dict[str, Any], summary_path: str) -> dict[str, Any]:
     os.environ["TTMIRROR_VLLM"] = "1"
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
     os.environ["TTMIRROR_SUMMARY"] = summary_path
-    if cell.get("sampler_seed") is not None:
-        os.environ["TTMIRROR_SAMPLER_SEED"] = str(cell["sampler_seed"])
+    for key, env in (("sampler_seed", "TTMIRROR_SAMPLER_SEED"), ("trace", "TTMIRROR_TRACE"),
+                     ("max_logprobs", "TTMIRROR_MAX_LOGPROBS")):
+        if cell.get(key) is not None:
+            os.environ[env] = str(cell[key])
+        else:
+            os.environ.pop(env, None)
     from vllm import EngineArgs
     from vllm.inputs import TokensPrompt
     from vllm.v1.engine.llm_engine import LLMEngine
@@ -59,23 +69,32 @@ def run(cell: dict[str, Any], summary_path: str) -> dict[str, Any]:
     tokens: dict[str, list[int]] = {}
     finish: dict[str, str | None] = {}
     aborts = dict(cell.get("aborts", {}))
+    pending = sorted(cell["requests"], key=lambda r: r.get("arrival", 0))
+    abort_after = {r["id"]: r["abort_after"] for r in pending if r.get("abort_after") is not None}
+    steps = 0
     try:
-        for r in cell["requests"]:
-            engine.add_request(r["id"], TokensPrompt(prompt_token_ids=r["prompt"]), _params(r))
-        steps = 0
-        while engine.has_unfinished_requests():
+        while pending or engine.has_unfinished_requests():
             if steps >= ENGINE_STEPS:
                 raise RuntimeError(f"vLLM's engine did not finish in {ENGINE_STEPS} steps")
+            while pending and pending[0].get("arrival", 0) <= steps:
+                r = pending.pop(0)
+                engine.add_request(r["id"], TokensPrompt(prompt_token_ids=r["prompt"]),
+                                   _params(r))
             for out in engine.step():
                 tokens[out.request_id] = list(out.outputs[0].token_ids)
                 if out.finished:
                     finish[out.request_id] = out.outputs[0].finish_reason
             steps += 1
             for rid, after in list(aborts.items()):
-                if steps >= after:
+                if steps >= after and rid not in finish:
                     engine.abort_request([rid])
                     aborts.pop(rid)
-                    finish.setdefault(rid, "abort")
+                    finish[rid] = "abort"
+            for rid, n in list(abort_after.items()):
+                if len(tokens.get(rid, ())) >= n and rid not in finish:
+                    engine.abort_request([rid])  # with its next step likely in flight
+                    abort_after.pop(rid)
+                    finish[rid] = "abort"
     finally:
         engine.engine_core.shutdown()
     return {
@@ -90,17 +109,21 @@ def main(argv: list[str]) -> int:
         print("usage: python -m ttmirror_vllm.battery CELL.json OUT.json", file=sys.stderr)
         return 2
     with open(argv[0]) as f:
-        cell = json.load(f)
+        given = json.load(f)
+    cells = given if isinstance(given, list) else [given]
     summary = argv[1] + ".worker.json"
-    try:
-        result = run(cell, summary)
-    except Exception as e:  # noqa: BLE001  (one line for the caller; the exit code says it)
-        print(f"ttmirror_vllm.battery: {type(e).__name__}: {e}", file=sys.stderr)
-        return 1
-    with open(summary) as f:
-        result["worker"] = json.load(f)
+    results = []
+    for i, cell in enumerate(cells):
+        try:
+            result = run(cell, summary)
+        except Exception as e:  # one line for the caller; the exit code says it
+            print(f"ttmirror_vllm.battery: cell {i}: {type(e).__name__}: {e}", file=sys.stderr)
+            return 1
+        with open(summary) as f:
+            result["worker"] = json.load(f)
+        results.append(result)
     with open(argv[1], "w") as f:
-        json.dump(result, f)
+        json.dump(results if isinstance(given, list) else results[0], f)
     return 0
 
 

@@ -136,23 +136,31 @@ class MirrorExecutor(Executor):
     def execute_model(self, scheduler_output: SchedulerOutput,  # type: ignore[override]
                       non_block: bool = False) -> Any:
         # A refusal is raised here, where vLLM's own executors surface a failed launch.
-        if scheduler_output.total_num_scheduled_tokens > 0:
+        so = scheduler_output
+        # A step of no tokens still carries closes and preemptions: the worker applies them.
+        if so.total_num_scheduled_tokens > 0 or so.finished_req_ids or so.preempted_req_ids:
             plan = wire.plan(scheduler_output, self.ids)
+            if os.environ.get("TTMIRROR_DEBUG_PLANS"):
+                import sys
+
+                print("plan", {k: v for k, v in plan.items() if k != "new"},
+                      [n["req"] for n in plan["new"]], file=sys.stderr)
             self.decisions.count(plan, self.in_flight_rows())
             self._ask("launch", plan)
-        self.in_flight.append((scheduler_output, None))
-        future: Future[None] = Future()
+        future: Future[ModelRunnerOutput | None] = Future()
+        if so.total_num_scheduled_tokens == 0:
+            # vLLM samples nothing for an empty step: its output is this one, empty.
+            future.set_result(ModelRunnerOutput(req_ids=[], req_id_to_index={}))
+            return future if non_block else future.result()
+        self.in_flight.append((so, None))
         future.set_result(None)
         return future if non_block else None
 
     def sample_tokens(self, grammar_output: GrammarOutput | None,  # type: ignore[override]
                       non_block: bool = False) -> Any:
-        so, _ = self.in_flight.pop()
+        so, _ = self.in_flight.pop()  # the step execute_model launched last
         future = _Collect(self)
         self.in_flight.append((so, future))
-        if so.total_num_scheduled_tokens == 0:
-            self.in_flight.pop()
-            future.set_result(ModelRunnerOutput(req_ids=[], req_id_to_index={}))
         return future if non_block else future.result()
 
     def collective_rpc(self, method: Any, timeout: float | None = None, args: tuple = (),

@@ -36,7 +36,7 @@ class Decisions:
         self.resumes = self.finished = self.rows_over_placeholders = self.max_rows = 0
 
     def count(self, plan: dict[str, Any], in_flight: set[int]) -> None:
-        self.steps += 1
+        self.steps += bool(plan["rows"])  # a plan of closes only is no step
         self.arrivals += len(plan["new"])
         self.preemptions += len(plan["preempted"])
         self.resumes += len(plan["resumed"])
