@@ -74,6 +74,8 @@ def requests_of(plan: list[RequestPlan], arrival_scale: int = 1) -> list[dict[st
         if s is not None:
             if not s.greedy:
                 r.update(temperature=s.temperature, seed=s.seed, top_k=s.top_k, top_p=s.top_p)
+            else:
+                r["temperature"] = 0.0
             r.update(presence_penalty=s.presence_penalty, frequency_penalty=s.frequency_penalty,
                      repetition_penalty=s.repetition_penalty, min_tokens=s.min_tokens)
             if s.logprobs is not None:

@@ -30,12 +30,20 @@ PROTOCOL = 1
 """Bumped whenever a message changes: the executor refuses a worker of another protocol."""
 
 
-def _plan(message: dict[str, Any]) -> Any:
+def _plan(message: dict[str, Any], vocab: int) -> Any:
     from .serving.context import SamplingParams
     from .serving.scheduled import NewRequest, Plan
 
     def sampling(d: dict[str, Any] | None) -> SamplingParams | None:
-        return None if d is None else SamplingParams(**d)
+        if d is None:
+            return None
+        if "temperature" in d:
+            if d.get("seed") is None:
+                raise ValueError("a sampled request needs its own seed on the mirror (draws "
+                                 "are keyed by seed and position): give SamplingParams.seed")
+            if d.get("top_k") is None:
+                d = {**d, "top_k": vocab}  # vLLM's "no top-k": the whole vocabulary
+        return SamplingParams(**d)
 
     return Plan(
         rows=tuple(message["rows"]),
@@ -97,7 +105,7 @@ class Worker:
         }
 
     def launch(self, plan: dict[str, Any]) -> int:
-        step: int = self.engine.launch(_plan(plan))
+        step: int = self.engine.launch(_plan(plan, self.engine.model.vocab))
         return step
 
     def collect(self) -> dict[str, Any]:

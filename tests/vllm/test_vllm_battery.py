@@ -12,6 +12,7 @@ chunks, rows scheduled over placeholders, stops, aborts).
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +23,7 @@ from ttmirror.conformance.itf import read_events
 from ttmirror.conformance.validate import bounds_of, validate
 from ttmirror.impl.probe import ProbeReference
 from ttmirror.serving.catalog import TINY_ARCHS
+from ttmirror.serving.context import SamplingParams
 from ttmirror.serving.models import ProbeDecoder, load_model_dir, write_model_dir
 from ttmirror.serving.workload import RequestPlan, standard_plan
 from ttmirror.vllm_client import Cell, requests_of, serve
@@ -34,8 +36,25 @@ SCENARIOS: dict[str, dict[str, Any]] = {
     # 4 rows: vLLM preempts; a 6-token step budget beside the decodes: vLLM chunks prefills.
     "preempt-chunked": {"max_num_seqs": 4, "max_num_batched_tokens": 6, "num_gpu_blocks": 4,
                         "max_model_len": 48, "scale": 2},
+    # The seeded sampler loaded; per request: greedy with logprobs, seeded top-k/top-p draws,
+    # penalties with min_tokens, some with logprobs (`_sampled`).
+    "sampling": {"max_num_seqs": 8, "max_num_batched_tokens": 256, "scale": 1,
+                 "sampler_seed": 0, "max_logprobs": 3},
 }
 MODES = {"async": True, "sync": False}
+GREEDY_SCENARIOS = ("plain", "preempt-chunked")
+
+
+def _sampled(p: RequestPlan) -> RequestPlan:
+    """Request i of the sampling scenario: greedy with 2 logprobs (i % 4 == 0), seeded draws
+    (1), seeded draws with 3 logprobs (2), greedy under penalties and min_tokens (3)."""
+    kind = p.req % 4
+    draws = {"seed": 100 + p.req, "top_k": 8, "top_p": 0.9, "temperature": 0.8}
+    own = [SamplingParams(logprobs=2), SamplingParams(**draws),
+           SamplingParams(**draws, logprobs=3),
+           SamplingParams(presence_penalty=0.5, frequency_penalty=0.3, repetition_penalty=1.2,
+                          min_tokens=2)][kind]
+    return replace(p, sampling=own)
 
 
 
@@ -50,6 +69,7 @@ def served(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFact
     model = load_model_dir(model_dir)
     plans = {scenario: standard_plan(model.vocab, scale=sizes["scale"])
              for scenario, sizes in SCENARIOS.items()}
+    plans["sampling"] = [_sampled(p) for p in plans["sampling"]]
     cells, keys = [], []
     for scenario, sizes in SCENARIOS.items():
         for mode, on in MODES.items():
@@ -74,6 +94,7 @@ def test_async_equals_sync_through_vllm(served: dict[str, Any], scenario: str) -
     assert a["worker"]["failed"] is None and s["worker"]["failed"] is None
     assert a["tokens"] == s["tokens"]
     assert a["finish"] == s["finish"]
+    assert a["logprobs"] == s["logprobs"]
     assert set(a["finish"]) == {str(p.req) for p in served["plans"][scenario]}
 
 
@@ -100,7 +121,7 @@ def _greedy(model: Any, p: RequestPlan, n: int) -> list[int]:
     return out
 
 
-@pytest.mark.parametrize("scenario", SCENARIOS)
+@pytest.mark.parametrize("scenario", GREEDY_SCENARIOS)
 def test_greedy_tokens_are_the_models_own(served: dict[str, Any], scenario: str) -> None:
     run = served["runs"][scenario, "async"]
     for p in served["plans"][scenario]:
@@ -130,3 +151,28 @@ def test_each_scenario_really_occurred(served: dict[str, Any]) -> None:
         assert tight["worker"]["stats"]["preemptions"] == decided["preemptions"]
     tight = runs["preempt-chunked", "async"]["worker"]
     assert tight["vllm"]["rows_over_placeholders"] > 0
+
+
+def test_sampling_penalties_and_logprobs_really_occurred(served: dict[str, Any]) -> None:
+    run, model = served["runs"]["sampling", "async"], served["model"]
+    plan = served["plans"]["sampling"]
+    drawn = [p for p in plan if p.sampling is not None and not p.sampling.greedy]
+    # Seeded draws left the greedy path somewhere: the sampler really sampled.
+    assert any(run["tokens"][str(p.req)] != _greedy(model, p, len(run["tokens"][str(p.req)]))
+               for p in drawn)
+    for p in plan:
+        got = run["tokens"][str(p.req)]
+        asked = p.sampling.logprobs if p.sampling is not None else None
+        if asked is None:
+            assert str(p.req) not in run["logprobs"]
+            continue
+        rows = run["logprobs"][str(p.req)]
+        assert len(rows) == len(got)  # one entry per delivered token
+        for token, row in zip(got, rows, strict=True):
+            assert token in [t for t, _, _ in row] and len(row) <= asked + 1
+            if p.sampling.greedy:  # greedy: the sampled id is the most likely one
+                assert min(r for t, _, r in row if t == token) == 1
+        if p.sampling.greedy and not p.sampling.constrained():
+            assert got == _greedy(model, p, len(got))
+    penalised = [p for p in plan if p.sampling is not None and p.sampling.constrained()]
+    assert penalised and all(len(run["tokens"][str(p.req)]) >= 1 for p in penalised)

@@ -68,6 +68,7 @@ def run(cell: dict[str, Any], summary_path: str) -> dict[str, Any]:
     config = engine.vllm_config
     tokens: dict[str, list[int]] = {}
     finish: dict[str, str | None] = {}
+    logprobs: dict[str, list[list[list[float]]]] = {}
     aborts = dict(cell.get("aborts", {}))
     pending = sorted(cell["requests"], key=lambda r: r.get("arrival", 0))
     abort_after = {r["id"]: r["abort_after"] for r in pending if r.get("abort_after") is not None}
@@ -82,6 +83,10 @@ def run(cell: dict[str, Any], summary_path: str) -> dict[str, Any]:
                                    _params(r))
             for out in engine.step():
                 tokens[out.request_id] = list(out.outputs[0].token_ids)
+                if out.outputs[0].logprobs is not None:
+                    logprobs[out.request_id] = [
+                        sorted([t, lp.logprob, lp.rank] for t, lp in position.items())
+                        for position in out.outputs[0].logprobs]
                 if out.finished:
                     finish[out.request_id] = out.outputs[0].finish_reason
             steps += 1
@@ -100,7 +105,7 @@ def run(cell: dict[str, Any], summary_path: str) -> dict[str, Any]:
     return {
         "async_scheduling": config.scheduler_config.async_scheduling,
         "max_concurrent_batches": config.max_concurrent_batches,
-        "engine_steps": steps, "tokens": tokens, "finish": finish,
+        "engine_steps": steps, "tokens": tokens, "finish": finish, "logprobs": logprobs,
     }
 
 

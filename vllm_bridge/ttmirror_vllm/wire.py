@@ -7,7 +7,7 @@ from typing import Any
 
 from vllm.sampling_params import SamplingParams
 from vllm.v1.core.sched.output import SchedulerOutput
-from vllm.v1.outputs import ModelRunnerOutput
+from vllm.v1.outputs import LogprobsLists, ModelRunnerOutput
 
 
 class Ids:
@@ -51,24 +51,27 @@ class Decisions:
 
 
 def sampling(params: SamplingParams | None) -> dict[str, Any] | None:
-    """The request's sampling as the worker's `SamplingParams` fields; None: greedy, the
-    engine's own."""
-    if params is None or params.temperature == 0.0:
-        if params is not None and params.logprobs is not None:
-            return {"logprobs": params.logprobs}
+    """The request's sampling as the worker's `SamplingParams` fields (greedy: no seed); None:
+    plain greedy, the engine's own. vLLM's top_k of 0 or -1 (the whole vocabulary) is left out:
+    the worker takes its vocabulary."""
+    if params is None:
         return None
     out: dict[str, Any] = {
-        "seed": params.seed if params.seed is not None else 0,
-        "top_p": params.top_p, "temperature": params.temperature,
         "presence_penalty": params.presence_penalty,
         "frequency_penalty": params.frequency_penalty,
         "repetition_penalty": params.repetition_penalty,
         "min_tokens": params.min_tokens,
         "logprobs": params.logprobs,
     }
-    if params.top_k is not None and params.top_k > 0:
-        out["top_k"] = params.top_k
-    return out
+    if params.temperature != 0.0:
+        out.update(seed=params.seed, top_p=params.top_p, temperature=params.temperature)
+        if params.top_k is not None and params.top_k > 0:
+            out["top_k"] = params.top_k
+        else:
+            out["top_k"] = None
+    plain = {"presence_penalty": 0.0, "frequency_penalty": 0.0, "repetition_penalty": 1.0,
+             "min_tokens": 0, "logprobs": None}
+    return None if out == plain else out
 
 
 def plan(so: SchedulerOutput, ids: Ids) -> dict[str, Any]:
@@ -100,11 +103,35 @@ def plan(so: SchedulerOutput, ids: Ids) -> dict[str, Any]:
 def output(so: SchedulerOutput, collected: dict[str, Any], ids: Ids) -> ModelRunnerOutput:
     """The worker's tokens of the step `so` as vLLM's model runner output: every scheduled
     request in the step's order, with no token where the worker delivered none (a partial
-    prefill chunk, a row dropped by an abort)."""
+    prefill chunk, a row dropped by an abort), and the logprobs of those that asked: one row
+    per request, the sampled id first, then the top ones. A sampled id outside the top n has
+    rank n + 1 here (the ring holds the top n, not the whole vocabulary's order)."""
     req_ids = list(so.num_scheduled_tokens)
     tokens = collected["tokens"]
+    logprobs = collected.get("logprobs") or {}
+    lists = None
+    if logprobs:
+        import numpy as np
+
+        width = 1 + max(len(rows[0][1]) for rows in logprobs.values() if rows)
+        ids_a = np.zeros((len(req_ids), width), dtype=np.int64)
+        lps = np.full((len(req_ids), width), float("-inf"), dtype=np.float32)
+        ranks = np.ones(len(req_ids), dtype=np.int64)
+        for i, rid in enumerate(req_ids):
+            key = str(ids.of[rid])
+            rows, got = logprobs.get(key), tokens.get(key, [])
+            if not rows or not got:
+                continue
+            sampled, top = rows[-1]
+            ids_a[i, 0], lps[i, 0] = got[-1], sampled
+            for j, (token, value) in enumerate(top):
+                ids_a[i, 1 + j], lps[i, 1 + j] = token, value
+            ranks[i] = next((j + 1 for j, (token, _) in enumerate(top) if token == got[-1]),
+                            len(top) + 1)
+        lists = LogprobsLists(ids_a, lps, ranks)
     return ModelRunnerOutput(
         req_ids=req_ids,
         req_id_to_index={rid: i for i, rid in enumerate(req_ids)},
         sampled_token_ids=[list(tokens.get(str(ids.of[rid]), [])) for rid in req_ids],
+        logprobs=lists,
     )
