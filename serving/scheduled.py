@@ -174,13 +174,15 @@ class ScheduledEngine(ServingEngine):
 
     def _check_position(self, plan: Plan, req: int) -> None:
         """The scheduler's count of computed tokens is the runner's: prefilled context tokens
-        while prefilling, else the prompt and every token delivered or in flight but the newest
-        (whose KV the step writes)."""
+        while prefilling, else the prompt and every token delivered or owed by a step in flight
+        (its placeholders: 1 + its drafts each, as a scheduler counts them before it knows how
+        many were accepted), but the newest, whose KV the step writes."""
         r = self.runner
         if req in self.needs_prefill:
             ours = self.prefilled.get(req, 0)
         else:
-            ours = len(self.requests[req].prompt) - 1 + r.next_pos(req)
+            ours = len(self.requests[req].prompt) - 1 + len(r.requests[req].delivered) \
+                + r.owed(req)
         theirs = plan.computed[req]
         if theirs != ours:
             raise Disagreement(f"request {req}: the plan says {theirs} tokens computed, the "
