@@ -10,14 +10,17 @@ it over one socket (`--fd`), in plain Python values only: no class of either env
     ("close",)         -> ("closed", summary)     write the events' trace, close the device
 
 Every reply to a request that failed is ("error", one line); the worker then only answers
-("close",). It exits when the socket closes, whatever state it is in, so a vLLM that dies
-leaves no worker behind.
+("close",). It exits when the socket closes, whatever state it is in (writing the events it
+has first), so a vLLM that dies leaves no worker behind; it ignores Ctrl-C, which vLLM
+handles.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
+import signal
 import socket
 import sys
 import traceback
@@ -146,7 +149,10 @@ def serve(conn: Connection) -> None:
         try:
             message = conn.recv()
         except (EOFError, OSError):
-            return  # vLLM's side is gone: so is the worker
+            # vLLM's side is gone without a close: keep the events recorded so far, then go.
+            with contextlib.suppress(Exception):  # the trace is written before the device closes
+                worker.close()
+            return
         kind, *args = message
         if kind == "close":
             try:
@@ -174,6 +180,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="the socket inherited from vLLM's executor")
     ns = parser.parse_args(argv)
     os.environ.setdefault("OMP_NUM_THREADS", "1")
+    # Ctrl-C reaches the whole process group: vLLM shuts down and closes the worker in order
+    # (or the socket closes); an interrupt here would lose the run's events.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     sock = socket.socket(fileno=ns.fd)
     conn = Connection(os.dup(sock.fileno()))
     sock.close()
