@@ -59,6 +59,9 @@ class Plan:
     preempted: frozenset[int] = frozenset()
     finished: frozenset[int] = frozenset()
     """Requests the scheduler closed since its last plan (stopped, at length, or aborted)."""
+    spec: dict[int, tuple[int, ...]] = field(default_factory=dict)
+    """Draft ids each decoding row carries: known ones (the host's, at depth 1) or
+    placeholders (-1: on the device, under async scheduling)."""
 
 
 @dataclass
@@ -146,8 +149,11 @@ class ScheduledEngine(ServingEngine):
             return
         x = r.requests[req]
         stops = self.requests[req].stop_ids
-        if x.unchecked and x.delivered and x.delivered[-1] in stops:
-            r.finish(req)
+        # With drafts the stop may be any token of the last run; the scheduler cut the run there.
+        run = r.last_runs.get(req, ()) if self.k else tuple(x.delivered[-1:])
+        at = next((i for i, token in enumerate(run) if token in stops), None)
+        if x.unchecked and at is not None:
+            r.finish(req, keep=at + 1 if self.k else None)
             self.closed_as[req] = "finish"
         else:
             self.abort(req)
@@ -196,9 +202,16 @@ class ScheduledEngine(ServingEngine):
         self.chunk = {}
         for req in rows:
             if req not in self.needs_prefill:
-                if plan.tokens[req] != 1 + r.spec_due(req):
-                    raise Disagreement(f"request {req} decodes {plan.tokens[req]} tokens in the "
-                                       f"plan; the runner's row computes {1 + r.spec_due(req)}")
+                drafts, due = plan.spec.get(req, ()), r.spec_due(req)
+                if len(drafts) != due or plan.tokens[req] != 1 + due:
+                    raise Disagreement(f"request {req} decodes {plan.tokens[req]} tokens with "
+                                       f"{len(drafts)} draft(s) in the plan; the runner's row "
+                                       f"carries {due} draft(s) (rule 13)")
+                known = tuple(d for d in drafts if d >= 0)
+                held = r.requests[req].host_drafts[:due]
+                if known and (len(known) != due or known != held):
+                    raise Disagreement(f"request {req}: the plan's drafts {list(drafts)} are not "
+                                       f"the ones read back with its last step {list(held)}")
                 continue
             remaining = self._prefill_tokens(req) - self.prefilled.get(req, 0)
             give = plan.tokens[req]
@@ -207,6 +220,12 @@ class ScheduledEngine(ServingEngine):
                                    f"{remaining} left to prefill")
             r.chunk_prefill(req, partial=give < remaining)
             self.chunk[req] = give
+
+    def host_drafts(self) -> dict[int, tuple[int, ...]]:
+        """Open requests whose next row carries drafts, with the drafts read back for it."""
+        r = self.runner
+        return {q: r.requests[q].host_drafts for q in r.open_requests()
+                if r.spec_due(q) and r.status(q) not in CLOSED}
 
     def status(self, req: int) -> Status:
         return self.runner.status(req)

@@ -57,6 +57,8 @@ class Cell:
     aborts: dict[str, int] = field(default_factory=dict)
     sampler_seed: int | None = None
     max_logprobs: int | None = None
+    spec_tokens: int = 0
+    """Drafts per decoding row (vLLM's num_speculative_tokens; 0: no speculative decoding)."""
     trace: str | None = None
 
 

@@ -7,6 +7,7 @@ it over one socket (`--fd`), in plain Python values only: no class of either env
     ("init", options)  -> ("ready", facts)        load the model, open the device, the engine
     ("launch", plan)   -> ("launched", step)      one step of vLLM's, launched (not waited for)
     ("collect",)       -> ("collected", result)   the oldest step's tokens, read back
+    ("drafts",)        -> ("drafts", {req: ids})  drafts read back (depth 1 with drafts)
     ("close",)         -> ("closed", summary)     write the events' trace, close the device
 
 Every reply to a request that failed is ("error", one line); the worker then only answers
@@ -56,6 +57,7 @@ def _plan(message: dict[str, Any], vocab: int) -> Any:
                              frozenset(n["stop_ids"]), sampling(n.get("sampling")))
                   for n in message["new"]),
         resumed=frozenset(message["resumed"]),
+        spec={int(k): tuple(v) for k, v in message.get("spec", {}).items()},
         preempted=frozenset(message["preempted"]),
         finished=frozenset(message["finished"]),
     )
@@ -120,6 +122,11 @@ class Worker:
                          for k, v in got.logprobs.items()},
         }
 
+    def drafts(self) -> dict[str, list[int]]:
+        """Each open request's drafts as read back with its last step (depth 1: the scheduler
+        hands them to the next step)."""
+        return {str(k): list(v) for k, v in self.engine.host_drafts().items()}
+
     def close(self) -> dict[str, Any]:
         summary: dict[str, Any] = {"failed": self.failed}
         engine = self.engine
@@ -143,8 +150,10 @@ class Worker:
 def serve(conn: Connection) -> None:
     worker = Worker()
     handlers: dict[str, Callable[..., Any]] = {
-        "init": worker.init, "launch": worker.launch, "collect": worker.collect}
-    replies = {"init": "ready", "launch": "launched", "collect": "collected"}
+        "init": worker.init, "launch": worker.launch, "collect": worker.collect,
+        "drafts": worker.drafts}
+    replies = {"init": "ready", "launch": "launched", "collect": "collected",
+               "drafts": "drafts"}
     while True:
         try:
             message = conn.recv()

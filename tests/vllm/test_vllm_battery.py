@@ -40,9 +40,16 @@ SCENARIOS: dict[str, dict[str, Any]] = {
     # penalties with min_tokens, some with logprobs (`_sampled`).
     "sampling": {"max_num_seqs": 8, "max_num_batched_tokens": 256, "scale": 1,
                  "sampler_seed": 0, "max_logprobs": 3},
+    # Speculative decoding: vLLM schedules K drafts per decoding row (placeholders under async
+    # scheduling), the worker drafts and verifies on the device; the plain workload with K = 2,
+    # and the tight one with K = 1 (preemptions with drafts in flight, chunks beside drafts).
+    "drafts": {"max_num_seqs": 8, "max_num_batched_tokens": 256, "scale": 1, "spec_tokens": 2},
+    "drafts-preempt-chunked": {"max_num_seqs": 4, "max_num_batched_tokens": 12,
+                               "num_gpu_blocks": 4, "max_model_len": 48, "scale": 2,
+                               "spec_tokens": 1},
 }
 MODES = {"async": True, "sync": False}
-GREEDY_SCENARIOS = ("plain", "preempt-chunked")
+GREEDY_SCENARIOS = ("plain", "preempt-chunked", "drafts", "drafts-preempt-chunked")
 
 
 def _sampled(p: RequestPlan) -> RequestPlan:
@@ -176,3 +183,20 @@ def test_sampling_penalties_and_logprobs_really_occurred(served: dict[str, Any])
             assert got == _greedy(model, p, len(got))
     penalised = [p for p in plan if p.sampling is not None and p.sampling.constrained()]
     assert penalised and all(len(run["tokens"][str(p.req)]) >= 1 for p in penalised)
+
+
+def test_drafts_really_occurred(served: dict[str, Any]) -> None:
+    """Every accepted count 0..K, rows drafted over placeholders under async scheduling, and a
+    preemption with drafts in flight; at depth 1 the drafts vLLM scheduled were the worker's
+    own (checked at every step: `ScheduledEngine` refuses any other)."""
+    runs = served["runs"]
+    for scenario in ("drafts", "drafts-preempt-chunked"):
+        k = SCENARIOS[scenario]["spec_tokens"]
+        for mode in MODES:
+            stats = runs[scenario, mode]["worker"]["stats"]
+            assert stats["drafted_rows"] > 0
+            assert all(stats.get(f"accepted_{a}", 0) > 0 for a in range(k + 1)), stats
+        assert runs[scenario, "async"]["worker"]["vllm"]["rows_over_placeholders"] > 0
+    tight = runs["drafts-preempt-chunked", "async"]["worker"]
+    assert tight["vllm"]["preemptions"] > 0 and tight["vllm"]["partial_chunks"] > 0
+    assert tight["stats"].get("preempt_with_drafts_in_flight", 0) > 0, tight["stats"]

@@ -20,7 +20,7 @@ import torch
 from vllm.v1.core.sched.output import GrammarOutput, SchedulerOutput
 from vllm.v1.executor.abstract import Executor
 from vllm.v1.kv_cache_interface import FullAttentionSpec
-from vllm.v1.outputs import ModelRunnerOutput
+from vllm.v1.outputs import DraftTokenIds, ModelRunnerOutput
 
 from . import check_version, wire
 
@@ -162,6 +162,15 @@ class MirrorExecutor(Executor):
         future = _Collect(self)
         self.in_flight.append((so, future))
         return future if non_block else future.result()
+
+    def take_draft_token_ids(self) -> DraftTokenIds | None:
+        """At depth 1 vLLM schedules the next step's drafts itself: the worker's, as read back
+        with the last step (under async scheduling they stay on the device)."""
+        drafts = self._ask("drafts")
+        if not drafts:
+            return None
+        names = [self.ids.name[int(k)] for k in drafts]
+        return DraftTokenIds(names, [list(v) for v in drafts.values()])
 
     def collective_rpc(self, method: Any, timeout: float | None = None, args: tuple = (),
                        kwargs: dict | None = None, non_block: bool = False) -> Any:

@@ -97,6 +97,9 @@ def plan(so: SchedulerOutput, ids: Ids) -> dict[str, Any]:
         "resumed": sorted(ids.of[rid] for rid in cached.resumed_req_ids),
         "preempted": sorted(ids.of[rid] for rid in (so.preempted_req_ids or ())),
         "finished": sorted(ids.of[rid] for rid in so.finished_req_ids if rid in ids.of),
+        # Draft ids per request: the real ones at depth 1 (ours, through take_draft_token_ids),
+        # placeholders (-1) under async scheduling, where they live on the device.
+        "spec": {str(ids.of[rid]): list(d) for rid, d in so.scheduled_spec_decode_tokens.items()},
     }
 
 
