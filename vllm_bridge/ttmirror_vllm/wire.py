@@ -42,8 +42,7 @@ class Decisions:
         self.resumes += len(plan["resumed"])
         self.finished += len(plan["finished"])
         self.max_rows = max(self.max_rows, len(plan["rows"]))
-        self.partial_chunks += sum(
-            1 for n in plan["new"] if plan["tokens"][str(n["req"])] < len(n["prompt"]))
+        self.partial_chunks += plan["short_chunks"]
         self.rows_over_placeholders += sum(1 for req in plan["rows"] if req in in_flight)
 
     def as_dict(self) -> dict[str, int]:
@@ -87,8 +86,14 @@ def plan(so: SchedulerOutput, ids: Ids) -> dict[str, Any]:
                     "sampling": sampling(params)})
         computed[req] = n.num_computed_tokens
     cached = so.scheduled_cached_reqs
+    short = 0  # prefill chunks that stop short of the context: new and resumed requests
+    for n in so.scheduled_new_reqs:
+        short += so.num_scheduled_tokens[n.req_id] < len(n.prompt_token_ids or ())
     for i, rid in enumerate(cached.req_ids):
         computed[ids.of[rid]] = cached.num_computed_tokens[i]
+        if rid in cached.resumed_req_ids and rid in cached.all_token_ids:
+            left = len(cached.all_token_ids[rid]) - cached.num_computed_tokens[i]
+            short += so.num_scheduled_tokens[rid] < left
     return {
         "rows": [ids.of[rid] for rid in so.num_scheduled_tokens],
         "tokens": {str(ids.of[rid]): n for rid, n in so.num_scheduled_tokens.items()},
@@ -100,6 +105,7 @@ def plan(so: SchedulerOutput, ids: Ids) -> dict[str, Any]:
         # Draft ids per request: the real ones at depth 1 (ours, through take_draft_token_ids),
         # placeholders (-1) under async scheduling, where they live on the device.
         "spec": {str(ids.of[rid]): list(d) for rid, d in so.scheduled_spec_decode_tokens.items()},
+        "short_chunks": short,
     }
 
 
