@@ -150,6 +150,8 @@ def test_each_scenario_really_occurred(served: dict[str, Any]) -> None:
     assert "abort" in plain["worker"]["closed_as"].values()
     assert "finish" in plain["worker"]["closed_as"].values()
     assert plain["worker"]["vllm"]["rows_over_placeholders"] > 0
+    # The abort met the request's next step in flight: its row there was dropped, not delivered.
+    assert plain["worker"]["stats"].get("abort_in_flight", 0) > 0, plain["worker"]["stats"]
     for mode in MODES:
         tight = runs["preempt-chunked", mode]
         decided = tight["worker"]["vllm"]
