@@ -356,38 +356,33 @@ def _useful(reqs: patterns.Requirements, pattern: patterns.Need,
             n: int) -> bytes:
     """Per state, 1 if an uncovered edge that `pattern` allows is reachable from it through
     edges it allows (reverse reachability from those edges' sources)."""
-    start, pred = preds
-    useful = bytearray(n)
-    stack = []
-    for u, v in uncovered:
-        if not useful[u] and reqs.allows(pattern, u, v):
-            useful[u] = 1
-            stack.append(u)
-    while stack:
-        v = stack.pop()
-        for i in range(start[v], start[v + 1]):
-            u = pred[i]
-            if not useful[u] and reqs.allows(pattern, u, v):
-                useful[u] = 1
-                stack.append(u)
-    return bytes(useful)
+    return _reaching_edges(uncovered, preds, n, lambda u, v: reqs.allows(pattern, u, v))
 
 
 def _reaching(cov: Coverage) -> bytes:
     """Per state, 1 if an uncovered edge is reachable from it (without drafts: every edge is
     every run's)."""
-    start, pred = _predecessors(cov)
-    useful = bytearray(len(cov.ex.states))
+    uncovered = [e for e in cov.ex.graph.edges() if e not in cov.edges]
+    return _reaching_edges(uncovered, _predecessors(cov), len(cov.ex.states),
+                           lambda u, v: True)
+
+
+def _reaching_edges(edges: list[tuple[int, int]], preds: tuple[array[int], array[int]], n: int,
+                    allows: Callable[[int, int], bool]) -> bytes:
+    """Per state, 1 if one of `edges` (that `allows` admits) is reachable from it through
+    edges `allows` admits: reverse reachability from those edges' sources."""
+    start, pred = preds
+    useful = bytearray(n)
     stack = []
-    for u, _ in (e for e in cov.ex.graph.edges() if e not in cov.edges):
-        if not useful[u]:
+    for u, v in edges:
+        if not useful[u] and allows(u, v):
             useful[u] = 1
             stack.append(u)
     while stack:
         v = stack.pop()
         for i in range(start[v], start[v + 1]):
             u = pred[i]
-            if not useful[u]:
+            if not useful[u] and allows(u, v):
                 useful[u] = 1
                 stack.append(u)
     return bytes(useful)
