@@ -126,7 +126,8 @@ class MirrorExecutor(Executor):
                 if future is not None:
                     future.set_exception(e)
                 if future is target or future is None:
-                    target.set_exception(e) if not target.done() else None
+                    if not target.done():
+                        target.set_exception(e)
                     return
                 continue
             if future is not None:
@@ -140,11 +141,6 @@ class MirrorExecutor(Executor):
         # A step of no tokens still carries closes and preemptions: the worker applies them.
         if so.total_num_scheduled_tokens > 0 or so.finished_req_ids or so.preempted_req_ids:
             plan = wire.plan(scheduler_output, self.ids)
-            if os.environ.get("TTMIRROR_DEBUG_PLANS"):
-                import sys
-
-                print("plan", {k: v for k, v in plan.items() if k != "new"},
-                      [n["req"] for n in plan["new"]], file=sys.stderr)
             self.decisions.count(plan, self.in_flight_rows())
             self._ask("launch", plan)
         future: Future[ModelRunnerOutput | None] = Future()
