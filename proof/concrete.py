@@ -1,0 +1,156 @@
+"""Between the model's states and the solver's: a state pinned as constraints, and a solver
+model read back as a `model.state.State`.
+
+Only the entries that mean something are pinned or read (rows below a step's count, tokens
+below a request's, queue places below ``qlen``); the rest stay free, as they are in the
+relation.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from model.actions import budget, is_host_sync
+from model.state import Bounds, Phase, Request, Row, Slot, State, Status, Step, Token
+
+from .symbolic import NONE_AT, NONE_INT, Params, Smt, StateV, Term
+
+
+def _opt(v: int | None) -> int:
+    return NONE_INT if v is None else v
+
+
+def pin_params(smt: Smt, p: Params, b: Bounds) -> list[Term]:
+    """The parameters a model bound sets."""
+    out = [b.requests == p.N, b.slots == p.K, b.preemptions == p.P, b.prefill_chunks == p.C]
+    for r in range(b.requests):
+        out += [p.M[r] == budget(b, r), p.HS[r] == is_host_sync(b, r)]
+    return out
+
+
+def _tok(smt: Smt, t: Token | None) -> Term:
+    return smt.NONE if t is None else smt.tok(t[0], t[1])
+
+
+def pin(smt: Smt, v: StateV, s: State, b: Bounds) -> list[Term]:
+    """Constraints that make the solver state ``v`` the model state ``s`` (meaningful entries
+    only)."""
+    z = smt.z
+    out = [v.allocated == s.allocated, v.next_slot == s.next_slot, v.qlen == len(s.queue),
+           v.broken_read == ("NoReadOfReleasedOrOverwrittenSlot" in s.broken),
+           v.broken_rewrite == ("NoRewriteWhileReaderOutstanding" in s.broken)]
+    for q, step in enumerate(s.queue):
+        st = v.queue[q]
+        out += [st.slot == step.slot, st.src == _opt(step.src_slot), st.phase == int(step.phase),
+                st.nrows == len(step.rows), st.has_host_copy == (step.host_copy is not None),
+                st.has_accepted == bool(step.accepted),
+                st.has_host_counts == bool(step.host_counts)]
+        for i, row in enumerate(step.rows):
+            out += [st.req[i] == row.req, st.pos[i] == row.pos, st.prev[i] == _opt(row.prev_row),
+                    st.consumed[i] == _tok(smt, row.consumed), st.partial[i] == row.partial,
+                    st.spec[i] == row.spec, st.placed[i] == _opt(row.placed),
+                    st.ndrafts[i] == len(row.drafts)]
+            out += [st.drafts[i][j] == _tok(smt, d) for j, d in enumerate(row.drafts)]
+            if step.host_copy is not None:
+                out.append(st.host_copy[i] == _tok(smt, step.host_copy[i]))
+            if step.accepted:
+                out.append(st.accepted[i] == step.accepted[i])
+            if step.host_counts:
+                out.append(st.host_counts[i] == step.host_counts[i])
+        for r in range(b.requests):
+            rows = [i for i, row in enumerate(step.rows) if row.live and row.req == r]
+            out.append(st.row_of[r] == (rows[0] if rows else -1))
+    sl = v.slots
+    for k, slot in enumerate(s.slots):
+        out += [sl.unwritten[k] == (slot.content is None), sl.released[k] == slot.released,
+                sl.ncounts[k] == len(slot.counts)]
+        if slot.content is not None:
+            out.append(sl.length[k] == len(slot.content))
+            out += [sl.content[k][i] == _tok(smt, t) for i, t in enumerate(slot.content)]
+        out += [sl.counts[k][i] == n for i, n in enumerate(slot.counts)]
+        out += [sl.positions[k][i] == n for i, n in enumerate(slot.positions)]
+    rq = v.requests
+    for r, req in enumerate(s.requests):
+        out += [rq.status[r] == int(req.status), rq.ndelivered[r] == len(req.delivered),
+                rq.closed_at[r] == _opt(req.closed_at), rq.unchecked[r] == req.unchecked,
+                rq.preemptions[r] == req.preemptions, rq.prefill_left[r] == req.prefill_left,
+                rq.placeholders[r] == req.placeholders, rq.drafts_ready[r] == req.drafts_ready]
+        out += [rq.delivered[r][i] == _tok(smt, t) for i, t in enumerate(req.delivered)]
+    return [z.simplify(x) if isinstance(x, bool) else x for x in out]
+
+
+class Reader:
+    """Reads solver terms' values out of one solver model."""
+
+    def __init__(self, smt: Smt, model: Any) -> None:
+        self.smt, self.model = smt, model
+
+    def int(self, t: Term) -> int:
+        v = self.model.eval(t, model_completion=True)
+        return int(str(v))
+
+    def bool(self, t: Term) -> bool:
+        return self.smt.z.is_true(self.model.eval(t, model_completion=True))
+
+    def tok(self, t: Term) -> Token | None:
+        who, at = self.int(self.smt.who(t)), self.int(self.smt.at(t))
+        return None if (who, at) == (NONE_AT, NONE_AT) else (who, at)
+
+    def opt(self, t: Term) -> int | None:
+        v = self.int(t)
+        return None if v == NONE_INT else v
+
+
+def decode(smt: Smt, model: Any, v: StateV, requests: int, slots: int) -> State:
+    """The model state the solver state ``v`` is in ``model``, for a bound of ``requests``
+    requests and ``slots`` slots."""
+    rd = Reader(smt, model)
+    queue = []
+    for q in range(rd.int(v.qlen)):
+        st = v.queue[q]
+        rows = []
+        for i in range(rd.int(st.nrows)):
+            placed = rd.opt(st.placed[i])
+            drafts = tuple(rd.tok(st.drafts[i][j]) for j in range(rd.int(st.ndrafts[i])))
+            rows.append(Row(req=rd.int(st.req[i]), pos=rd.int(st.pos[i]),
+                            prev_row=rd.opt(st.prev[i]), consumed=rd.tok(st.consumed[i]),
+                            live=rd.int(st.req[i]) >= 0, partial=rd.bool(st.partial[i]),
+                            spec=rd.int(st.spec[i]), placed=placed,
+                            drafts=drafts))  # type: ignore[arg-type]
+        n = len(rows)
+        queue.append(Step(
+            slot=rd.int(st.slot), src_slot=rd.opt(st.src), phase=Phase(rd.int(st.phase)),
+            rows=tuple(rows),
+            host_copy=tuple(rd.tok(st.host_copy[i]) for i in range(n))
+            if rd.bool(st.has_host_copy) else None,
+            accepted=tuple(rd.int(st.accepted[i]) for i in range(n))
+            if rd.bool(st.has_accepted) else (),
+            host_counts=tuple(rd.int(st.host_counts[i]) for i in range(n))
+            if rd.bool(st.has_host_counts) else (),
+        ))
+    sl = v.slots
+    slot_list = []
+    for k in range(slots):
+        content = None if rd.bool(sl.unwritten[k]) else tuple(
+            rd.tok(sl.content[k][i]) for i in range(rd.int(sl.length[k])))
+        m = rd.int(sl.ncounts[k])
+        slot_list.append(Slot(content=content, released=rd.bool(sl.released[k]),
+                              counts=tuple(rd.int(sl.counts[k][i]) for i in range(m)),
+                              positions=tuple(rd.int(sl.positions[k][i]) for i in range(m))))
+    rq = v.requests
+    reqs = []
+    for r in range(requests):
+        reqs.append(Request(
+            status=Status(rd.int(rq.status[r])),
+            delivered=tuple(rd.tok(rq.delivered[r][i])
+                            for i in range(rd.int(rq.ndelivered[r]))),
+            closed_at=rd.opt(rq.closed_at[r]), unchecked=rd.bool(rq.unchecked[r]),
+            preemptions=rd.int(rq.preemptions[r]), prefill_left=rd.int(rq.prefill_left[r]),
+            placeholders=rd.int(rq.placeholders[r]), drafts_ready=rd.bool(rq.drafts_ready[r])))
+    broken = frozenset(
+        name for name, flag in (("NoReadOfReleasedOrOverwrittenSlot", v.broken_read),
+                                ("NoRewriteWhileReaderOutstanding", v.broken_rewrite))
+        if rd.bool(flag))
+    return State(allocated=rd.bool(v.allocated), next_slot=rd.int(v.next_slot),
+                 queue=tuple(queue), slots=tuple(slot_list), requests=tuple(reqs),
+                 broken=broken)

@@ -1,0 +1,338 @@
+"""The inductive invariant: the model's safety invariants, in the solver's vocabulary, and the
+strengthening conjuncts they need to be preserved by every action from every state that
+satisfies them all, whatever the number of requests, rows, slots, tokens and steps.
+
+Each conjunct is a function of one state with a one-line docstring that says what it means; the
+safety invariants carry the names of `model/invariants.py`. Queue places are the D places of the
+in-flight queue (0 = oldest); rows range over a step's rows, requests over 0..N-1.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import NamedTuple
+
+from model.state import Phase, Status
+
+from .relation import (
+    Ctx,
+    eligible,
+    in_flight,
+    in_range,
+    is_writer,
+    live,
+    mirror_row,
+    read_slot,
+    ring,
+)
+from .symbolic import NONE_INT, StateV, Term
+
+_W, _R, _P, _F = (int(Status.WAITING), int(Status.RUNNING), int(Status.PREEMPTED),
+                  int(Status.FAILED))
+_CLOSED = (int(Status.FINISHED), int(Status.ABORTED), int(Status.FAILED))
+_SCHED, _COMB, _LAUNCH, _RI, _RD = (int(p) for p in Phase)
+
+
+def _rows(c: Ctx, s: StateV, q: int, body: Callable[[Term], Term]) -> Term:
+    """Queue place q holds a step, and body(i) holds for each of its rows i."""
+    z, st = c.smt.z, s.queue[q]
+    return z.Implies(q < s.qlen, c.forall(lambda i: z.Implies(z.And(i >= 0, i < st.nrows),
+                                                              body(i))))
+
+
+def _live_rows(c: Ctx, s: StateV, body: Callable[[int, Term, Term], Term]) -> Term:
+    """body(q, i, r) for every live row i of every in-flight step q, r its request."""
+    z = c.smt.z
+    return z.And(*[_rows(c, s, q, lambda i, q=q: z.Implies(
+        live(s.queue[q], i), body(q, i, s.queue[q].req[i]))) for q in range(c.opts.depth)])
+
+
+def _requests(c: Ctx, body: Callable[[Term], Term]) -> Term:
+    """body(r) for every request r."""
+    z = c.smt.z
+    return c.forall(lambda r: z.Implies(in_range(c, r), body(r)))
+
+
+# ---------------------------------------------------------------------------------------------
+# The safety invariants (model/invariants.py).
+
+
+def stale_host_ids_guard(c: Ctx, s: StateV) -> Term:
+    """#323-class: every combined live row consumed exactly its request's newest token."""
+    z, smt = c.smt.z, c.smt
+    return _live_rows(c, s, lambda q, i, r: z.Implies(
+        s.queue[q].phase >= _COMB, s.queue[q].consumed[i] == smt.tok(r, s.queue[q].pos[i])))
+
+
+def no_read_of_released_or_overwritten_slot(c: Ctx, s: StateV) -> Term:
+    """No combine or readback ever read a slot that was handed back or rewritten under it."""
+    return c.smt.z.Not(s.broken_read)
+
+
+def no_rewrite_while_reader_outstanding(c: Ctx, s: StateV) -> Term:
+    """No launch ever wrote a slot whose readback or next combine was still to happen."""
+    return c.smt.z.Not(s.broken_rewrite)
+
+
+def depth_bound(c: Ctx, s: StateV) -> Term:
+    """At most D = max_concurrent_batches steps are in flight."""
+    return s.qlen <= c.opts.depth
+
+
+def output_integrity(c: Ctx, s: StateV) -> Term:
+    """Per request, the user got tokens 1..n in order, each once, none past its close or
+    max."""
+    z, smt, rq = c.smt.z, c.smt, c.smt.z
+    rq = s.requests
+
+    def request(r: Term) -> Term:
+        n, closed = rq.ndelivered[r], rq.closed_at[r]
+        tokens = c.forall(lambda i: z.Implies(z.And(i >= 0, i < n),
+                                              rq.delivered[r][i] == smt.tok(r, i + 1)))
+        status = rq.status[r]
+        return z.And(n >= 0, tokens, n <= c.params.M[r],
+                     z.Implies(closed != NONE_INT, n == closed),
+                     z.Implies(z.Or(*[status == x for x in _CLOSED]), closed != NONE_INT))
+
+    return _requests(c, request)
+
+
+def failed_requests_quiet(c: Ctx, s: StateV) -> Term:
+    """A failed request has no live row in flight."""
+    return _live_rows(c, s, lambda q, i, r: s.requests.status[r] != _F)
+
+
+def newest_token_in_newest_step(c: Ctx, s: StateV) -> Term:
+    """A request the next step would combine from the mirror has its newest token in the newest
+    in-flight step: the one slot that combine reads, at any depth."""
+    z = c.smt.z
+    if not c.opts.guard:
+        return z.BoolVal(True)
+    cases = []
+    for n in range(1, c.opts.depth + 1):
+        newest = s.queue[n - 1]
+
+        def holds(r: Term, n: int = n, newest: object = newest) -> Term:
+            anywhere = z.Or(*[mirror_row(c, s.queue[q], r) >= 0 for q in range(n)])
+            applies = z.And(eligible(c, s, r), s.requests.status[r] != _W,
+                            z.Not(c.params.HS[r]))
+            return z.Implies(z.And(applies, anywhere), mirror_row(c, s.queue[n - 1], r) >= 0)
+
+        cases.append(z.Implies(s.qlen == n, _requests(c, holds)))
+    return z.And(*cases)
+
+
+# ---------------------------------------------------------------------------------------------
+# Strengthening conjuncts.
+
+
+def well_formed(c: Ctx, s: StateV) -> Term:
+    """The queue length, the ring position, each in-flight step's slot, source slot, phase and
+    row count, and each request's status are in range; a step has a host copy exactly once it
+    was read back."""
+    z = c.smt.z
+    steps = []
+    for q, st in enumerate(s.queue):
+        steps.append(z.Implies(q < s.qlen, z.And(
+            st.slot >= 0, st.slot < c.params.K, st.nrows >= 1,
+            st.phase >= _SCHED, st.phase <= _RD,
+            z.Or(st.src == NONE_INT, st.src == ring(c, st.slot - 1)),
+            st.has_host_copy == (st.phase == _RD))))
+    rq = s.requests
+    requests = _requests(c, lambda r: z.And(rq.status[r] >= int(Status.ABSENT),
+                                            rq.status[r] <= int(Status.FAILED),
+                                            rq.ndelivered[r] >= 0))
+    return z.And(s.qlen >= 0, s.next_slot >= 0, s.next_slot < c.params.K, *steps, requests)
+
+
+def nothing_before_allocation(c: Ctx, s: StateV) -> Term:
+    """Before the ring is allocated nothing is in flight and no request has arrived."""
+    z = c.smt.z
+    return z.Implies(z.Not(s.allocated), z.And(
+        s.qlen == 0, _requests(c, lambda r: s.requests.status[r] == int(Status.ABSENT))))
+
+
+def absent_is_blank(c: Ctx, s: StateV) -> Term:
+    """A request that has not arrived has nothing delivered and nothing to stop-check."""
+    z, rq = c.smt.z, s.requests
+    return _requests(c, lambda r: z.Implies(
+        rq.status[r] == int(Status.ABSENT), z.And(rq.ndelivered[r] == 0, z.Not(rq.unchecked[r]))))
+
+
+def closed_at_only_when_closed(c: Ctx, s: StateV) -> Term:
+    """A request has a closing count only once it is closed (finished, aborted or failed)."""
+    z, rq = c.smt.z, s.requests
+    return _requests(c, lambda r: z.Implies(
+        rq.closed_at[r] != NONE_INT, z.Or(*[rq.status[r] == x for x in _CLOSED])))
+
+
+def slots_consecutive(c: Ctx, s: StateV) -> Term:
+    """The in-flight steps hold the ring slots just before the next one, in queue order."""
+    z = c.smt.z
+    return z.And(*[z.Implies(q < s.qlen, st.slot == ring(c, s.next_slot - s.qlen + q))
+                   for q, st in enumerate(s.queue)])
+
+
+def phases_ordered(c: Ctx, s: StateV) -> Term:
+    """A step is combined only once the step before it has launched."""
+    z = c.smt.z
+    return z.And(*[z.Implies(z.And(q < s.qlen, s.queue[q].phase >= _COMB),
+                             s.queue[q - 1].phase >= _LAUNCH)
+                   for q in range(1, c.opts.depth)])
+
+
+def rows_name_requests(c: Ctx, s: StateV) -> Term:
+    """Each row names a request or is dropped, each request has at most one live row per step,
+    and the request-to-row index is the inverse of the rows."""
+    z = c.smt.z
+    out = []
+    for q, st in enumerate(s.queue):
+        rows = _rows(c, s, q, lambda i, st=st: z.And(
+            st.req[i] >= -1, st.req[i] < c.params.N,
+            z.Implies(st.req[i] >= 0, st.row_of[st.req[i]] == i)))
+        index = z.Implies(q < s.qlen, _requests(c, lambda r, st=st: z.And(
+            st.row_of[r] >= -1, st.row_of[r] < st.nrows,
+            z.Implies(st.row_of[r] >= 0, st.req[st.row_of[r]] == r))))
+        out += [rows, index]
+    return z.And(*out)
+
+
+def live_rows_active(c: Ctx, s: StateV) -> Term:
+    """A live row's request is waiting, running or preempted: never absent or closed."""
+    z = c.smt.z
+
+    def active(q: int, i: Term, r: Term) -> Term:
+        st = s.requests.status[r]
+        return z.Or(st == _W, st == _R, st == _P)
+
+    return _live_rows(c, s, active)
+
+
+def waiting_owes_nothing(c: Ctx, s: StateV) -> Term:
+    """A waiting request has no token in flight (it arrived, or resumed once it owned no
+    placeholder)."""
+    z = c.smt.z
+    return _requests(c, lambda r: z.Implies(s.requests.status[r] == _W,
+                                            in_flight(c, s, r) == 0))
+
+
+def prefill_before_tokens(c: Ctx, s: StateV) -> Term:
+    """While prompt chunks remain, the request has no token in flight and none delivered."""
+    z = c.smt.z
+    rq = s.requests
+    return _requests(c, lambda r: z.And(
+        rq.prefill_left[r] >= 0,
+        z.Implies(rq.prefill_left[r] > 0, z.And(in_flight(c, s, r) == 0,
+                                                rq.ndelivered[r] == 0))))
+
+
+def within_budget(c: Ctx, s: StateV) -> Term:
+    """Delivered tokens plus those in flight never exceed the request's max tokens."""
+    return _requests(c, lambda r: s.requests.ndelivered[r] + in_flight(c, s, r)
+                     <= c.params.M[r])
+
+
+def positions_consecutive(c: Ctx, s: StateV) -> Term:
+    """A live row's position is its request's delivered tokens plus the tokens its rows in the
+    older in-flight steps will deliver."""
+    return _live_rows(c, s, lambda q, i, r: s.queue[q].pos[i]
+                      == s.requests.ndelivered[r] + in_flight(c, s, r, before=q))
+
+
+def host_rows_owe_nothing(c: Ctx, s: StateV) -> Term:
+    """A live row that reads host ids has no token of its request in flight before it."""
+    z = c.smt.z
+    return _live_rows(c, s, lambda q, i, r: z.Implies(
+        s.queue[q].prev[i] == NONE_INT, in_flight(c, s, r, before=q) == 0))
+
+
+def mirror_rows_follow(c: Ctx, s: StateV) -> Term:
+    """A live row still to combine from the mirror points at its request's token-yielding row
+    in the step before, through that step's slot; once that step launched, the slot holds the
+    row's newest token there."""
+    z, smt = c.smt.z, c.smt
+
+    def follows(q: int, i: Term, r: Term) -> Term:
+        st = s.queue[q]
+        p = st.prev[i]
+        back = []
+        if q >= 1:
+            before = s.queue[q - 1]
+            back = [st.src == before.slot, before.req[p] == r, z.Not(before.partial[p]),
+                    p >= 0, p < before.nrows]
+        written = z.Or(q == 0, s.queue[q - 1].phase >= _LAUNCH) if q else z.BoolVal(True)
+        return z.Implies(z.And(st.phase == _SCHED, p != NONE_INT), z.And(
+            p >= 0, st.src != NONE_INT, *back,
+            z.Implies(written, read_slot(c, s, st.src, p) == smt.tok(r, st.pos[i]))))
+
+    return _live_rows(c, s, follows)
+
+
+def launched_slot_holds_tokens(c: Ctx, s: StateV) -> Term:
+    """A launched in-flight step's slot is written, not handed back, as long as its rows, and
+    holds each token-yielding row's next token."""
+    z, smt = c.smt.z, c.smt
+    sl = s.slots
+    out = []
+    for q, st in enumerate(s.queue):
+        k = st.slot
+        held = z.And(z.Not(sl.unwritten[k]), z.Not(sl.released[k]), sl.length[k] == st.nrows,
+                     is_writer(c, s, k, q))
+        tokens = _rows(c, s, q, lambda i, st=st, k=k: z.Implies(
+            z.And(live(st, i), z.Not(st.partial[i])),
+            sl.content[k][i] == smt.tok(st.req[i], st.pos[i] + 1)))
+        out.append(z.Implies(z.And(q < s.qlen, st.phase >= _LAUNCH), z.And(held, tokens)))
+    return z.And(*out)
+
+
+def host_copy_holds_tokens(c: Ctx, s: StateV) -> Term:
+    """A read-back step's host copy holds each token-yielding row's next token."""
+    z, smt = c.smt.z, c.smt
+    out = []
+    for q, st in enumerate(s.queue):
+        out.append(z.Implies(st.phase == _RD, _rows(c, s, q, lambda i, st=st: z.Implies(
+            z.And(live(st, i), z.Not(st.partial[i])),
+            st.host_copy[i] == smt.tok(st.req[i], st.pos[i] + 1)))))
+    return z.And(*out)
+
+
+class Conjunct(NamedTuple):
+    name: str
+    holds: Callable[[Ctx, StateV], Term]
+    safety: bool
+    """One of the model's invariants (else a strengthening conjunct)."""
+
+
+SAFETY: tuple[Conjunct, ...] = (
+    Conjunct("StaleHostIdsGuard", stale_host_ids_guard, True),
+    Conjunct("NoReadOfReleasedOrOverwrittenSlot", no_read_of_released_or_overwritten_slot, True),
+    Conjunct("NoRewriteWhileReaderOutstanding", no_rewrite_while_reader_outstanding, True),
+    Conjunct("DepthBound", depth_bound, True),
+    Conjunct("OutputIntegrity", output_integrity, True),
+    Conjunct("FailedRequestsQuiet", failed_requests_quiet, True),
+    Conjunct("NewestTokenInNewestStep", newest_token_in_newest_step, True),
+)
+
+STRENGTHENING: tuple[Conjunct, ...] = (
+    Conjunct("WellFormed", well_formed, False),
+    Conjunct("NothingBeforeAllocation", nothing_before_allocation, False),
+    Conjunct("AbsentIsBlank", absent_is_blank, False),
+    Conjunct("ClosedAtOnlyWhenClosed", closed_at_only_when_closed, False),
+    Conjunct("SlotsConsecutive", slots_consecutive, False),
+    Conjunct("PhasesOrdered", phases_ordered, False),
+    Conjunct("RowsNameRequests", rows_name_requests, False),
+    Conjunct("LiveRowsActive", live_rows_active, False),
+    Conjunct("WaitingOwesNothing", waiting_owes_nothing, False),
+    Conjunct("PrefillBeforeTokens", prefill_before_tokens, False),
+    Conjunct("WithinBudget", within_budget, False),
+    Conjunct("PositionsConsecutive", positions_consecutive, False),
+    Conjunct("HostRowsOweNothing", host_rows_owe_nothing, False),
+    Conjunct("MirrorRowsFollow", mirror_rows_follow, False),
+    Conjunct("LaunchedSlotHoldsTokens", launched_slot_holds_tokens, False),
+    Conjunct("HostCopyHoldsTokens", host_copy_holds_tokens, False),
+)
+
+CONJUNCTS = SAFETY + STRENGTHENING
+"""The inductive invariant: all of them."""
+
+

@@ -1,0 +1,643 @@
+"""The model's next-state relation for the solver, action by action, after `model/actions.py`.
+
+Each action is a function of a state (of unbounded size, `symbolic.StateV`) that returns its
+precondition and the state it leads to, as the model's action returns the next state or None.
+The functions follow the model's line for line, in its vocabulary; `tests/proof` checks that the
+two agree both ways on states the explorer reaches. A choice the model makes by enumeration
+(which order of the eligible requests a step takes, which request an action names) is a free
+constant here: `Ctx` makes them, and the successor relation holds for some value of them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from itertools import count
+from typing import Any
+
+from model.state import Bounds, Phase, Status
+
+from .symbolic import NONE_INT, Params, RequestsV, SlotsV, Smt, StateV, StepV, Term, equal
+
+_W, _R, _P = int(Status.WAITING), int(Status.RUNNING), int(Status.PREEMPTED)
+_CLOSED = (int(Status.FINISHED), int(Status.ABORTED), int(Status.FAILED))
+_SCHED, _COMB, _LAUNCH, _RI, _RD = (int(p) for p in Phase)
+
+
+@dataclass(frozen=True)
+class Options:
+    """What an option set fixes: the depth, the spec tokens, and the feature switches and
+    known-bad variant of `model.state.Bounds`."""
+
+    depth: int = 2
+    spec_tokens: int = 0
+    finish: bool = True
+    abort: bool = True
+    preempt: bool = True
+    condense: bool = True
+    guard: bool = True
+    release_at: str = "complete"
+    preempt_policy: str = "keep"
+    faults: bool = False
+    variant: str = ""
+    slots_below_depth: bool = False
+    """The known-bad ring of K = D - 1 slots; else any K >= D."""
+
+    @staticmethod
+    def of(b: Bounds) -> Options:
+        """The option set a model bound belongs to."""
+        return Options(depth=b.depth, spec_tokens=b.spec_tokens, finish=b.finish, abort=b.abort,
+                       preempt=b.preempt, condense=b.condense, guard=b.guard,
+                       release_at=b.release_at, preempt_policy=b.preempt_policy,
+                       faults=b.faults, variant=b.variant, slots_below_depth=b.slots < b.depth)
+
+
+@dataclass
+class Ctx:
+    """One query's free choices: fresh constants and the constraints that tie them."""
+
+    smt: Smt
+    params: Params
+    opts: Options
+    side: list[Term] = field(default_factory=list)
+    choices: dict[str, Term] = field(default_factory=dict)
+    """An action's named arguments (request, slot, queue place), for the edge's label."""
+    domain: int | None = None
+    """None: quantifiers range over every integer (the proof). A number n: over 0..n-1 only,
+    instantiated (a search for a small counterexample, or a pinned state of a model bound):
+    every quantified body is guarded by its own range, so below n the two agree."""
+    _ids: Iterator[int] = field(default_factory=count)
+
+    def forall(self, body: Callable[[Term], Term]) -> Term:
+        """For every integer x (every x below `domain` when it is set): body(x)."""
+        z = self.smt.z
+        if self.domain is not None:
+            return z.And(*[body(z.IntVal(x)) for x in range(self.domain)])
+        x = z.Int(f"x{next(self._ids)}")
+        return z.ForAll([x], body(x))
+
+    def forall2(self, body: Callable[[Term, Term], Term]) -> Term:
+        """For every two integers x, y: body(x, y)."""
+        z = self.smt.z
+        if self.domain is not None:
+            return z.And(*[body(z.IntVal(x), z.IntVal(y))
+                           for x in range(self.domain) for y in range(self.domain)])
+        x, y = z.Int(f"x{next(self._ids)}"), z.Int(f"y{next(self._ids)}")
+        return z.ForAll([x, y], body(x, y))
+
+    def fresh(self, prefix: str, sort: Any) -> Term:
+        return self.smt.z.Const(f"{prefix}!{next(self._ids)}", sort)
+
+    def exists(self, body: Callable[[Term], Term]) -> Term:
+        """A boolean that is true iff some integer x has ``body(x)``: a witness when true, a
+        universal when false (so the relation stays exact in both directions)."""
+        z = self.smt.z
+        b, w = self.fresh("some", self.smt.Bool), self.fresh("w", self.smt.Int)
+        self.side += [z.Implies(b, body(w)),
+                      z.Implies(z.Not(b), self.forall(lambda x: z.Not(body(x))))]
+        return b
+
+
+# ---------------------------------------------------------------------------------------------
+# Derived values (operators), as in the model.
+
+
+def ring(c: Ctx, x: Term) -> Term:
+    """x mod K for x in [-K, 2K)."""
+    z, k = c.smt.z, c.params.K
+    return z.If(x < 0, x + k, z.If(x >= k, x - k, x))
+
+
+def in_range(c: Ctx, r: Term) -> Term:
+    """``r`` names a request."""
+    return c.smt.z.And(r >= 0, r < c.params.N)
+
+
+def has_row(c: Ctx, s: StateV, q: int, r: Term) -> Term:
+    """Queue place q holds an in-flight step with a live row of ``r``."""
+    return c.smt.z.And(q < s.qlen, s.queue[q].row_of[r] >= 0)
+
+
+def counts_row(c: Ctx, s: StateV, q: int, r: Term) -> Term:
+    """Step q has a live row of ``r`` that will deliver a token (not a partial prefill)."""
+    st = s.queue[q]
+    return c.smt.z.And(has_row(c, s, q, r), c.smt.z.Not(st.partial[st.row_of[r]]))
+
+
+def in_flight(c: Ctx, s: StateV, r: Term, before: int | None = None) -> Term:
+    """How many in-flight rows of ``r`` will still deliver a token (of the steps before
+    ``before``, if given)."""
+    z = c.smt.z
+    places = range(c.opts.depth if before is None else before)
+    return z.Sum(*[z.If(counts_row(c, s, q, r), 1, 0) for q in places]) if places else 0
+
+
+def has_step_in_flight(c: Ctx, s: StateV, r: Term) -> Term:
+    """Some in-flight step holds a live row of ``r``, partial-prefill rows included."""
+    return c.smt.z.Or(*[has_row(c, s, q, r) for q in range(c.opts.depth)])
+
+
+def next_pos(c: Ctx, s: StateV, r: Term) -> Term:
+    """Position of ``r``'s newest token: delivered ones plus those still in flight."""
+    return s.requests.ndelivered[r] + in_flight(c, s, r)
+
+
+def host_token(c: Ctx, s: StateV, r: Term, pos: Term) -> Term:
+    """The host token table at ``pos``: authoritative if delivered, else a placeholder."""
+    z, smt = c.smt.z, c.smt
+    return z.If(pos == 0, smt.tok(r, 0),
+                z.If(pos <= s.requests.ndelivered[r], s.requests.delivered[r][pos - 1],
+                     smt.PLACEHOLDER))
+
+
+def eligible(c: Ctx, s: StateV, r: Term) -> Term:
+    """``r`` must be in the next step: active with budget left, and not a host-sync request
+    with a step in flight (unless the known-bad variant)."""
+    z = c.smt.z
+    st = s.requests.status[r]
+    unguarded = c.opts.variant == "host-sync-unguarded"
+    held = z.And(c.params.HS[r], has_step_in_flight(c, s, r)) if not unguarded else False
+    return z.And(in_range(c, r), z.Or(st == _W, st == _R), next_pos(c, s, r) < c.params.M[r],
+                 z.Not(held))
+
+
+def mirror_row(c: Ctx, st: StepV, r: Term) -> Term:
+    """The row of ``st`` whose sampled id is ``r``'s newest token for the next combine, -1 if
+    none: live and not a partial prefill's discarded id."""
+    z = c.smt.z
+    i = st.row_of[r]
+    feeds = c.opts.variant == "partial-prefill-feeds-mirror"
+    return z.If(z.And(i >= 0, z.Or(feeds, z.Not(st.partial[i]))), i, -1)
+
+
+def launched_into(c: Ctx, s: StateV, q: int, k: Term) -> Term:
+    """Step q is in flight, wrote slot ``k`` at its launch."""
+    st = s.queue[q]
+    return c.smt.z.And(q < s.qlen, st.slot == k, st.phase >= _LAUNCH)
+
+
+def is_writer(c: Ctx, s: StateV, k: Term, q: int) -> Term:
+    """Step q is the in-flight step whose launch wrote ``k`` last."""
+    z = c.smt.z
+    later = [z.Not(launched_into(c, s, j, k)) for j in range(q + 1, c.opts.depth)]
+    return z.And(launched_into(c, s, q, k), *later)
+
+
+def no_writer(c: Ctx, s: StateV, k: Term) -> Term:
+    """No in-flight step wrote ``k``: its writer retired."""
+    return c.smt.z.And(*[c.smt.z.Not(launched_into(c, s, q, k)) for q in range(c.opts.depth)])
+
+
+def readers_outstanding(c: Ctx, s: StateV, k: Term, q: int) -> Term:
+    """Someone still has to read ``k`` before step q overwrites it: its writer's readback, or a
+    combine other than the one right after q."""
+    z = c.smt.z
+    terms = []
+    for j, st in enumerate(s.queue):
+        mine = z.And(st.slot == k, st.phase >= _LAUNCH, st.phase < _RD)
+        reads = z.And(st.src == k, st.phase == _SCHED) if j != q + 1 else False
+        terms.append(z.And(j < s.qlen, z.Or(mine, reads)))
+    return z.Or(*terms)
+
+
+def read_slot(c: Ctx, s: StateV, k: Term, i: Term) -> Term:
+    """What the device reads from slot ``k`` at row ``i``: garbage if unwritten or handed
+    back."""
+    sl = s.slots
+    return c.smt.z.If(c.smt.z.Or(sl.unwritten[k], sl.released[k], i >= sl.length[k]),
+                      c.smt.GARBAGE, sl.content[k][i])
+
+
+def live(st: StepV, i: Term) -> Term:
+    """Row i is live (not dropped)."""
+    return st.req[i] >= 0
+
+
+# ---------------------------------------------------------------------------------------------
+# Updates shared by several actions.
+
+
+def set_step(s: StateV, q: int, st: StepV) -> StateV:
+    return s.with_(queue=(*s.queue[:q], st, *s.queue[q + 1:]))
+
+
+def store(c: Ctx, arr: Term, key: Term, value: Term) -> Term:
+    return c.smt.z.Store(arr, key, value)
+
+
+def lam(c: Ctx, sort: Any, body: Callable[[Term], Term]) -> Term:
+    """The array x -> body(x)."""
+    x = c.smt.z.Const(f"x{next(c._ids)}", sort)
+    return c.smt.z.Lambda([x], body(x))
+
+
+def drop(c: Ctx, s: StateV, gone: Callable[[Term], Term]) -> StateV:
+    """Drop every in-flight row of the requests ``gone`` names and forget their tokens in
+    slots and host copies (`model.actions._drop`); their placeholders and drafts go too."""
+    z, smt, INT = c.smt.z, c.smt, c.smt.Int
+
+    def mine(t: Term) -> Term:
+        return z.And(smt.who(t) >= 0, gone(smt.who(t)))
+
+    def scrub(arr: Term) -> Term:
+        return lam(c, INT, lambda i: z.If(mine(arr[i]), smt.GARBAGE, arr[i]))
+
+    queue = []
+    for st in s.queue:
+        dead = lambda i, st=st: z.And(st.req[i] >= 0, gone(st.req[i]))  # noqa: E731
+        queue.append(StepV(
+            slot=st.slot, src=st.src, phase=st.phase, nrows=st.nrows,
+            req=lam(c, INT, lambda i, st=st, dead=dead: z.If(dead(i), -1, st.req[i])),
+            row_of=lam(c, INT, lambda r, st=st: z.If(gone(r), -1, st.row_of[r])),
+            pos=lam(c, INT, lambda i, st=st, dead=dead: z.If(dead(i), 0, st.pos[i])),
+            prev=lam(c, INT, lambda i, st=st, dead=dead: z.If(dead(i), NONE_INT, st.prev[i])),
+            consumed=lam(c, INT, lambda i, st=st, dead=dead: z.If(dead(i), smt.NONE,
+                                                                 st.consumed[i])),
+            partial=lam(c, INT, lambda i, st=st, dead=dead: z.And(z.Not(dead(i)), st.partial[i])),
+            spec=lam(c, INT, lambda i, st=st, dead=dead: z.If(dead(i), 0, st.spec[i])),
+            placed=lam(c, INT, lambda i, st=st, dead=dead: z.If(dead(i), NONE_INT, st.placed[i])),
+            drafts=st.drafts,
+            ndrafts=lam(c, INT, lambda i, st=st, dead=dead: z.If(dead(i), 0, st.ndrafts[i])),
+            host_copy=scrub(st.host_copy), has_host_copy=st.has_host_copy,
+            accepted=st.accepted, has_accepted=st.has_accepted,
+            host_counts=st.host_counts, has_host_counts=st.has_host_counts,
+        ))
+    sl = s.slots
+    slots = sl.__class__(
+        unwritten=sl.unwritten, length=sl.length, released=sl.released, ncounts=sl.ncounts,
+        content=lam(c, INT, lambda k: scrub(sl.content[k])),
+        counts=lam(c, INT, lambda k: lam(c, INT, lambda i: z.If(
+            z.And(i < sl.ncounts[k], mine(sl.content[k][i])), 0, sl.counts[k][i]))),
+        positions=lam(c, INT, lambda k: lam(c, INT, lambda i: z.If(
+            z.And(i < sl.ncounts[k], mine(sl.content[k][i])), -1, sl.positions[k][i]))),
+    )
+    rq = s.requests
+    requests = RequestsV(
+        status=rq.status, ndelivered=rq.ndelivered, delivered=rq.delivered,
+        closed_at=rq.closed_at, unchecked=rq.unchecked, preemptions=rq.preemptions,
+        prefill_left=rq.prefill_left,
+        placeholders=lam(c, INT, lambda r: z.If(gone(r), 0, rq.placeholders[r])),
+        drafts_ready=lam(c, INT, lambda r: z.And(z.Not(gone(r)), rq.drafts_ready[r])),
+    )
+    return s.with_(queue=tuple(queue), slots=slots, requests=requests)
+
+
+def set_request(c: Ctx, s: StateV, r: Term, **values: Term) -> StateV:
+    """``s`` with request ``r``'s named fields set."""
+    rq = s.requests
+    changed = {name: store(c, getattr(rq, name), r, v) for name, v in values.items()}
+    return s.with_(requests=RequestsV(**{**rq.__dict__, **changed}))
+
+
+def shift_out(c: Ctx, s: StateV, q: int) -> StateV:
+    """``s`` with queue place q removed: the steps after it move up one place."""
+    return s.with_(queue=(*s.queue[:q], *s.queue[q + 1:], s.queue[q]), qlen=s.qlen - 1)
+
+
+# ---------------------------------------------------------------------------------------------
+# Actions: each returns (precondition, next state).
+
+type Result = tuple[Term, StateV]
+
+
+def allocate(c: Ctx, s: StateV) -> Result:
+    """Load: allocate the ring of K mirror slots, before any step."""
+    return c.smt.z.Not(s.allocated), s.with_(allocated=True)
+
+
+def arrive(c: Ctx, s: StateV) -> Result:
+    """A request arrives; its first step prefills from host ids."""
+    z = c.smt.z
+    r = c.choices["r"] = c.fresh("r", c.smt.Int)
+    pre = z.And(s.allocated, in_range(c, r), s.requests.status[r] == int(Status.ABSENT))
+    return pre, set_request(c, s, r, status=z.IntVal(_W))
+
+
+def schedule(c: Ctx, s: StateV) -> Result:
+    """Schedule a step over every eligible request in some order, building the previous-row
+    map: the order is a free bijection between rows 0..n-1 and the eligible requests."""
+    z, smt, INT = c.smt.z, c.smt, c.smt.Int
+    if c.opts.spec_tokens:
+        raise NotImplementedError("schedule with drafts")
+    n = c.fresh("nrows", INT)
+    order = c.choices["order"] = c.fresh("order", smt.IntArr)  # row -> request
+    row_of = c.choices["row_of"] = c.fresh("row_of", smt.IntArr)  # request -> row
+    el = lambda r: eligible(c, s, r)  # noqa: E731
+    c.side += [
+        n >= 1,
+        c.forall(lambda x: z.Implies(z.And(x >= 0, x < n),
+                                     z.And(el(order[x]), row_of[order[x]] == x))),
+        c.forall(lambda x: z.If(el(x),
+                                z.And(row_of[x] >= 0, row_of[x] < n, order[row_of[x]] == x),
+                                z.Implies(in_range(c, x), row_of[x] == -1))),
+    ]
+    if c.domain is not None:
+        c.side.append(n <= c.domain)
+    if not c.opts.condense:  # rows in request order
+        c.side.append(c.forall2(lambda x, y: z.Implies(z.And(x >= 0, x < y, y < n),
+                                                        order[x] < order[y])))
+    cases = []
+    for qlen in range(c.opts.depth):
+        prev = s.queue[qlen - 1] if qlen else None
+
+        def prev_row(r: Term, prev: StepV | None = prev) -> Term:
+            if prev is None or not c.opts.guard:
+                return z.IntVal(NONE_INT)
+            from_host = z.Or(s.requests.status[r] == _W, c.params.HS[r])
+            m = mirror_row(c, prev, r)
+            return z.If(z.Or(from_host, m < 0), NONE_INT, m)
+
+        uses = c.exists(lambda i: z.And(i >= 0, i < n, prev_row(order[i]) >= 0)) \
+            if prev is not None and c.opts.guard else False
+        st = StepV(
+            slot=s.next_slot,
+            src=z.If(uses, prev.slot, NONE_INT) if prev is not None else z.IntVal(NONE_INT),
+            phase=z.IntVal(_SCHED), nrows=n, req=order, row_of=row_of,
+            pos=lam(c, INT, lambda i: next_pos(c, s, order[i])),
+            prev=lam(c, INT, lambda i: prev_row(order[i])),
+            consumed=z.K(INT, smt.NONE),
+            partial=lam(c, INT, lambda i: s.requests.prefill_left[order[i]] > 0),
+            spec=z.K(INT, z.IntVal(0)), placed=z.K(INT, z.IntVal(NONE_INT)),
+            drafts=s.queue[qlen].drafts, ndrafts=z.K(INT, z.IntVal(0)),
+            host_copy=s.queue[qlen].host_copy, has_host_copy=z.BoolVal(False),
+            accepted=s.queue[qlen].accepted, has_accepted=z.BoolVal(False),
+            host_counts=s.queue[qlen].host_counts, has_host_counts=z.BoolVal(False),
+        )
+        cases.append((qlen, set_step(s, qlen, st)))
+    rq = s.requests
+    requests = RequestsV(
+        status=lam(c, INT, lambda r: z.If(el(r), _R, rq.status[r])),
+        ndelivered=rq.ndelivered, delivered=rq.delivered, closed_at=rq.closed_at,
+        unchecked=lam(c, INT, lambda r: z.And(z.Not(el(r)), rq.unchecked[r])),
+        preemptions=rq.preemptions,
+        prefill_left=lam(c, INT, lambda r: z.If(z.And(el(r), rq.prefill_left[r] > 0),
+                                              rq.prefill_left[r] - 1, rq.prefill_left[r])),
+        placeholders=rq.placeholders, drafts_ready=rq.drafts_ready,
+    )
+    pre = z.And(s.allocated, s.qlen < c.opts.depth, c.exists(el))
+    nxt = s.next_slot + 1
+    t = pick(c, s.qlen, cases)
+    return pre, t.with_(qlen=s.qlen + 1, requests=requests,
+                        next_slot=z.If(nxt >= c.params.K, 0, nxt))
+
+
+def pick(c: Ctx, key: Term, cases: list[tuple[int, StateV]]) -> StateV:
+    """The state of the case whose number ``key`` is (the last case otherwise)."""
+    out = cases[-1][1]
+    for value, st in reversed(cases[:-1]):
+        out = ite_state(c, key == value, st, out)
+    return out
+
+
+def ite_state(c: Ctx, cond: Term, a: StateV, b: StateV) -> StateV:
+    """``a`` where ``cond`` holds, else ``b``, field by field."""
+    z = c.smt.z
+
+    def ite(x: Term, y: Term) -> Term:
+        return x if x is y else z.If(cond, x, y)
+
+    queue = tuple(StepV(**{f: ite(getattr(x, f), getattr(y, f)) for f in x.__dataclass_fields__})
+                  for x, y in zip(a.queue, b.queue, strict=True))
+    return StateV(
+        allocated=ite(a.allocated, b.allocated), next_slot=ite(a.next_slot, b.next_slot),
+        qlen=ite(a.qlen, b.qlen), queue=queue,
+        slots=SlotsV(**{f: ite(getattr(a.slots, f), getattr(b.slots, f))
+                        for f in a.slots.__dataclass_fields__}),
+        requests=RequestsV(**{f: ite(getattr(a.requests, f), getattr(b.requests, f))
+                              for f in a.requests.__dataclass_fields__}),
+        broken_read=ite(a.broken_read, b.broken_read),
+        broken_rewrite=ite(a.broken_rewrite, b.broken_rewrite),
+    )
+
+
+def combine(c: Ctx, s: StateV, q: int) -> Result:
+    """Build step q's input ids on device: host ids, or the previous slot through the row
+    map."""
+    z, INT = c.smt.z, c.smt.Int
+    if c.opts.spec_tokens:
+        raise NotImplementedError("combine with drafts")
+    st = s.queue[q]
+    pre = z.And(q < s.qlen, st.phase == _SCHED,
+                z.Or(q == 0, s.queue[q - 1].phase >= _LAUNCH) if q else True)
+    reads = c.exists(lambda i: z.And(i >= 0, i < st.nrows, live(st, i), st.prev[i] != NONE_INT))
+    broken = z.Or(s.broken_read, z.And(reads, s.slots.released[st.src]))
+    consumed = lam(c, INT, lambda i: z.If(
+        z.Not(live(st, i)), st.consumed[i],
+        z.If(st.prev[i] == NONE_INT, host_token(c, s, st.req[i], st.pos[i]),
+             read_slot(c, s, st.src, st.prev[i]))))
+    st2 = StepV(**{**st.__dict__, "phase": z.IntVal(_COMB), "consumed": consumed})
+    return pre, set_step(s, q, st2).with_(broken_read=broken)
+
+
+def launch(c: Ctx, s: StateV, q: int) -> Result:
+    """Run step q's forward and sampler; the sampler writes its tokens into the step's slot:
+    the next token of a row that consumed its newest, garbage otherwise."""
+    z, smt, INT = c.smt.z, c.smt, c.smt.Int
+    if c.opts.spec_tokens:
+        raise NotImplementedError("launch with drafts")
+    st = s.queue[q]
+    pre = z.And(q < s.qlen, st.phase == _COMB)
+    broken = z.Or(s.broken_rewrite, readers_outstanding(c, s, st.slot, q))
+    content = lam(c, INT, lambda i: z.If(
+        z.And(live(st, i), z.Not(st.partial[i]), st.consumed[i] == smt.tok(st.req[i], st.pos[i])),
+        smt.tok(st.req[i], st.pos[i] + 1), smt.GARBAGE))
+    sl = s.slots
+    slots = SlotsV(**{**sl.__dict__,
+                      "unwritten": store(c, sl.unwritten, st.slot, z.BoolVal(False)),
+                      "length": store(c, sl.length, st.slot, st.nrows),
+                      "content": store(c, sl.content, st.slot, content),
+                      "released": store(c, sl.released, st.slot, z.BoolVal(False))})
+    st2 = StepV(**{**st.__dict__, "phase": z.IntVal(_LAUNCH)})
+    return pre, set_step(s, q, st2).with_(slots=slots, broken_rewrite=broken)
+
+
+def readback_issue(c: Ctx, s: StateV, q: int) -> Result:
+    """Enqueue the non-blocking copy of step q's slot to a host tensor, and its event."""
+    z = c.smt.z
+    st = s.queue[q]
+    pre = z.And(q < s.qlen, st.phase == _LAUNCH)
+    return pre, set_step(s, q, StepV(**{**st.__dict__, "phase": z.IntVal(_RI)}))
+
+
+def readback_complete(c: Ctx, s: StateV, q: int) -> Result:
+    """Step q's readback event completes: the host tensor now holds the slot's content."""
+    z, INT = c.smt.z, c.smt.Int
+    if c.opts.spec_tokens:
+        raise NotImplementedError("readback with drafts")
+    st = s.queue[q]
+    pre = z.And(q < s.qlen, st.phase == _RI)
+    broken = z.Or(s.broken_read, s.slots.released[st.slot], z.Not(is_writer(c, s, st.slot, q)))
+    host_copy = lam(c, INT, lambda i: read_slot(c, s, st.slot, i))
+    st2 = StepV(**{**st.__dict__, "phase": z.IntVal(_RD), "host_copy": host_copy,
+                   "has_host_copy": z.BoolVal(True)})
+    return pre, set_step(s, q, st2).with_(broken_read=broken)
+
+
+def apply(c: Ctx, s: StateV) -> Result:
+    """Retire the oldest step: deliver each live row's token; max tokens finishes a
+    request."""
+    z, INT = c.smt.z, c.smt.Int
+    if c.opts.spec_tokens:
+        raise NotImplementedError("apply with drafts")
+    st = s.queue[0]
+    pre = z.And(s.qlen > 0, st.phase == _RD)
+    rq = s.requests
+
+    def delivers(r: Term) -> Term:
+        return z.And(in_range(c, r), st.row_of[r] >= 0, z.Not(st.partial[st.row_of[r]]))
+
+    def done(r: Term) -> Term:
+        return z.And(delivers(r), rq.ndelivered[r] + 1 >= c.params.M[r])
+
+    requests = RequestsV(**{
+        **rq.__dict__,
+        "ndelivered": lam(c, INT, lambda r: z.If(delivers(r), rq.ndelivered[r] + 1,
+                                               rq.ndelivered[r])),
+        "delivered": lam(c, INT, lambda r: z.If(
+            delivers(r), z.Store(rq.delivered[r], rq.ndelivered[r],
+                                 st.host_copy[st.row_of[r]]), rq.delivered[r])),
+        "status": lam(c, INT, lambda r: z.If(done(r), int(Status.FINISHED), rq.status[r])),
+        "closed_at": lam(c, INT, lambda r: z.If(done(r), rq.ndelivered[r] + 1,
+                                              rq.closed_at[r])),
+        "unchecked": lam(c, INT, lambda r: z.If(done(r), False,
+                                              z.Or(delivers(r), rq.unchecked[r]))),
+    })
+    t = shift_out(c, s, 0).with_(requests=requests)
+    # With drafts a later step may still carry a finished request: those rows drop.
+    t = drop(c, t, lambda r: z.And(done(r), has_step_in_flight(c, t, r)))
+    return pre, t
+
+
+def release(c: Ctx, s: StateV) -> Result:
+    """Hand a slot back: its readback is done and no combine will read it again."""
+    z, INT = c.smt.z, c.smt.Int
+    k = c.choices["k"] = c.fresh("k", INT)
+    sl = s.slots
+    pre = [s.allocated, k >= 0, k < c.params.K, z.Not(sl.unwritten[k]), z.Not(sl.released[k])]
+    if c.opts.release_at == "complete":
+        pending = z.Or(*[z.And(q < s.qlen, st.src == k, st.phase == _SCHED)
+                         for q, st in enumerate(s.queue)])
+        pre += [no_writer(c, s, k), z.Not(pending)]
+    else:  # known-bad: once its writer's readback is only issued
+        pre += [z.And(*[z.Implies(is_writer(c, s, k, q), s.queue[q].phase >= _RI)
+                        for q in range(c.opts.depth)])]
+    slots = SlotsV(**{**sl.__dict__,
+                      "length": store(c, sl.length, k, z.IntVal(0)),
+                      "released": store(c, sl.released, k, z.BoolVal(True)),
+                      "ncounts": store(c, sl.ncounts, k, z.IntVal(0))})
+    return z.And(*pre), s.with_(slots=slots)
+
+
+def _close(c: Ctx, s: StateV, r: Term, status: Status) -> StateV:
+    """Drop ``r``'s rows and close it with what it was delivered."""
+    z = c.smt.z
+    s = drop(c, s, lambda x: x == r)
+    return set_request(c, s, r, status=z.IntVal(int(status)),
+                       closed_at=s.requests.ndelivered[r], unchecked=z.BoolVal(False))
+
+
+def finish(c: Ctx, s: StateV) -> Result:
+    """The newest delivered token was a stop token: the request finishes, in-flight rows
+    drop."""
+    z = c.smt.z
+    r = c.choices["r"] = c.fresh("r", c.smt.Int)
+    st = s.requests.status[r]
+    pre = z.And(c.opts.finish, in_range(c, r), *[st != x for x in _CLOSED],
+                s.requests.unchecked[r])
+    return pre, _close(c, s, r, Status.FINISHED)
+
+
+def abort(c: Ctx, s: StateV) -> Result:
+    """The user aborts the request: nothing more is delivered, in-flight rows drop."""
+    z = c.smt.z
+    r = c.choices["r"] = c.fresh("r", c.smt.Int)
+    st = s.requests.status[r]
+    pre = z.And(c.opts.abort, in_range(c, r), z.Or(st == _W, st == _R, st == _P))
+    return pre, _close(c, s, r, Status.ABORTED)
+
+
+def preempt(c: Ctx, s: StateV) -> Result:
+    """The KV budget is exceeded: the request is preempted; its in-flight tokens are kept
+    (keep) or dropped (drop)."""
+    z = c.smt.z
+    r = c.choices["r"] = c.fresh("r", c.smt.Int)
+    rq = s.requests
+    pre = z.And(c.opts.preempt, in_range(c, r), rq.status[r] == _R,
+                rq.preemptions[r] < c.params.P)
+    if c.opts.preempt_policy == "drop":
+        s = drop(c, s, lambda x: x == r)
+    t = set_request(c, s, r, status=z.IntVal(_P), unchecked=z.BoolVal(False),
+                    preemptions=s.requests.preemptions[r] + 1, prefill_left=z.IntVal(0),
+                    drafts_ready=z.BoolVal(False))
+    return pre, t
+
+
+def resume(c: Ctx, s: StateV) -> Result:
+    """A preempted request waits again, once it owns no placeholder."""
+    z = c.smt.z
+    r = c.choices["r"] = c.fresh("r", c.smt.Int)
+    pre = [in_range(c, r), s.requests.status[r] == _P]
+    if c.opts.variant != "resume-with-placeholder":
+        owned = s.requests.placeholders[r] if c.opts.spec_tokens else in_flight(c, s, r)
+        pre.append(owned == 0)
+    return z.And(*pre), set_request(c, s, r, status=z.IntVal(_W))
+
+
+def fault(c: Ctx, s: StateV, q: int) -> Result:
+    """The device fails step q before its readback completed: its requests fail, their rows
+    elsewhere drop, and the step leaves the queue."""
+    z = c.smt.z
+    st = s.queue[q]
+    pre = z.And(c.opts.faults, q < s.qlen, st.phase != _RD)
+
+    def failed(r: Term) -> Term:
+        return z.And(in_range(c, r), st.row_of[r] >= 0)
+
+    t = s
+    if c.opts.variant != "fault-spares-later-rows":
+        t = drop(c, t, failed)
+    rq = t.requests
+    INT = c.smt.Int
+    t = t.with_(requests=RequestsV(**{
+        **rq.__dict__,
+        "status": lam(c, INT, lambda r: z.If(failed(r), int(Status.FAILED), rq.status[r])),
+        "closed_at": lam(c, INT, lambda r: z.If(failed(r), rq.ndelivered[r], rq.closed_at[r])),
+        "unchecked": lam(c, INT, lambda r: z.And(z.Not(failed(r)), rq.unchecked[r])),
+    }))
+    newest = q == s.qlen - 1
+    return pre, shift_out(c, t, q).with_(next_slot=z.If(newest, st.slot, s.next_slot))
+
+
+REQUEST_ACTIONS = {"arrive": arrive, "finish": finish, "abort": abort, "preempt": preempt,
+                   "resume": resume, "release": release, "allocate": allocate,
+                   "schedule": schedule, "apply": apply}
+STEP_ACTIONS = {"combine": combine, "launch": launch, "readback_issue": readback_issue,
+                "readback_complete": readback_complete, "fault": fault}
+
+
+def actions(opts: Options) -> list[tuple[str, Callable[[Ctx, StateV], Result]]]:
+    """Every action of the option set, one entry per queue place for the step actions: the
+    names obligations are reported under (``combine@1`` is the combine of queue place 1)."""
+    out: list[tuple[str, Callable[[Ctx, StateV], Result]]] = []
+    for name, fn in REQUEST_ACTIONS.items():
+        out.append((name, fn))
+    for name, sfn in STEP_ACTIONS.items():
+        if name == "fault" and not opts.faults:
+            continue
+        for q in range(opts.depth):
+            out.append((f"{name}@{q}", lambda c, s, sfn=sfn, q=q: sfn(c, s, q)))
+    return out
+
+
+def step(c: Ctx, name: str, s: StateV) -> tuple[Term, StateV]:
+    """Action ``name`` from ``s``: when it is enabled (for some value of its free choices), and
+    the state it leads to, as terms over ``s`` and those choices."""
+    fn = dict(actions(c.opts))[name]
+    pre, post = fn(c, s)
+    return c.smt.z.And(pre, *c.side), post
+
+
+def transition(c: Ctx, name: str, s: StateV, t: StateV) -> Term:
+    """The relation of action ``name`` between ``s`` and ``t``."""
+    enabled, post = step(c, name, s)
+    return c.smt.z.And(enabled, equal(c.smt, t, post))
