@@ -10,9 +10,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from model.actions import budget, is_host_sync
-from model.state import Bounds, Phase, Request, Row, Slot, State, Status, Step, Token
-
+from ..model.actions import budget, is_host_sync
+from ..model.state import Bounds, Phase, Request, Row, Slot, State, Status, Step, Token
 from .symbolic import NONE_AT, NONE_INT, Params, Smt, StateV, Term
 
 
@@ -85,19 +84,24 @@ class Reader:
     def __init__(self, smt: Smt, model: Any) -> None:
         self.smt, self.model = smt, model
 
-    def int(self, t: Term) -> int:
+    def num(self, t: Term) -> int:
         v = self.model.eval(t, model_completion=True)
         return int(str(v))
 
-    def bool(self, t: Term) -> bool:
+    def flag(self, t: Term) -> bool:
         return self.smt.z.is_true(self.model.eval(t, model_completion=True))
 
     def tok(self, t: Term) -> Token | None:
-        who, at = self.int(self.smt.who(t)), self.int(self.smt.at(t))
+        who, at = self.num(self.smt.who(t)), self.num(self.smt.at(t))
         return None if (who, at) == (NONE_AT, NONE_AT) else (who, at)
 
+    def token(self, t: Term) -> Token:
+        """A token where the model has one: the None stand-in reads as itself, (-4, -4), so a
+        solver state that put it there differs from every model state."""
+        return self.num(self.smt.who(t)), self.num(self.smt.at(t))
+
     def opt(self, t: Term) -> int | None:
-        v = self.int(t)
+        v = self.num(t)
         return None if v == NONE_INT else v
 
 
@@ -106,51 +110,51 @@ def decode(smt: Smt, model: Any, v: StateV, requests: int, slots: int) -> State:
     requests and ``slots`` slots."""
     rd = Reader(smt, model)
     queue = []
-    for q in range(rd.int(v.qlen)):
+    for q in range(rd.num(v.qlen)):
         st = v.queue[q]
         rows = []
-        for i in range(rd.int(st.nrows)):
+        for i in range(rd.num(st.nrows)):
             placed = rd.opt(st.placed[i])
-            drafts = tuple(rd.tok(st.drafts[i][j]) for j in range(rd.int(st.ndrafts[i])))
-            rows.append(Row(req=rd.int(st.req[i]), pos=rd.int(st.pos[i]),
+            drafts = tuple(rd.tok(st.drafts[i][j]) for j in range(rd.num(st.ndrafts[i])))
+            rows.append(Row(req=rd.num(st.req[i]), pos=rd.num(st.pos[i]),
                             prev_row=rd.opt(st.prev[i]), consumed=rd.tok(st.consumed[i]),
-                            live=rd.int(st.req[i]) >= 0, partial=rd.bool(st.partial[i]),
-                            spec=rd.int(st.spec[i]), placed=placed,
+                            live=rd.num(st.req[i]) >= 0, partial=rd.flag(st.partial[i]),
+                            spec=rd.num(st.spec[i]), placed=placed,
                             drafts=drafts))  # type: ignore[arg-type]
         n = len(rows)
         queue.append(Step(
-            slot=rd.int(st.slot), src_slot=rd.opt(st.src), phase=Phase(rd.int(st.phase)),
+            slot=rd.num(st.slot), src_slot=rd.opt(st.src), phase=Phase(rd.num(st.phase)),
             rows=tuple(rows),
-            host_copy=tuple(rd.tok(st.host_copy[i]) for i in range(n))
-            if rd.bool(st.has_host_copy) else None,
-            accepted=tuple(rd.int(st.accepted[i]) for i in range(n))
-            if rd.bool(st.has_accepted) else (),
-            host_counts=tuple(rd.int(st.host_counts[i]) for i in range(n))
-            if rd.bool(st.has_host_counts) else (),
+            host_copy=tuple(rd.token(st.host_copy[i]) for i in range(n))
+            if rd.flag(st.has_host_copy) else None,
+            accepted=tuple(rd.num(st.accepted[i]) for i in range(n))
+            if rd.flag(st.has_accepted) else (),
+            host_counts=tuple(rd.num(st.host_counts[i]) for i in range(n))
+            if rd.flag(st.has_host_counts) else (),
         ))
     sl = v.slots
     slot_list = []
     for k in range(slots):
-        content = None if rd.bool(sl.unwritten[k]) else tuple(
-            rd.tok(sl.content[k][i]) for i in range(rd.int(sl.length[k])))
-        m = rd.int(sl.ncounts[k])
-        slot_list.append(Slot(content=content, released=rd.bool(sl.released[k]),
-                              counts=tuple(rd.int(sl.counts[k][i]) for i in range(m)),
-                              positions=tuple(rd.int(sl.positions[k][i]) for i in range(m))))
+        content = None if rd.flag(sl.unwritten[k]) else tuple(
+            rd.token(sl.content[k][i]) for i in range(rd.num(sl.length[k])))
+        m = rd.num(sl.ncounts[k])
+        slot_list.append(Slot(content=content, released=rd.flag(sl.released[k]),
+                              counts=tuple(rd.num(sl.counts[k][i]) for i in range(m)),
+                              positions=tuple(rd.num(sl.positions[k][i]) for i in range(m))))
     rq = v.requests
     reqs = []
     for r in range(requests):
         reqs.append(Request(
-            status=Status(rd.int(rq.status[r])),
-            delivered=tuple(rd.tok(rq.delivered[r][i])
-                            for i in range(rd.int(rq.ndelivered[r]))),
-            closed_at=rd.opt(rq.closed_at[r]), unchecked=rd.bool(rq.unchecked[r]),
-            preemptions=rd.int(rq.preemptions[r]), prefill_left=rd.int(rq.prefill_left[r]),
-            placeholders=rd.int(rq.placeholders[r]), drafts_ready=rd.bool(rq.drafts_ready[r])))
+            status=Status(rd.num(rq.status[r])),
+            delivered=tuple(rd.token(rq.delivered[r][i])
+                            for i in range(rd.num(rq.ndelivered[r]))),
+            closed_at=rd.opt(rq.closed_at[r]), unchecked=rd.flag(rq.unchecked[r]),
+            preemptions=rd.num(rq.preemptions[r]), prefill_left=rd.num(rq.prefill_left[r]),
+            placeholders=rd.num(rq.placeholders[r]), drafts_ready=rd.flag(rq.drafts_ready[r])))
     broken = frozenset(
         name for name, flag in (("NoReadOfReleasedOrOverwrittenSlot", v.broken_read),
                                 ("NoRewriteWhileReaderOutstanding", v.broken_rewrite))
-        if rd.bool(flag))
-    return State(allocated=rd.bool(v.allocated), next_slot=rd.int(v.next_slot),
+        if rd.flag(flag))
+    return State(allocated=rd.flag(v.allocated), next_slot=rd.num(v.next_slot),
                  queue=tuple(queue), slots=tuple(slot_list), requests=tuple(reqs),
                  broken=broken)

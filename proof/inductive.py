@@ -12,8 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import NamedTuple
 
-from model.state import Phase, Status
-
+from ..model.state import Phase, Status
 from .relation import (
     Ctx,
     eligible,
@@ -25,7 +24,7 @@ from .relation import (
     read_slot,
     ring,
 )
-from .symbolic import NONE_INT, StateV, Term
+from .symbolic import NONE_INT, StateV, StepV, Term
 
 _W, _R, _P, _F = (int(Status.WAITING), int(Status.RUNNING), int(Status.PREEMPTED),
                   int(Status.FAILED))
@@ -43,8 +42,12 @@ def _rows(c: Ctx, s: StateV, q: int, body: Callable[[Term], Term]) -> Term:
 def _live_rows(c: Ctx, s: StateV, body: Callable[[int, Term, Term], Term]) -> Term:
     """body(q, i, r) for every live row i of every in-flight step q, r its request."""
     z = c.smt.z
-    return z.And(*[_rows(c, s, q, lambda i, q=q: z.Implies(
-        live(s.queue[q], i), body(q, i, s.queue[q].req[i]))) for q in range(c.opts.depth)])
+
+    def place(q: int) -> Term:
+        st = s.queue[q]
+        return _rows(c, s, q, lambda i: z.Implies(live(st, i), body(q, i, st.req[i])))
+
+    return z.And(*[place(q) for q in range(c.opts.depth)])
 
 
 def _requests(c: Ctx, body: Callable[[Term], Term]) -> Term:
@@ -82,8 +85,7 @@ def depth_bound(c: Ctx, s: StateV) -> Term:
 def output_integrity(c: Ctx, s: StateV) -> Term:
     """Per request, the user got tokens 1..n in order, each once, none past its close or
     max."""
-    z, smt, rq = c.smt.z, c.smt, c.smt.z
-    rq = s.requests
+    z, smt, rq = c.smt.z, c.smt, s.requests
 
     def request(r: Term) -> Term:
         n, closed = rq.ndelivered[r], rq.closed_at[r]
@@ -185,16 +187,17 @@ def rows_name_requests(c: Ctx, s: StateV) -> Term:
     """Each row names a request or is dropped, each request has at most one live row per step,
     and the request-to-row index is the inverse of the rows."""
     z = c.smt.z
-    out = []
-    for q, st in enumerate(s.queue):
-        rows = _rows(c, s, q, lambda i, st=st: z.And(
+
+    def place(q: int, st: StepV) -> Term:
+        rows = _rows(c, s, q, lambda i: z.And(
             st.req[i] >= -1, st.req[i] < c.params.N,
             z.Implies(st.req[i] >= 0, st.row_of[st.req[i]] == i)))
-        index = z.Implies(q < s.qlen, _requests(c, lambda r, st=st: z.And(
+        index = z.Implies(q < s.qlen, _requests(c, lambda r: z.And(
             st.row_of[r] >= -1, st.row_of[r] < st.nrows,
             z.Implies(st.row_of[r] >= 0, st.req[st.row_of[r]] == r))))
-        out += [rows, index]
-    return z.And(*out)
+        return z.And(rows, index)
+
+    return z.And(*[place(q, st) for q, st in enumerate(s.queue)])
 
 
 def live_rows_active(c: Ctx, s: StateV) -> Term:
@@ -273,27 +276,29 @@ def launched_slot_holds_tokens(c: Ctx, s: StateV) -> Term:
     holds each token-yielding row's next token."""
     z, smt = c.smt.z, c.smt
     sl = s.slots
-    out = []
-    for q, st in enumerate(s.queue):
+
+    def place(q: int, st: StepV) -> Term:
         k = st.slot
         held = z.And(z.Not(sl.unwritten[k]), z.Not(sl.released[k]), sl.length[k] == st.nrows,
                      is_writer(c, s, k, q))
-        tokens = _rows(c, s, q, lambda i, st=st, k=k: z.Implies(
+        tokens = _rows(c, s, q, lambda i: z.Implies(
             z.And(live(st, i), z.Not(st.partial[i])),
             sl.content[k][i] == smt.tok(st.req[i], st.pos[i] + 1)))
-        out.append(z.Implies(z.And(q < s.qlen, st.phase >= _LAUNCH), z.And(held, tokens)))
-    return z.And(*out)
+        return z.Implies(z.And(q < s.qlen, st.phase >= _LAUNCH), z.And(held, tokens))
+
+    return z.And(*[place(q, st) for q, st in enumerate(s.queue)])
 
 
 def host_copy_holds_tokens(c: Ctx, s: StateV) -> Term:
     """A read-back step's host copy holds each token-yielding row's next token."""
     z, smt = c.smt.z, c.smt
-    out = []
-    for q, st in enumerate(s.queue):
-        out.append(z.Implies(st.phase == _RD, _rows(c, s, q, lambda i, st=st: z.Implies(
+
+    def place(q: int, st: StepV) -> Term:
+        return z.Implies(st.phase == _RD, _rows(c, s, q, lambda i: z.Implies(
             z.And(live(st, i), z.Not(st.partial[i])),
-            st.host_copy[i] == smt.tok(st.req[i], st.pos[i] + 1)))))
-    return z.And(*out)
+            st.host_copy[i] == smt.tok(st.req[i], st.pos[i] + 1))))
+
+    return z.And(*[place(q, st) for q, st in enumerate(s.queue)])
 
 
 class Conjunct(NamedTuple):

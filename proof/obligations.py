@@ -14,19 +14,21 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, replace
 from typing import Any
 
-from model.state import Bounds, State, Status
-
-from .concrete import Reader, decode
+from ..model.state import Bounds, State, Status
+from .concrete import Reader, decode, pin, pin_params
 from .inductive import CONJUNCTS, SAFETY, Conjunct
 from .relation import Ctx, Options, actions, in_range, step
-from .symbolic import Params, Smt, StateV, fresh_params, fresh_state
+from .symbolic import NONE_INT, Params, Smt, StateV, StepV, fresh_params, fresh_state
 
 SEARCH_DOMAIN = 3
 """Quantifiers range below this in the search for a small counterexample: requests, rows,
 slots, delivered tokens."""
+
+SEARCH_REQUESTS = 2
+"""A small counterexample has at most this many requests: the explorer can then look it up."""
 
 
 @dataclass
@@ -70,6 +72,10 @@ class Setup:
     conjuncts: tuple[Conjunct, ...] = CONJUNCTS
     timeout_ms: int = 60_000
     domain: int | None = None
+    accept: Callable[[Cti], bool] | None = None
+    """Whether a counterexample will do (the explorer reaches it); None: the first."""
+    tries: int = 1
+    """Counterexamples to ask for before settling for the first (0: the verdict only)."""
 
     def ctx(self, params: Params) -> Ctx:
         return Ctx(self.smt, params, self.opts, domain=self.domain)
@@ -78,17 +84,35 @@ class Setup:
 def assumptions(c: Ctx, s: StateV | None = None) -> list[Any]:
     """What the option set fixes about the unbounded parameters: at least one request, a ring of
     K >= D slots (K = D - 1 for the known-bad ring), preemptions, chunks and max tokens of at
-    least what the model allows; over a small domain, every count below it."""
+    least what the model allows; over a small domain, every count below it, at most
+    SEARCH_REQUESTS requests and a ring of D slots (so the explorer can look it up)."""
     z, p, d = c.smt.z, c.params, c.opts.depth
     ring = d - 1 == p.K if c.opts.slots_below_depth else d <= p.K
     out = [p.N >= 1, ring, p.K >= 1, p.P >= 0, p.C >= 1,
            c.forall(lambda r: z.Implies(in_range(c, r), p.M[r] >= 1))]
     if c.domain is not None:
-        out += [c.domain >= p.N, c.domain >= p.K, p.P <= 1, p.C <= 2,
+        out += [p.N <= SEARCH_REQUESTS, max(d, 1) >= p.K, p.P <= 1, p.C <= 2,
                 c.forall(lambda r: p.M[r] <= c.domain)]
         if s is not None:
             out += [st.nrows <= c.domain for st in s.queue]
+            out += search_shape(c, s)
     return out
+
+
+def search_shape(c: Ctx, s: StateV) -> list[Any]:
+    """What a small counterexample's first state looks like besides the invariant, so that it is
+    one a reader can follow and the explorer can look up: the ring is allocated, a step has no
+    more rows than there are requests, and a dropped row is blank. Facts of every reachable
+    state, but no part of the proof (the proof holds without them)."""
+    z, smt = c.smt.z, c.smt
+
+    def blank(q: int, st: StepV) -> Any:
+        return z.Implies(q < s.qlen, z.And(st.nrows <= c.params.N, c.forall(lambda i: z.Implies(
+            z.And(i >= 0, i < st.nrows, st.req[i] < 0),
+            z.And(st.pos[i] == 0, st.prev[i] == NONE_INT, st.consumed[i] == smt.NONE,
+                  z.Not(st.partial[i]))))))
+
+    return [s.allocated, *[blank(q, st) for q, st in enumerate(s.queue)]]
 
 
 def initial(c: Ctx, s: StateV) -> Any:
@@ -103,21 +127,22 @@ def initial(c: Ctx, s: StateV) -> Any:
         sl.ncounts == z.K(INT, z.IntVal(0)),
         rq.status == z.K(INT, z.IntVal(int(Status.ABSENT))), rq.ndelivered == z.K(INT, z.IntVal(0)),
         rq.closed_at == z.K(INT, z.IntVal(-9)), rq.unchecked == z.K(INT, z.BoolVal(False)),
-        rq.preemptions == z.K(INT, z.IntVal(0)), rq.prefill_left == z.K(INT, c.params.C - 1),
+        rq.preemptions == z.K(INT, z.IntVal(0)),
+        c.forall(lambda r: rq.prefill_left[r] == c.params.C - 1),
         rq.placeholders == z.K(INT, z.IntVal(0)), rq.drafts_ready == z.K(INT, z.BoolVal(False)),
     )
 
 
 def bounds_of(reader: Reader, p: Params, opts: Options, n: int) -> Bounds:
     """The model bound a solver state belongs to."""
-    budgets = tuple(reader.int(p.M[r]) for r in range(n))
-    host_sync = tuple(r for r in range(n) if reader.bool(p.HS[r]))
+    budgets = tuple(reader.num(p.M[r]) for r in range(n))
+    host_sync = tuple(r for r in range(n) if reader.flag(p.HS[r]))
     return Bounds(
-        depth=opts.depth, slots=reader.int(p.K), requests=n, max_tokens=max(budgets),
+        depth=opts.depth, slots=reader.num(p.K), requests=n, max_tokens=max(budgets),
         finish=opts.finish, abort=opts.abort, preempt=opts.preempt,
-        preemptions=reader.int(p.P), condense=opts.condense, guard=opts.guard,
+        preemptions=reader.num(p.P), condense=opts.condense, guard=opts.guard,
         release_at=opts.release_at, preempt_policy=opts.preempt_policy,
-        prefill_chunks=reader.int(p.C), host_sync=bool(host_sync), variant=opts.variant,
+        prefill_chunks=reader.num(p.C), host_sync=bool(host_sync), variant=opts.variant,
         max_tokens_of=budgets if len(set(budgets)) > 1 else (),
         host_sync_of=host_sync if host_sync and host_sync != (0,) else (),
         faults=opts.faults, spec_tokens=opts.spec_tokens)
@@ -130,8 +155,7 @@ def _check(setup: Setup, build: Callable[[Ctx, Any], tuple[StateV, StateV | None
     z = setup.smt.z
     p = fresh_params(setup.smt)
     c = setup.ctx(p)
-    sol = z.Solver()
-    sol.set("timeout", setup.timeout_ms)
+    sol = setup.smt.solver(setup.timeout_ms)
     s, t = build(c, sol)
     sol.add(*assumptions(c, s))
     flags = []
@@ -140,31 +164,44 @@ def _check(setup: Setup, build: Callable[[Ctx, Any], tuple[StateV, StateV | None
         sol.add(flag == bad)
         flags.append((name, flag))
     sol.add(z.Or(*[f for _, f in flags]))
-    verdict = sol.check()
-    if verdict == z.unsat:
-        return "unsat", None
-    if verdict != z.sat:
-        return "unknown", None
-    model = sol.model()
-    rd = Reader(setup.smt, model)
-    n, k = rd.int(p.N), rd.int(p.K)
-    broken = [name for name, f in flags if rd.bool(f)]
-    before = decode(setup.smt, model, s, n, k)
-    after = decode(setup.smt, model, t, n, k) if t is not None else before
-    return "sat", Cti(action, broken, before, after, bounds_of(rd, p, setup.opts, n))
+    cti = None
+    if setup.tries == 0:  # the verdict alone
+        verdict = sol.check()
+        return ("unsat" if verdict == z.unsat else "sat" if verdict == z.sat else "unknown"), None
+    for _ in range(setup.tries):
+        verdict = sol.check()
+        if verdict == z.unsat:
+            return ("unsat", None) if cti is None else ("sat", cti)
+        if verdict != z.sat:
+            return ("unknown", None) if cti is None else ("sat", cti)
+        model = sol.model()
+        rd = Reader(setup.smt, model)
+        n, k = rd.num(p.N), rd.num(p.K)
+        broken = [name for name, f in flags if rd.flag(f)]
+        before = decode(setup.smt, model, s, n, k)
+        after = decode(setup.smt, model, t, n, k) if t is not None else before
+        bounds = bounds_of(rd, p, setup.opts, n)
+        found = Cti(action, broken, before, after, bounds)
+        cti = cti or found
+        if setup.accept is None or setup.accept(found):
+            return "sat", found
+        # Not one the explorer reaches: ask for another first state.
+        sol.add(z.Not(z.And(*pin(setup.smt, s, before, bounds), *pin_params(setup.smt, p, bounds))))
+    return "sat", cti
 
 
 def _discharge(setup: Setup, kind: str, name: str,
                query: Callable[[Setup], tuple[str, Cti | None]]) -> Result:
-    """Prove over every integer; where that fails, search a small domain for a counterexample."""
+    """Prove over every integer; where that fails, search a small domain for a counterexample
+    (the proof's own model, over every integer, need not be one a reader can follow)."""
     start = time.perf_counter()
-    verdict, cti = query(setup)
-    if verdict != "unsat":
-        small = Setup(setup.smt, setup.opts, setup.conjuncts, setup.timeout_ms, SEARCH_DOMAIN)
-        verdict, cti = query(small)
-        verdict = {"unsat": "unknown", "sat": "fails"}.get(verdict, "unknown")
-    else:
+    verdict, _ = query(replace(setup, accept=None, tries=0))
+    cti = None
+    if verdict == "unsat":
         verdict = "holds"
+    else:
+        verdict, cti = query(replace(setup, domain=SEARCH_DOMAIN))
+        verdict = {"unsat": "unknown", "sat": "fails"}.get(verdict, "unknown")
     return Result(kind, name, verdict, time.perf_counter() - start, cti)
 
 
@@ -227,14 +264,3 @@ def obligations(setup: Setup) -> Iterator[Result]:
         yield consecution(setup, name)
     for inv in SAFETY:
         yield safety(setup, inv)
-
-
-@dataclass
-class Lookup:
-    """Where the explorer puts a counterexample's first state."""
-
-    reachable: bool
-    path: list[str] = field(default_factory=list)
-    """The shortest path to it from the initial state, as action labels."""
-    states: int = 0
-    """States the explorer visited at the counterexample's bound."""

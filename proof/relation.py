@@ -12,11 +12,11 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from functools import partial
 from itertools import count
 from typing import Any
 
-from model.state import Bounds, Phase, Status
-
+from ..model.state import Bounds, Phase, Status
 from .symbolic import NONE_INT, Params, RequestsV, SlotsV, Smt, StateV, StepV, Term, equal
 
 _W, _R, _P = int(Status.WAITING), int(Status.RUNNING), int(Status.PREEMPTED)
@@ -103,9 +103,13 @@ class Ctx:
 
 
 def ring(c: Ctx, x: Term) -> Term:
-    """x mod K for x in [-K, 2K)."""
+    """x mod K for x in [-K, K) (a queue position's slot, the one before a slot), and with the
+    known-bad ring of K = D - 1 slots for x in [-2K, 3K)."""
     z, k = c.smt.z, c.params.K
-    return z.If(x < 0, x + k, z.If(x >= k, x - k, x))
+    if not c.opts.slots_below_depth:
+        return z.If(x < 0, x + k, z.If(x >= k, x - k, x))
+    return z.If(x < -k, x + 2 * k, z.If(x < 0, x + k, z.If(x < k, x, z.If(x < 2 * k, x - k,
+                                                                          x - 2 * k))))
 
 
 def in_range(c: Ctx, r: Term) -> Term:
@@ -242,26 +246,28 @@ def drop(c: Ctx, s: StateV, gone: Callable[[Term], Term]) -> StateV:
     def scrub(arr: Term) -> Term:
         return lam(c, INT, lambda i: z.If(mine(arr[i]), smt.GARBAGE, arr[i]))
 
-    queue = []
-    for st in s.queue:
-        dead = lambda i, st=st: z.And(st.req[i] >= 0, gone(st.req[i]))  # noqa: E731
-        queue.append(StepV(
+    def dropped(st: StepV) -> StepV:
+        def dead(i: Term) -> Term:
+            return z.And(st.req[i] >= 0, gone(st.req[i]))
+
+        def blank(arr: Term, value: Any) -> Term:
+            return lam(c, INT, lambda i: z.If(dead(i), value, arr[i]))
+
+        return StepV(
             slot=st.slot, src=st.src, phase=st.phase, nrows=st.nrows,
-            req=lam(c, INT, lambda i, st=st, dead=dead: z.If(dead(i), -1, st.req[i])),
-            row_of=lam(c, INT, lambda r, st=st: z.If(gone(r), -1, st.row_of[r])),
-            pos=lam(c, INT, lambda i, st=st, dead=dead: z.If(dead(i), 0, st.pos[i])),
-            prev=lam(c, INT, lambda i, st=st, dead=dead: z.If(dead(i), NONE_INT, st.prev[i])),
-            consumed=lam(c, INT, lambda i, st=st, dead=dead: z.If(dead(i), smt.NONE,
-                                                                 st.consumed[i])),
-            partial=lam(c, INT, lambda i, st=st, dead=dead: z.And(z.Not(dead(i)), st.partial[i])),
-            spec=lam(c, INT, lambda i, st=st, dead=dead: z.If(dead(i), 0, st.spec[i])),
-            placed=lam(c, INT, lambda i, st=st, dead=dead: z.If(dead(i), NONE_INT, st.placed[i])),
-            drafts=st.drafts,
-            ndrafts=lam(c, INT, lambda i, st=st, dead=dead: z.If(dead(i), 0, st.ndrafts[i])),
+            req=blank(st.req, -1),
+            row_of=lam(c, INT, lambda r: z.If(gone(r), -1, st.row_of[r])),
+            pos=blank(st.pos, 0), prev=blank(st.prev, NONE_INT),
+            consumed=blank(st.consumed, smt.NONE),
+            partial=lam(c, INT, lambda i: z.And(z.Not(dead(i)), st.partial[i])),
+            spec=blank(st.spec, 0), placed=blank(st.placed, NONE_INT), drafts=st.drafts,
+            ndrafts=blank(st.ndrafts, 0),
             host_copy=scrub(st.host_copy), has_host_copy=st.has_host_copy,
             accepted=st.accepted, has_accepted=st.has_accepted,
             host_counts=st.host_counts, has_host_counts=st.has_host_counts,
-        ))
+        )
+
+    queue = [dropped(st) for st in s.queue]
     sl = s.slots
     slots = sl.__class__(
         unwritten=sl.unwritten, length=sl.length, released=sl.released, ncounts=sl.ncounts,
@@ -625,7 +631,7 @@ def actions(opts: Options) -> list[tuple[str, Callable[[Ctx, StateV], Result]]]:
         if name == "fault" and not opts.faults:
             continue
         for q in range(opts.depth):
-            out.append((f"{name}@{q}", lambda c, s, sfn=sfn, q=q: sfn(c, s, q)))
+            out.append((f"{name}@{q}", partial(sfn, q=q)))
     return out
 
 

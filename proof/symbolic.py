@@ -51,6 +51,17 @@ class Smt:
         self.REJECTED = self.tok(-3, -3)
         self.NONE = self.tok(NONE_AT, NONE_AT)
 
+    def solver(self, timeout_ms: int) -> Any:
+        """A fresh solver that gives up ("unknown") after ``timeout_ms`` per check."""
+        sol = self.z.Solver()
+        if self.name == "z3":
+            sol.set("timeout", timeout_ms)
+        else:
+            sol.setOption("tlimit-per", timeout_ms)
+            # Constant arrays and lambdas (K(...), Lambda) need the extended array theory.
+            sol.setOption("arrays-exp", True)
+        return sol
+
     def tok(self, who: Any, at: Any) -> Term:
         """The token ``(who, at)``."""
         return self.Tok.tok(who, at)

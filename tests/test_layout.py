@@ -152,7 +152,7 @@ def test_the_cycle_rule_catches_a_planted_cycle() -> None:
     planted["ttmirror.cli_serving"] = (path, source + "\nfrom .cli import main\n")
     cycles = list(nx.simple_cycles(import_graph(planted)))
     assert ["ttmirror.cli", "ttmirror.cli_serving"] in [sorted(c) for c in cycles]
-    assert "from . import cli_conformance, cli_review, cli_serving" in cli_source
+    assert "from . import (" in cli_source and "    cli_serving,\n" in cli_source
     assert cli_path.exists()
 
 

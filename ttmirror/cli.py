@@ -16,7 +16,16 @@ import time
 from pathlib import Path
 from typing import NoReturn
 
-from . import cli_conformance, cli_review, cli_serving, cli_soak, cli_vllm, explore_jobs, report
+from . import (
+    cli_conformance,
+    cli_prove,
+    cli_review,
+    cli_serving,
+    cli_soak,
+    cli_vllm,
+    explore_jobs,
+    report,
+)
 from .arguments import (
     DEFAULTS,
     Parser,
@@ -32,7 +41,7 @@ from .model.state import Bounds
 from .render import FORMATS, render
 from .views import counterexample_view, project
 
-PLUGINS = (cli_conformance, cli_serving, cli_soak, cli_review, cli_vllm)
+PLUGINS = (cli_conformance, cli_serving, cli_soak, cli_review, cli_vllm, cli_prove)
 """Modules adding subcommands, each with ``register(subparsers)``: their heavy imports (torch,
 ttnn) happen inside their commands, so importing them here costs nothing."""
 
