@@ -212,6 +212,50 @@ def read_slot(c: Ctx, s: StateV, k: Term, i: Term) -> Term:
                       c.smt.GARBAGE, sl.content[k][i])
 
 
+def drafts_after(c: Ctx, token: Term, j: Term) -> Term:
+    """The drafter's proposal at draft place j (0-based) after ``token``: the position j + 1
+    past it; garbage in, garbage out."""
+    smt = c.smt
+    return smt.z.If(smt.who(token) < 0, token, smt.tok(smt.who(token), smt.at(token) + j + 1))
+
+
+def drafts_scheduled(c: Ctx, s: StateV, r: Term) -> Term:
+    """How many drafts the host schedules after ``r``'s newest token (`_drafts_scheduled`): K if
+    the drafter proposed them, none for a prefill chunk or a new, resumed or re-entering
+    request (the known-bad variant: K for a re-entering one past its prompt)."""
+    z, rq, k = c.smt.z, s.requests, c.opts.spec_tokens
+    reenters = rq.ndelivered[r] > 0
+    bad = c.opts.variant == "reentering-drafts-from-device"
+    other = z.If(reenters, k, 0) if bad else z.IntVal(0)
+    return z.If(rq.prefill_left[r] > 0, 0,
+                z.If(z.And(rq.drafts_ready[r], rq.status[r] != _W), k, other))
+
+
+def yielded(c: Ctx, s: StateV, q: int, r: Term) -> Term:
+    """With drafts: the tokens step q's launch yielded for ``r`` (a + 1 for its live
+    token-yielding row; nothing before the launch)."""
+    z, st = c.smt.z, s.queue[q]
+    i = st.row_of[r]
+    return z.If(z.And(q < s.qlen, st.has_accepted, i >= 0, z.Not(st.partial[i])),
+                st.accepted[i] + 1, 0)
+
+
+def true_pos(c: Ctx, s: StateV, q: int, r: Term) -> Term:
+    """With drafts: ``r``'s newest token's position as step q's combine must see it."""
+    return s.requests.ndelivered[r] + c.smt.z.Sum(0, *[yielded(c, s, j, r) for j in range(q)])
+
+
+def inputs_right(c: Ctx, st: StepV, i: Term) -> Term:
+    """With drafts: row i consumed its request's newest token, at its position, and the
+    drafter's proposals after it."""
+    z, smt = c.smt.z, c.smt
+    newest = smt.tok(st.req[i], st.pos[i])
+    drafts = [z.Implies(j < st.spec[i], st.drafts[i][j] == drafts_after(c, newest, z.IntVal(j)))
+              for j in range(c.opts.spec_tokens)]
+    return z.And(st.consumed[i] == newest, st.placed[i] == st.pos[i],
+                 st.ndrafts[i] == st.spec[i], *drafts)
+
+
 def live(st: StepV, i: Term) -> Term:
     """Row i is live (not dropped)."""
     return st.req[i] >= 0
@@ -323,8 +367,6 @@ def schedule(c: Ctx, s: StateV) -> Result:
     """Schedule a step over every eligible request in some order, building the previous-row
     map: the order is a free bijection between rows 0..n-1 and the eligible requests."""
     z, smt, INT = c.smt.z, c.smt, c.smt.Int
-    if c.opts.spec_tokens:
-        raise NotImplementedError("schedule with drafts")
     n = c.fresh("nrows", INT)
     order = c.choices["order"] = c.fresh("order", smt.IntArr)  # row -> request
     row_of = c.choices["row_of"] = c.fresh("row_of", smt.IntArr)  # request -> row
@@ -355,16 +397,18 @@ def schedule(c: Ctx, s: StateV) -> Result:
 
         uses = c.exists(lambda i: z.And(i >= 0, i < n, prev_row(order[i]) >= 0)) \
             if prev is not None and c.opts.guard else False
+        spec_fields = _scheduled_drafts(c, s, order, prev_row) if c.opts.spec_tokens else {
+            "pos": lam(c, INT, lambda i: next_pos(c, s, order[i])),
+            "spec": z.K(INT, z.IntVal(0)), "placed": z.K(INT, z.IntVal(NONE_INT)),
+            "drafts": s.queue[qlen].drafts, "ndrafts": z.K(INT, z.IntVal(0))}
         st = StepV(
             slot=s.next_slot,
             src=z.If(uses, prev.slot, NONE_INT) if prev is not None else z.IntVal(NONE_INT),
             phase=z.IntVal(_SCHED), nrows=n, req=order, row_of=row_of,
-            pos=lam(c, INT, lambda i: next_pos(c, s, order[i])),
             prev=lam(c, INT, lambda i: prev_row(order[i])),
             consumed=z.K(INT, smt.NONE),
             partial=lam(c, INT, lambda i: s.requests.prefill_left[order[i]] > 0),
-            spec=z.K(INT, z.IntVal(0)), placed=z.K(INT, z.IntVal(NONE_INT)),
-            drafts=s.queue[qlen].drafts, ndrafts=z.K(INT, z.IntVal(0)),
+            **spec_fields,
             host_copy=s.queue[qlen].host_copy, has_host_copy=z.BoolVal(False),
             accepted=s.queue[qlen].accepted, has_accepted=z.BoolVal(False),
             host_counts=s.queue[qlen].host_counts, has_host_counts=z.BoolVal(False),
@@ -380,11 +424,46 @@ def schedule(c: Ctx, s: StateV) -> Result:
                                               rq.prefill_left[r] - 1, rq.prefill_left[r])),
         placeholders=rq.placeholders, drafts_ready=rq.drafts_ready,
     )
+    if c.opts.spec_tokens:
+        # Placeholders: 1 + spec per row that will yield; drafts follow only this step's rows.
+        yields = lambda r: z.And(el(r), rq.prefill_left[r] <= 0)  # noqa: E731
+        requests = RequestsV(**{
+            **requests.__dict__,
+            "placeholders": lam(c, INT, lambda r: rq.placeholders[r] + z.If(
+                yields(r), 1 + drafts_scheduled(c, s, r), 0)),
+            "drafts_ready": lam(c, INT, yields)})
     pre = z.And(s.allocated, s.qlen < c.opts.depth, c.exists(el))
     nxt = s.next_slot + 1
     t = pick(c, s.qlen, cases)
     return pre, t.with_(qlen=s.qlen + 1, requests=requests,
                         next_slot=z.If(nxt >= c.params.K, 0, nxt))
+
+
+def _scheduled_drafts(c: Ctx, s: StateV, order: Term,
+                      prev_row: Callable[[Term], Term]) -> dict[str, Term]:
+    """With drafts, a new step's rows: position -1 (fixed at the combine), the drafts scheduled,
+    and for a host row the host's position and the drafts read back after its newest token
+    (placeholders where the host has none); a mirror row's come from the device."""
+    z, smt, INT, rq = c.smt.z, c.smt, c.smt.Int, s.requests
+
+    def host(i: Term) -> Term:
+        return prev_row(order[i]) == NONE_INT
+
+    def placed(r: Term) -> Term:
+        return rq.ndelivered[r] + rq.placeholders[r]
+
+    def draft(i: Term, j: Term) -> Term:
+        r = order[i]
+        return z.If(rq.drafts_ready[r], drafts_after(c, host_token(c, s, r, placed(r)), j),
+                    smt.PLACEHOLDER)
+
+    return {
+        "pos": z.K(INT, z.IntVal(-1)),
+        "spec": lam(c, INT, lambda i: drafts_scheduled(c, s, order[i])),
+        "placed": lam(c, INT, lambda i: z.If(host(i), placed(order[i]), NONE_INT)),
+        "drafts": lam(c, INT, lambda i: lam(c, INT, lambda j: draft(i, j))),
+        "ndrafts": lam(c, INT, lambda i: z.If(host(i), drafts_scheduled(c, s, order[i]), 0)),
+    }
 
 
 def pick(c: Ctx, key: Term, cases: list[tuple[int, StateV]]) -> StateV:
@@ -420,30 +499,64 @@ def combine(c: Ctx, s: StateV, q: int) -> Result:
     """Build step q's input ids on device: host ids, or the previous slot through the row
     map."""
     z, INT = c.smt.z, c.smt.Int
-    if c.opts.spec_tokens:
-        raise NotImplementedError("combine with drafts")
     st = s.queue[q]
     pre = z.And(q < s.qlen, st.phase == _SCHED,
                 z.Or(q == 0, s.queue[q - 1].phase >= _LAUNCH) if q else True)
     reads = c.exists(lambda i: z.And(i >= 0, i < st.nrows, live(st, i), st.prev[i] != NONE_INT))
     broken = z.Or(s.broken_read, z.And(reads, s.slots.released[st.src]))
-    consumed = lam(c, INT, lambda i: z.If(
-        z.Not(live(st, i)), st.consumed[i],
-        z.If(st.prev[i] == NONE_INT, host_token(c, s, st.req[i], st.pos[i]),
-             read_slot(c, s, st.src, st.prev[i]))))
-    st2 = StepV(**{**st.__dict__, "phase": z.IntVal(_COMB), "consumed": consumed})
+    if c.opts.spec_tokens:
+        st2 = _combine_with_drafts(c, s, q)
+    else:
+        consumed = lam(c, INT, lambda i: z.If(
+            z.Not(live(st, i)), st.consumed[i],
+            z.If(st.prev[i] == NONE_INT, host_token(c, s, st.req[i], st.pos[i]),
+                 read_slot(c, s, st.src, st.prev[i]))))
+        st2 = StepV(**{**st.__dict__, "phase": z.IntVal(_COMB), "consumed": consumed})
     return pre, set_step(s, q, st2).with_(broken_read=broken)
+
+
+def _combine_with_drafts(c: Ctx, s: StateV, q: int) -> StepV:
+    """Step q combined with drafts: each live row's newest token, position and drafts from the
+    host (a host row: as staged) or from the previous step's slot (a mirror row: all three on
+    the device), and its true position."""
+    z, smt, INT = c.smt.z, c.smt, c.smt.Int
+    st, sl = s.queue[q], s.slots
+
+    def host(i: Term) -> Term:
+        return st.prev[i] == NONE_INT
+
+    def newest(i: Term) -> Term:
+        return z.If(host(i), host_token(c, s, st.req[i], st.placed[i]),
+                    read_slot(c, s, st.src, st.prev[i]))
+
+    def placed(i: Term) -> Term:
+        p = st.prev[i]
+        readable = z.And(newest(i) != smt.GARBAGE, p < sl.ncounts[st.src])
+        return z.If(host(i), st.placed[i], z.If(readable, sl.positions[st.src][p], -1))
+
+    def keep(arr: Term, value: Callable[[Term], Term]) -> Term:
+        return lam(c, INT, lambda i: z.If(live(st, i), value(i), arr[i]))
+
+    return StepV(**{
+        **st.__dict__, "phase": z.IntVal(_COMB),
+        "pos": keep(st.pos, lambda i: true_pos(c, s, q, st.req[i])),
+        "consumed": keep(st.consumed, newest),
+        "placed": keep(st.placed, placed),
+        "drafts": keep(st.drafts, lambda i: z.If(host(i), st.drafts[i], lam(
+            c, INT, lambda j: drafts_after(c, newest(i), j)))),
+        "ndrafts": keep(st.ndrafts, lambda i: st.spec[i]),
+    })
 
 
 def launch(c: Ctx, s: StateV, q: int) -> Result:
     """Run step q's forward and sampler; the sampler writes its tokens into the step's slot:
     the next token of a row that consumed its newest, garbage otherwise."""
     z, smt, INT = c.smt.z, c.smt, c.smt.Int
-    if c.opts.spec_tokens:
-        raise NotImplementedError("launch with drafts")
     st = s.queue[q]
     pre = z.And(q < s.qlen, st.phase == _COMB)
     broken = z.Or(s.broken_rewrite, readers_outstanding(c, s, st.slot, q))
+    if c.opts.spec_tokens:
+        return pre, _launch_with_drafts(c, s, q).with_(broken_rewrite=broken)
     content = lam(c, INT, lambda i: z.If(
         z.And(live(st, i), z.Not(st.partial[i]), st.consumed[i] == smt.tok(st.req[i], st.pos[i])),
         smt.tok(st.req[i], st.pos[i] + 1), smt.GARBAGE))
@@ -457,6 +570,49 @@ def launch(c: Ctx, s: StateV, q: int) -> Result:
     return pre, set_step(s, q, st2).with_(slots=slots, broken_rewrite=broken)
 
 
+def _launch_with_drafts(c: Ctx, s: StateV, q: int) -> StateV:
+    """Step q launched with drafts: the verdict (each row's accepted count, up to its drafts
+    where its inputs are right, else 0) is a free choice; the slot gets per row the newest token
+    after the accepted drafts, the count a + 1 and the advanced position (`_verify`)."""
+    z, smt, INT = c.smt.z, c.smt, c.smt.Int
+    st, sl = s.queue[q], s.slots
+    acc = c.choices["accepted"] = c.fresh("accepted", smt.IntArr)
+
+    def yields(i: Term) -> Term:
+        return z.And(live(st, i), z.Not(st.partial[i]))
+
+    def top(i: Term) -> Term:
+        return z.If(z.And(yields(i), inputs_right(c, st, i)), st.spec[i], 0)
+
+    c.side.append(c.forall(lambda i: z.Implies(z.And(i >= 0, i < st.nrows),
+                                               z.And(acc[i] >= 0, acc[i] <= top(i)))))
+    if c.domain is not None:
+        c.side.append(st.nrows <= c.domain)
+
+    def token(i: Term) -> Term:
+        good = smt.tok(st.req[i], st.pos[i] + acc[i] + 1)
+        if c.opts.variant == "rejected-draft-newest":
+            good = z.If(acc[i] < st.spec[i], smt.REJECTED, good)
+        return z.If(yields(i), z.If(inputs_right(c, st, i), good, smt.GARBAGE), smt.GARBAGE)
+
+    advance = (lambda i: 1 + st.spec[i]) if c.opts.variant == "positions-advance-by-spec" \
+        else (lambda i: acc[i] + 1)
+    k = st.slot
+    slots = SlotsV(
+        unwritten=store(c, sl.unwritten, k, z.BoolVal(False)),
+        length=store(c, sl.length, k, st.nrows),
+        content=store(c, sl.content, k, lam(c, INT, token)),
+        released=store(c, sl.released, k, z.BoolVal(False)),
+        ncounts=store(c, sl.ncounts, k, st.nrows),
+        counts=store(c, sl.counts, k, lam(c, INT, lambda i: z.If(yields(i), acc[i] + 1, 0))),
+        positions=store(c, sl.positions, k, lam(c, INT, lambda i: z.If(
+            yields(i), st.placed[i] + advance(i), -1))),
+    )
+    st2 = StepV(**{**st.__dict__, "phase": z.IntVal(_LAUNCH), "accepted": acc,
+                   "has_accepted": z.BoolVal(True)})
+    return set_step(s, q, st2).with_(slots=slots)
+
+
 def readback_issue(c: Ctx, s: StateV, q: int) -> Result:
     """Enqueue the non-blocking copy of step q's slot to a host tensor, and its event."""
     z = c.smt.z
@@ -468,46 +624,81 @@ def readback_issue(c: Ctx, s: StateV, q: int) -> Result:
 def readback_complete(c: Ctx, s: StateV, q: int) -> Result:
     """Step q's readback event completes: the host tensor now holds the slot's content."""
     z, INT = c.smt.z, c.smt.Int
-    if c.opts.spec_tokens:
-        raise NotImplementedError("readback with drafts")
     st = s.queue[q]
     pre = z.And(q < s.qlen, st.phase == _RI)
     broken = z.Or(s.broken_read, s.slots.released[st.slot], z.Not(is_writer(c, s, st.slot, q)))
     host_copy = lam(c, INT, lambda i: read_slot(c, s, st.slot, i))
     st2 = StepV(**{**st.__dict__, "phase": z.IntVal(_RD), "host_copy": host_copy,
                    "has_host_copy": z.BoolVal(True)})
+    if c.opts.spec_tokens:  # the counts come back with the tokens; an unreadable one reads 1
+        sl = s.slots
+        counts = lam(c, INT, lambda i: z.If(
+            z.Or(sl.unwritten[st.slot], sl.released[st.slot], i >= sl.ncounts[st.slot]), 1,
+            sl.counts[st.slot][i]))
+        st2 = StepV(**{**st2.__dict__, "host_counts": counts,
+                       "has_host_counts": z.BoolVal(True)})
     return pre, set_step(s, q, st2).with_(broken_read=broken)
 
 
 def apply(c: Ctx, s: StateV) -> Result:
-    """Retire the oldest step: deliver each live row's token; max tokens finishes a
+    """Retire the oldest step: deliver each live row's tokens (with drafts: its accepted drafts
+    then its newest, cut at max tokens, and its placeholders drained); max tokens finishes a
     request."""
-    z, INT = c.smt.z, c.smt.Int
-    if c.opts.spec_tokens:
-        raise NotImplementedError("apply with drafts")
+    z, smt, INT = c.smt.z, c.smt, c.smt.Int
     st = s.queue[0]
     pre = z.And(s.qlen > 0, st.phase == _RD)
-    rq = s.requests
+    rq, spec = s.requests, c.opts.spec_tokens
+
+    def row(r: Term) -> Term:
+        return st.row_of[r]
 
     def delivers(r: Term) -> Term:
-        return z.And(in_range(c, r), st.row_of[r] >= 0, z.Not(st.partial[st.row_of[r]]))
+        return z.And(in_range(c, r), row(r) >= 0, z.Not(st.partial[row(r)]))
+
+    def count(r: Term) -> Term:
+        return st.host_counts[row(r)] if spec else z.IntVal(1)
+
+    def reached(r: Term) -> Term:  # delivered tokens after this apply, before the cut
+        return rq.ndelivered[r] + count(r)
+
+    def after(r: Term) -> Term:  # a run past max tokens is cut there (with drafts)
+        if not spec:
+            return reached(r)
+        return z.If(reached(r) > c.params.M[r], c.params.M[r], reached(r))
 
     def done(r: Term) -> Term:
-        return z.And(delivers(r), rq.ndelivered[r] + 1 >= c.params.M[r])
+        return z.And(delivers(r), after(r) >= c.params.M[r])
 
-    requests = RequestsV(**{
-        **rq.__dict__,
-        "ndelivered": lam(c, INT, lambda r: z.If(delivers(r), rq.ndelivered[r] + 1,
-                                               rq.ndelivered[r])),
+    def token(r: Term, x: Term) -> Term:
+        """Index x of the delivered tokens after this apply (`expand`)."""
+        n, i = rq.ndelivered[r], row(r)
+        last = z.If(x == n + count(r) - 1, st.host_copy[i], rq.delivered[r][x])
+        if spec:
+            last = z.If(x < n + count(r) - 1, smt.tok(r, st.pos[i] + 1 + x - n), last)
+        return z.If(x < n, rq.delivered[r][x], last)
+
+    fields = {
+        "ndelivered": lam(c, INT, lambda r: z.If(delivers(r), after(r), rq.ndelivered[r])),
         "delivered": lam(c, INT, lambda r: z.If(
-            delivers(r), z.Store(rq.delivered[r], rq.ndelivered[r],
-                                 st.host_copy[st.row_of[r]]), rq.delivered[r])),
+            delivers(r), lam(c, INT, lambda x: token(r, x)), rq.delivered[r])),
         "status": lam(c, INT, lambda r: z.If(done(r), int(Status.FINISHED), rq.status[r])),
-        "closed_at": lam(c, INT, lambda r: z.If(done(r), rq.ndelivered[r] + 1,
-                                              rq.closed_at[r])),
+        "closed_at": lam(c, INT, lambda r: z.If(done(r), after(r), rq.closed_at[r])),
         "unchecked": lam(c, INT, lambda r: z.If(done(r), False,
-                                              z.Or(delivers(r), rq.unchecked[r]))),
-    })
+                                                z.Or(delivers(r), rq.unchecked[r]))),
+    }
+    if spec:
+        # Drain what the row yielded, roll back what it rejected (vLLM 0.33); the known-bad
+        # variant drains 1 for the yielded ones.
+        def drained(r: Term) -> Term:
+            by = 1 if c.opts.variant == "placeholders-drain-by-one" else count(r)
+            return by + st.spec[row(r)] + 1 - count(r)
+
+        def left(r: Term) -> Term:
+            n = rq.placeholders[r] - drained(r)
+            return z.If(delivers(r), z.If(n < 0, 0, n), rq.placeholders[r])
+
+        fields["placeholders"] = lam(c, INT, left)
+    requests = RequestsV(**{**rq.__dict__, **fields})
     t = shift_out(c, s, 0).with_(requests=requests)
     # With drafts a later step may still carry a finished request: those rows drop.
     t = drop(c, t, lambda r: z.And(done(r), has_step_in_flight(c, t, r)))
