@@ -85,10 +85,14 @@ class Reader:
         self.smt, self.model = smt, model
 
     def num(self, t: Term) -> int:
+        if isinstance(t, int):
+            return t
         v = self.model.eval(t, model_completion=True)
         return int(str(v))
 
     def flag(self, t: Term) -> bool:
+        if isinstance(t, bool):
+            return t
         return self.smt.z.is_true(self.model.eval(t, model_completion=True))
 
     def tok(self, t: Term) -> Token | None:

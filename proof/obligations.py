@@ -27,6 +27,10 @@ SEARCH_DOMAIN = 3
 """Quantifiers range below this in the search for a small counterexample: requests, rows,
 slots, delivered tokens."""
 
+RLIMIT = 50_000_000
+"""The solver's resource units per query (z3's rlimit): the costliest obligation of the manifest's
+option sets takes a few per cent of it."""
+
 SEARCH_REQUESTS = 2
 """A small counterexample has at most this many requests: the explorer can then look it up."""
 
@@ -70,7 +74,7 @@ class Setup:
     smt: Smt
     opts: Options
     conjuncts: tuple[Conjunct, ...] = CONJUNCTS
-    timeout_ms: int = 60_000
+    rlimit: int = RLIMIT
     domain: int | None = None
     accept: Callable[[Cti], bool] | None = None
     """Whether a counterexample will do (the explorer reaches it); None: the first."""
@@ -101,9 +105,9 @@ def assumptions(c: Ctx, s: StateV | None = None) -> list[Any]:
 
 def search_shape(c: Ctx, s: StateV) -> list[Any]:
     """What a small counterexample's first state looks like besides the invariant, so that it is
-    one a reader can follow and the explorer can look up: the ring is allocated, a step has no
-    more rows than there are requests, and a dropped row is blank. Facts of every reachable
-    state, but no part of the proof (the proof holds without them)."""
+    one a reader can follow and the explorer can look up: a step has no more rows than there
+    are requests, a dropped row is blank, and statuses and phases are ones the model has. Facts
+    of every reachable state, but no part of the proof (the proof holds without them)."""
     z, smt = c.smt.z, c.smt
 
     def blank(q: int, st: StepV) -> Any:
@@ -112,7 +116,18 @@ def search_shape(c: Ctx, s: StateV) -> list[Any]:
             z.And(st.pos[i] == 0, st.prev[i] == NONE_INT, st.consumed[i] == smt.NONE,
                   z.Not(st.partial[i]))))))
 
-    return [s.allocated, *[blank(q, st) for q, st in enumerate(s.queue)]]
+    return [*[blank(q, st) for q, st in enumerate(s.queue)], *decodable(c, s)]
+
+
+def decodable(c: Ctx, s: StateV) -> list[Any]:
+    """Statuses and phases a model state can hold (else the counterexample cannot be shown in
+    the model's words)."""
+    z = c.smt.z
+    rq = s.requests
+    phases = [z.Implies(q < s.qlen, z.And(st.phase >= 0, st.phase <= 4))
+              for q, st in enumerate(s.queue)]
+    return [s.qlen >= 0, s.qlen <= c.opts.depth, *phases, c.forall(lambda r: z.Implies(
+        in_range(c, r), z.And(rq.status[r] >= 0, rq.status[r] <= int(Status.FAILED))))]
 
 
 def initial(c: Ctx, s: StateV) -> Any:
@@ -155,15 +170,11 @@ def _check(setup: Setup, build: Callable[[Ctx, Any], tuple[StateV, StateV | None
     z = setup.smt.z
     p = fresh_params(setup.smt)
     c = setup.ctx(p)
-    sol = setup.smt.solver(setup.timeout_ms)
+    sol = setup.smt.solver(setup.rlimit)
     s, t = build(c, sol)
     sol.add(*assumptions(c, s))
-    flags = []
-    for name, bad in broken_of(c, s, t):
-        flag = z.Bool(f"breaks {name}")
-        sol.add(flag == bad)
-        flags.append((name, flag))
-    sol.add(z.Or(*[f for _, f in flags]))
+    flags = broken_of(c, s, t)
+    sol.add(z.Or(*[bad for _, bad in flags]))
     cti = None
     if setup.tries == 0:  # the verdict alone
         verdict = sol.check()
@@ -177,7 +188,7 @@ def _check(setup: Setup, build: Callable[[Ctx, Any], tuple[StateV, StateV | None
         model = sol.model()
         rd = Reader(setup.smt, model)
         n, k = rd.num(p.N), rd.num(p.K)
-        broken = [name for name, f in flags if rd.flag(f)]
+        broken = [name for name, bad in flags if rd.flag(bad)]
         before = decode(setup.smt, model, s, n, k)
         after = decode(setup.smt, model, t, n, k) if t is not None else before
         bounds = bounds_of(rd, p, setup.opts, n)

@@ -352,7 +352,7 @@ type Result = tuple[Term, StateV]
 
 def allocate(c: Ctx, s: StateV) -> Result:
     """Load: allocate the ring of K mirror slots, before any step."""
-    return c.smt.z.Not(s.allocated), s.with_(allocated=True)
+    return c.smt.z.Not(s.allocated), s.with_(allocated=c.smt.z.BoolVal(True))
 
 
 def arrive(c: Ctx, s: StateV) -> Result:

@@ -51,13 +51,15 @@ class Smt:
         self.REJECTED = self.tok(-3, -3)
         self.NONE = self.tok(NONE_AT, NONE_AT)
 
-    def solver(self, timeout_ms: int) -> Any:
-        """A fresh solver that gives up ("unknown") after ``timeout_ms`` per check."""
+    def solver(self, rlimit: int) -> Any:
+        """A fresh solver that gives up ("unknown") after ``rlimit`` units of its own resource
+        count per check: a bound on work, not on time, so a verdict never depends on how fast
+        or how busy the machine is."""
         sol = self.z.Solver()
         if self.name == "z3":
-            sol.set("timeout", timeout_ms)
+            sol.set("rlimit", rlimit)
         else:
-            sol.setOption("tlimit-per", timeout_ms)
+            sol.setOption("rlimit-per", rlimit)
             # Constant arrays and lambdas (K(...), Lambda) need the extended array theory.
             sol.setOption("arrays-exp", True)
         return sol

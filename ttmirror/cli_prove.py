@@ -62,8 +62,9 @@ def register(add_parser: AddParser) -> None:
     p.add_argument("--variant", default="", help="a known-bad variant of the model")
     p.add_argument("--solver", choices=("z3", "cvc5"), default="z3",
                    help="the SMT solver (default %(default)s)")
-    p.add_argument("--timeout", type=float, default=60.0,
-                   help="seconds per query before it counts as unknown (default %(default)s)")
+    p.add_argument("--rlimit", type=int, default=None,
+                   help="the solver's resource units per query before it counts as unknown: a "
+                        "bound on work, not time (default: RLIMIT of ttmirror.proof.obligations)")
     p.add_argument("--manifest", action="store_true",
                    help="every option set the manifest lists as passing, one after another")
     p.add_argument("--json", action="store_true", help="print one JSON object")
@@ -124,7 +125,7 @@ def describe(opts: Any) -> str:
     return ", ".join(parts)
 
 
-def run_set(opts: Any, solver: str, timeout: float, say: Any) -> dict[str, Any]:
+def run_set(opts: Any, solver: str, rlimit: int, say: Any) -> dict[str, Any]:
     """Every obligation of one option set; ``say`` gets each line as it is decided."""
     from .proof.lookup import Explorer
     from .proof.obligations import Setup, obligations
@@ -133,7 +134,7 @@ def run_set(opts: Any, solver: str, timeout: float, say: Any) -> dict[str, Any]:
     from .views import summarize
 
     explorer = Explorer()
-    setup = Setup(Smt(solver), opts, timeout_ms=int(timeout * 1000),
+    setup = Setup(Smt(solver), opts, rlimit=rlimit,
                   accept=explorer.accepts, tries=3)
     fixed = f"D = {opts.depth} queue places, {opts.spec_tokens} draft place(s) per row"
     say(f"ttmirror prove: {describe(opts)} ({solver})")
@@ -206,8 +207,11 @@ def crossing_of(setup: Any, entry: Any, say: Any) -> dict[str, Any]:
 
 def cmd_prove(ns: argparse.Namespace) -> int:
     sets = manifest_option_sets() if ns.manifest else [options_from(ns)]
-    if ns.timeout <= 0:
-        raise UsageError(f"--timeout must be positive, got {ns.timeout}")
+    from .proof.obligations import RLIMIT
+
+    rlimit = RLIMIT if ns.rlimit is None else ns.rlimit
+    if rlimit <= 0:
+        raise UsageError(f"--rlimit must be positive, got {rlimit}")
     if any(o.spec_tokens for o in sets):
         sets_with = [o for o in sets if o.spec_tokens]
         if not ns.manifest:
@@ -222,7 +226,7 @@ def cmd_prove(ns: argparse.Namespace) -> int:
             print(line, flush=True)
 
     start = time.perf_counter()
-    runs = [run_set(o, ns.solver, ns.timeout, say) for o in sets]
+    runs = [run_set(o, ns.solver, rlimit, say) for o in sets]
     seconds = time.perf_counter() - start
     holds = all(r["holds"] for r in runs)
     count = sum(len(r["obligations"]) for r in runs)

@@ -20,7 +20,7 @@ from ttmirror.model.state import SPEC_VARIANTS, Bounds, State
 from ttmirror.proof.concrete import decode, pin, pin_params
 from ttmirror.proof.inductive import CONJUNCTS, SAFETY, STRENGTHENING
 from ttmirror.proof.lookup import action_name, crossing
-from ttmirror.proof.obligations import Setup, consecution, obligations
+from ttmirror.proof.obligations import RLIMIT, Setup, consecution, obligations
 from ttmirror.proof.relation import Ctx, Options, actions, step
 from ttmirror.proof.symbolic import Smt, fresh_params, fresh_state
 
@@ -53,7 +53,7 @@ def test_the_option_sets_cover_the_manifest() -> None:
 
 @pytest.mark.parametrize("entry", KNOWN_BAD, ids=lambda e: e.name)
 def test_each_known_bad_variant_fails_with_a_reachable_counterexample(entry) -> None:  # type: ignore[no-untyped-def]
-    setup = Setup(SMT, Options.of(entry.bounds), timeout_ms=10_000)
+    setup = Setup(SMT, Options.of(entry.bounds))
     found = crossing(setup, entry.bounds)
     assert found is not None, "the explorer's counterexample never leaves the invariant"
     cti, path = found
@@ -71,7 +71,7 @@ def test_each_known_bad_variant_fails_with_a_reachable_counterexample(entry) -> 
 @pytest.mark.parametrize("dropped", STRENGTHENING, ids=lambda c: c.name)
 def test_dropping_any_strengthening_conjunct_fails_an_obligation(dropped) -> None:  # type: ignore[no-untyped-def]
     rest = tuple(c for c in CONJUNCTS if c is not dropped)
-    setup = Setup(SMT, Options(), conjuncts=rest, timeout_ms=10_000)
+    setup = Setup(SMT, Options(), conjuncts=rest)
     for r in obligations(setup):
         if r.verdict != "holds":
             assert r.verdict == "fails" and r.cti is not None, r.line()
@@ -118,7 +118,7 @@ def _solver_successors(b: Bounds, s0: State, name: str) -> set[State]:
     s = fresh_state(SMT, "s", b.depth)
     c = Ctx(SMT, p, Options.of(b), domain=max(b.requests, b.slots) + 1)
     enabled, post = step(c, name, s)
-    sol = SMT.solver(30_000)
+    sol = SMT.solver(RLIMIT)
     sol.add(enabled, *pin_params(SMT, p, b), *pin(SMT, s, s0, b))
     found: set[State] = set()
     while (verdict := sol.check()) == z.sat:
@@ -155,7 +155,7 @@ def _invariant_checker(b: Bounds, rows: int):  # type: ignore[no-untyped-def]
     p = fresh_params(SMT)
     s = fresh_state(SMT, "s", b.depth)
     c = Ctx(SMT, p, Options.of(b), domain=max(b.requests, b.slots, b.max_tokens, rows) + 1)
-    sol = SMT.solver(30_000)
+    sol = SMT.solver(RLIMIT)
     sol.add(*pin_params(SMT, p, b), z.Or(*[z.Not(cj.holds(c, s)) for cj in CONJUNCTS]))
     return sol, s
 
@@ -213,7 +213,7 @@ def test_the_cli_proves_the_default_options_in_json() -> None:
 
 def test_the_cli_names_a_known_bad_counterexample() -> None:
     out = subprocess.run([sys.executable, "-m", "ttmirror", "prove", "--no-guard",
-                          "--timeout", "5"], capture_output=True, text=True, timeout=900)
+                          "--rlimit", "5000000"], capture_output=True, text=True, timeout=900)
     assert out.returncode == 1
     assert "leaves the invariant after" in out.stdout
     assert "the solver confirms this counterexample to induction" in out.stdout
