@@ -15,14 +15,17 @@ from typing import NamedTuple
 from ..model.state import Phase, Status
 from .relation import (
     Ctx,
+    counts_row,
     eligible,
     in_flight,
     in_range,
+    inputs_right,
     is_writer,
     live,
     mirror_row,
     read_slot,
     ring,
+    true_pos,
 )
 from .symbolic import NONE_INT, StateV, StepV, Term
 
@@ -61,10 +64,18 @@ def _requests(c: Ctx, body: Callable[[Term], Term]) -> Term:
 
 
 def stale_host_ids_guard(c: Ctx, s: StateV) -> Term:
-    """#323-class: every combined live row consumed exactly its request's newest token."""
+    """#323-class: every combined live row consumed exactly its request's newest token, and with
+    drafts its true position and the drafter's proposals after it."""
     z, smt = c.smt.z, c.smt
-    return _live_rows(c, s, lambda q, i, r: z.Implies(
-        s.queue[q].phase >= _COMB, s.queue[q].consumed[i] == smt.tok(r, s.queue[q].pos[i])))
+
+    def right(q: int, i: Term, r: Term) -> Term:
+        st = s.queue[q]
+        if c.opts.spec_tokens:
+            return inputs_right(c, st, i)
+        return st.consumed[i] == smt.tok(r, st.pos[i])
+
+    return _live_rows(c, s, lambda q, i, r: z.Implies(s.queue[q].phase >= _COMB,
+                                                      right(q, i, r)))
 
 
 def no_read_of_released_or_overwritten_slot(c: Ctx, s: StateV) -> Term:
@@ -145,13 +156,6 @@ def well_formed(c: Ctx, s: StateV) -> Term:
                                             rq.status[r] <= int(Status.FAILED),
                                             rq.ndelivered[r] >= 0))
     return z.And(s.qlen >= 0, s.next_slot >= 0, s.next_slot < c.params.K, *steps, requests)
-
-
-def nothing_before_allocation(c: Ctx, s: StateV) -> Term:
-    """Before the ring is allocated nothing is in flight and no request has arrived."""
-    z = c.smt.z
-    return z.Implies(z.Not(s.allocated), z.And(
-        s.qlen == 0, _requests(c, lambda r: s.requests.status[r] == int(Status.ABSENT))))
 
 
 def absent_is_blank(c: Ctx, s: StateV) -> Term:
@@ -237,9 +241,14 @@ def within_budget(c: Ctx, s: StateV) -> Term:
 
 def positions_consecutive(c: Ctx, s: StateV) -> Term:
     """A live row's position is its request's delivered tokens plus the tokens its rows in the
-    older in-flight steps will deliver."""
-    return _live_rows(c, s, lambda q, i, r: s.queue[q].pos[i]
-                      == s.requests.ndelivered[r] + in_flight(c, s, r, before=q))
+    older in-flight steps will deliver; with drafts, -1 until its combine, then the delivered
+    tokens plus what the older steps' launches yielded."""
+    z = c.smt.z
+    if not c.opts.spec_tokens:
+        return _live_rows(c, s, lambda q, i, r: s.queue[q].pos[i]
+                          == s.requests.ndelivered[r] + in_flight(c, s, r, before=q))
+    return _live_rows(c, s, lambda q, i, r: s.queue[q].pos[i] == z.If(
+        s.queue[q].phase >= _COMB, true_pos(c, s, q, r), -1))
 
 
 def host_rows_owe_nothing(c: Ctx, s: StateV) -> Term:
@@ -264,9 +273,13 @@ def mirror_rows_follow(c: Ctx, s: StateV) -> Term:
             back = [st.src == before.slot, before.req[p] == r, z.Not(before.partial[p]),
                     p >= 0, p < before.nrows]
         written = z.Or(q == 0, s.queue[q - 1].phase >= _LAUNCH) if q else z.BoolVal(True)
+        newest: list[Term] = [read_slot(c, s, st.src, p) == smt.tok(r, st.pos[i])]
+        if c.opts.spec_tokens:  # the newest token and its position, both on the device
+            truth = true_pos(c, s, q, r)
+            newest = [read_slot(c, s, st.src, p) == smt.tok(r, truth),
+                      p < s.slots.ncounts[st.src], s.slots.positions[st.src][p] == truth]
         return z.Implies(z.And(st.phase == _SCHED, p != NONE_INT), z.And(
-            p >= 0, st.src != NONE_INT, *back,
-            z.Implies(written, read_slot(c, s, st.src, p) == smt.tok(r, st.pos[i]))))
+            p >= 0, st.src != NONE_INT, *back, z.Implies(written, z.And(*newest))))
 
     return _live_rows(c, s, follows)
 
@@ -281,9 +294,19 @@ def launched_slot_holds_tokens(c: Ctx, s: StateV) -> Term:
         k = st.slot
         held = z.And(z.Not(sl.unwritten[k]), z.Not(sl.released[k]), sl.length[k] == st.nrows,
                      is_writer(c, s, k, q))
+
+        def row(i: Term) -> Term:
+            if not c.opts.spec_tokens:
+                return sl.content[k][i] == smt.tok(st.req[i], st.pos[i] + 1)
+            n = st.accepted[i] + 1
+            return z.And(st.accepted[i] >= 0, st.accepted[i] <= st.spec[i],
+                         sl.content[k][i] == smt.tok(st.req[i], st.pos[i] + n),
+                         sl.counts[k][i] == n, sl.positions[k][i] == st.pos[i] + n)
+
+        if c.opts.spec_tokens:
+            held = z.And(held, sl.ncounts[k] == st.nrows, st.has_accepted)
         tokens = _rows(c, s, q, lambda i: z.Implies(
-            z.And(live(st, i), z.Not(st.partial[i])),
-            sl.content[k][i] == smt.tok(st.req[i], st.pos[i] + 1)))
+            z.And(live(st, i), z.Not(st.partial[i])), row(i)))
         return z.Implies(z.And(q < s.qlen, st.phase >= _LAUNCH), z.And(held, tokens))
 
     return z.And(*[place(q, st) for q, st in enumerate(s.queue)])
@@ -293,12 +316,51 @@ def host_copy_holds_tokens(c: Ctx, s: StateV) -> Term:
     """A read-back step's host copy holds each token-yielding row's next token."""
     z, smt = c.smt.z, c.smt
 
+    def row(st: StepV, i: Term) -> Term:
+        if not c.opts.spec_tokens:
+            return st.host_copy[i] == smt.tok(st.req[i], st.pos[i] + 1)
+        n = st.accepted[i] + 1
+        return z.And(st.host_copy[i] == smt.tok(st.req[i], st.pos[i] + n),
+                     st.host_counts[i] == n)
+
     def place(q: int, st: StepV) -> Term:
-        return z.Implies(st.phase == _RD, _rows(c, s, q, lambda i: z.Implies(
-            z.And(live(st, i), z.Not(st.partial[i])),
-            st.host_copy[i] == smt.tok(st.req[i], st.pos[i] + 1))))
+        read = z.And(st.has_host_counts, st.has_accepted) if c.opts.spec_tokens else True
+        return z.Implies(z.And(q < s.qlen, st.phase == _RD), z.And(read, _rows(
+            c, s, q, lambda i: z.Implies(z.And(live(st, i), z.Not(st.partial[i])), row(st, i)))))
 
     return z.And(*[place(q, st) for q, st in enumerate(s.queue)])
+
+
+def placeholders_count_rows(c: Ctx, s: StateV) -> Term:
+    """With drafts: a request's placeholders are 1 + spec for each of its token-yielding rows in
+    flight."""
+    z = c.smt.z
+
+    def owed(r: Term) -> Term:
+        return z.Sum(0, *[z.If(counts_row(c, s, q, r), 1 + st.spec[st.row_of[r]], 0)
+                          for q, st in enumerate(s.queue)])
+
+    return _requests(c, lambda r: s.requests.placeholders[r] == owed(r))
+
+
+def host_rows_staged(c: Ctx, s: StateV) -> Term:
+    """With drafts: a live row carries 0..K drafts; one still to combine from host ids was staged
+    at the request's delivered count, with the drafter's proposals after its newest token; a
+    mirror row's position and drafts are still to come from the device."""
+    z, smt = c.smt.z, c.smt
+
+    def staged(q: int, i: Term, r: Term) -> Term:
+        st = s.queue[q]
+        nd = s.requests.ndelivered[r]
+        drafts = [z.Implies(j < st.spec[i], st.drafts[i][j] == smt.tok(r, nd + j + 1))
+                  for j in range(c.opts.spec_tokens)]
+        host = z.And(st.placed[i] == nd, st.ndrafts[i] == st.spec[i], *drafts)
+        mirror = z.And(st.placed[i] == NONE_INT, st.ndrafts[i] == 0)
+        spec = z.And(st.spec[i] >= 0, st.spec[i] <= c.opts.spec_tokens)
+        return z.And(spec, z.Implies(st.phase == _SCHED,
+                                     z.If(st.prev[i] == NONE_INT, host, mirror)))
+
+    return _live_rows(c, s, staged)
 
 
 class Conjunct(NamedTuple):
@@ -306,6 +368,12 @@ class Conjunct(NamedTuple):
     holds: Callable[[Ctx, StateV], Term]
     safety: bool
     """One of the model's invariants (else a strengthening conjunct)."""
+    drafts: bool | None = None
+    """Part of the invariant only with drafts (True), only without (False), or always."""
+
+    def applies(self, spec_tokens: int) -> bool:
+        """Part of the invariant of an option set with ``spec_tokens`` drafts."""
+        return self.drafts is None or self.drafts == bool(spec_tokens)
 
 
 SAFETY: tuple[Conjunct, ...] = (
@@ -320,7 +388,6 @@ SAFETY: tuple[Conjunct, ...] = (
 
 STRENGTHENING: tuple[Conjunct, ...] = (
     Conjunct("WellFormed", well_formed, False),
-    Conjunct("NothingBeforeAllocation", nothing_before_allocation, False),
     Conjunct("AbsentIsBlank", absent_is_blank, False),
     Conjunct("ClosedAtOnlyWhenClosed", closed_at_only_when_closed, False),
     Conjunct("SlotsConsecutive", slots_consecutive, False),
@@ -329,12 +396,14 @@ STRENGTHENING: tuple[Conjunct, ...] = (
     Conjunct("LiveRowsActive", live_rows_active, False),
     Conjunct("WaitingOwesNothing", waiting_owes_nothing, False),
     Conjunct("PrefillBeforeTokens", prefill_before_tokens, False),
-    Conjunct("WithinBudget", within_budget, False),
+    Conjunct("WithinBudget", within_budget, False, drafts=False),
     Conjunct("PositionsConsecutive", positions_consecutive, False),
     Conjunct("HostRowsOweNothing", host_rows_owe_nothing, False),
     Conjunct("MirrorRowsFollow", mirror_rows_follow, False),
     Conjunct("LaunchedSlotHoldsTokens", launched_slot_holds_tokens, False),
     Conjunct("HostCopyHoldsTokens", host_copy_holds_tokens, False),
+    Conjunct("PlaceholdersCountRows", placeholders_count_rows, False, drafts=True),
+    Conjunct("HostRowsStaged", host_rows_staged, False, drafts=True),
 )
 
 CONJUNCTS = SAFETY + STRENGTHENING

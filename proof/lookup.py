@@ -79,7 +79,7 @@ def breaks(setup: Setup, state: State, bounds: Bounds) -> list[str]:
     sol = z.Solver()
     sol.add(*pin_params(smt, p, bounds), *pin(smt, s, state, bounds))
     out = []
-    for cj in setup.conjuncts:
+    for cj in setup.invariant:
         sol.push()
         sol.add(z.Not(cj.holds(c, s)))
         if sol.check() == z.sat:
@@ -124,7 +124,7 @@ def confirms(setup: Setup, cti: Cti) -> bool:
     enabled, post = step(c, cti.action, s)
     sol = z.Solver()
     sol.add(*pin_params(smt, p, b), *pin(smt, s, cti.before, b), enabled,
-            *[cj.holds(c, s) for cj in setup.conjuncts],
+            *[cj.holds(c, s) for cj in setup.invariant],
             *pin(smt, post, cti.after, b),
-            z.Not(z.And(*[cj.holds(c, post) for cj in setup.conjuncts])))
+            z.Not(z.And(*[cj.holds(c, post) for cj in setup.invariant])))
     return bool(sol.check() == z.sat)

@@ -81,6 +81,11 @@ class Setup:
     tries: int = 1
     """Counterexamples to ask for before settling for the first (0: the verdict only)."""
 
+    @property
+    def invariant(self) -> tuple[Conjunct, ...]:
+        """The conjuncts of this option set's invariant."""
+        return tuple(cj for cj in self.conjuncts if cj.applies(self.opts.spec_tokens))
+
     def ctx(self, params: Params) -> Ctx:
         return Ctx(self.smt, params, self.opts, domain=self.domain)
 
@@ -225,7 +230,7 @@ def initiation(setup: Setup) -> Result:
             return s, None
 
         def broken(c: Ctx, s: StateV, _: StateV | None) -> list[tuple[str, Any]]:
-            return [(cj.name, st.smt.z.Not(cj.holds(c, s))) for cj in st.conjuncts]
+            return [(cj.name, st.smt.z.Not(cj.holds(c, s))) for cj in st.invariant]
 
         return _check(st, build, broken, "init")
 
@@ -237,14 +242,14 @@ def consecution(setup: Setup, action: str) -> Result:
     def query(st: Setup) -> tuple[str, Cti | None]:
         def build(c: Ctx, sol: Any) -> tuple[StateV, StateV]:
             s = fresh_state(st.smt, "s", st.opts.depth)
-            sol.add(*[cj.holds(c, s) for cj in st.conjuncts])
+            sol.add(*[cj.holds(c, s) for cj in st.invariant])
             enabled, post = step(c, action, s)
             sol.add(enabled)
             return s, post
 
         def broken(c: Ctx, s: StateV, t: StateV | None) -> list[tuple[str, Any]]:
             assert t is not None
-            return [(cj.name, st.smt.z.Not(cj.holds(c, t))) for cj in st.conjuncts]
+            return [(cj.name, st.smt.z.Not(cj.holds(c, t))) for cj in st.invariant]
 
         return _check(st, build, broken, action)
 
@@ -256,7 +261,7 @@ def safety(setup: Setup, invariant: Conjunct) -> Result:
     def query(st: Setup) -> tuple[str, Cti | None]:
         def build(c: Ctx, sol: Any) -> tuple[StateV, None]:
             s = fresh_state(st.smt, "s", st.opts.depth)
-            sol.add(*[cj.holds(c, s) for cj in st.conjuncts])
+            sol.add(*[cj.holds(c, s) for cj in st.invariant])
             return s, None
 
         def broken(c: Ctx, s: StateV, _: StateV | None) -> list[tuple[str, Any]]:

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 import time
 from dataclasses import asdict
 from typing import Any
@@ -212,15 +211,6 @@ def cmd_prove(ns: argparse.Namespace) -> int:
     rlimit = RLIMIT if ns.rlimit is None else ns.rlimit
     if rlimit <= 0:
         raise UsageError(f"--rlimit must be positive, got {rlimit}")
-    if any(o.spec_tokens for o in sets):
-        sets_with = [o for o in sets if o.spec_tokens]
-        if not ns.manifest:
-            raise UsageError("--spec-tokens: the encoding of drafts is not written yet "
-                             "(issue 33); prove without drafts")
-        sets = [o for o in sets if not o.spec_tokens]
-        print(f"ttmirror prove: {len(sets_with)} manifest option set(s) with drafts skipped: "
-              "their encoding is not written yet", file=sys.stderr)
-
     def say(line: str) -> None:
         if not ns.json:
             print(line, flush=True)

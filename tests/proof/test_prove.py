@@ -68,7 +68,10 @@ def test_each_known_bad_variant_fails_with_a_reachable_counterexample(entry) -> 
     assert len(path) >= 2
 
 
-@pytest.mark.parametrize("dropped", STRENGTHENING, ids=lambda c: c.name)
+# The conjuncts of the invariant without drafts; those only with drafts join once every
+# obligation with drafts holds (finish and abort are still open there).
+@pytest.mark.parametrize("dropped", [c for c in STRENGTHENING if c.applies(0)],
+                         ids=lambda c: c.name)
 def test_dropping_any_strengthening_conjunct_fails_an_obligation(dropped) -> None:  # type: ignore[no-untyped-def]
     rest = tuple(c for c in CONJUNCTS if c is not dropped)
     setup = Setup(SMT, Options(), conjuncts=rest)
@@ -156,7 +159,8 @@ def _invariant_checker(b: Bounds, rows: int):  # type: ignore[no-untyped-def]
     s = fresh_state(SMT, "s", b.depth)
     c = Ctx(SMT, p, Options.of(b), domain=max(b.requests, b.slots, b.max_tokens, rows) + 1)
     sol = SMT.solver(RLIMIT)
-    sol.add(*pin_params(SMT, p, b), z.Or(*[z.Not(cj.holds(c, s)) for cj in CONJUNCTS]))
+    invariant = [cj for cj in CONJUNCTS if cj.applies(b.spec_tokens)]
+    sol.add(*pin_params(SMT, p, b), z.Or(*[z.Not(cj.holds(c, s)) for cj in invariant]))
     return sol, s
 
 
