@@ -158,13 +158,6 @@ def well_formed(c: Ctx, s: StateV) -> Term:
     return z.And(s.qlen >= 0, s.next_slot >= 0, s.next_slot < c.params.K, *steps, requests)
 
 
-def absent_is_blank(c: Ctx, s: StateV) -> Term:
-    """A request that has not arrived has nothing delivered and nothing to stop-check."""
-    z, rq = c.smt.z, s.requests
-    return _requests(c, lambda r: z.Implies(
-        rq.status[r] == int(Status.ABSENT), z.And(rq.ndelivered[r] == 0, z.Not(rq.unchecked[r]))))
-
-
 def closed_at_only_when_closed(c: Ctx, s: StateV) -> Term:
     """A request has a closing count only once it is closed (finished, aborted or failed)."""
     z, rq = c.smt.z, s.requests
@@ -388,7 +381,6 @@ SAFETY: tuple[Conjunct, ...] = (
 
 STRENGTHENING: tuple[Conjunct, ...] = (
     Conjunct("WellFormed", well_formed, False),
-    Conjunct("AbsentIsBlank", absent_is_blank, False),
     Conjunct("ClosedAtOnlyWhenClosed", closed_at_only_when_closed, False),
     Conjunct("SlotsConsecutive", slots_consecutive, False),
     Conjunct("PhasesOrdered", phases_ordered, False),
