@@ -26,9 +26,9 @@ from ttmirror.proof.symbolic import Smt, fresh_params, fresh_state
 
 SMT = Smt("z3")
 PASSING = [o for o in manifest_option_sets() if not o.spec_tokens]
-FAILING_RLIMIT = 50_000_000
+FAILING_RLIMIT = 10_000_000
 """Work per query where an obligation is expected to fail: far above what any obligation without
-drafts needs (a few million), so the small search that follows is reached sooner."""
+drafts needs (under two million), so the small search that follows is reached sooner."""
 KNOWN_BAD = [e for e in load() if e.violated and e.size == "small" and not e.bounds.spec_tokens]
 
 
