@@ -31,10 +31,16 @@ def _tok(smt: Smt, t: Token | None) -> Term:
     return smt.NONE if t is None else smt.tok(t[0], t[1])
 
 
+def domain_for(b: Bounds, *states: State) -> int:
+    """A small domain (`relation.Ctx.domain`) that holds every index of bound ``b`` and of
+    ``states``: requests, slots, tokens per request, rows per step."""
+    rows = [len(st.rows) for s in states for st in s.queue]
+    return max(b.requests, b.slots, b.max_tokens, *b.max_tokens_of, *rows) + 1
+
+
 def pin(smt: Smt, v: StateV, s: State, b: Bounds) -> list[Term]:
     """Constraints that make the solver state ``v`` the model state ``s`` (meaningful entries
     only)."""
-    z = smt.z
     out = [v.allocated == s.allocated, v.next_slot == s.next_slot, v.qlen == len(s.queue),
            v.broken_read == ("NoReadOfReleasedOrOverwrittenSlot" in s.broken),
            v.broken_rewrite == ("NoRewriteWhileReaderOutstanding" in s.broken)]
@@ -75,7 +81,7 @@ def pin(smt: Smt, v: StateV, s: State, b: Bounds) -> list[Term]:
                 rq.preemptions[r] == req.preemptions, rq.prefill_left[r] == req.prefill_left,
                 rq.placeholders[r] == req.placeholders, rq.drafts_ready[r] == req.drafts_ready]
         out += [rq.delivered[r][i] == _tok(smt, t) for i, t in enumerate(req.delivered)]
-    return [z.simplify(x) if isinstance(x, bool) else x for x in out]
+    return out
 
 
 class Reader:

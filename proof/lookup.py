@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from ..model.actions import Action
 from ..model.explore import Exploration, explore
 from ..model.state import Bounds, State, validate_bounds
-from .concrete import pin, pin_params
+from .concrete import domain_for, pin, pin_params
 from .obligations import Cti, Setup
 from .relation import Ctx, step
 from .symbolic import fresh_params, fresh_state
@@ -72,9 +72,7 @@ def breaks(setup: Setup, state: State, bounds: Bounds) -> list[str]:
     smt = setup.smt
     z = smt.z
     p = fresh_params(smt)
-    size = max(bounds.requests, bounds.slots, bounds.max_tokens, *bounds.max_tokens_of,
-               *(len(st.rows) for st in state.queue)) + 1
-    c = Ctx(smt, p, setup.opts, domain=size)
+    c = Ctx(smt, p, setup.opts, domain=domain_for(bounds, state))
     s = fresh_state(smt, "s", setup.opts.depth)
     sol = z.Solver()
     sol.add(*pin_params(smt, p, bounds), *pin(smt, s, state, bounds))
@@ -117,9 +115,7 @@ def confirms(setup: Setup, cti: Cti) -> bool:
     smt, b = setup.smt, cti.bounds
     z = smt.z
     p = fresh_params(smt)
-    rows = [len(st.rows) for st in (*cti.before.queue, *cti.after.queue)]
-    size = max(b.requests, b.slots, b.max_tokens, *b.max_tokens_of, *rows) + 1
-    c = Ctx(smt, p, setup.opts, domain=size)
+    c = Ctx(smt, p, setup.opts, domain=domain_for(b, cti.before, cti.after))
     s = fresh_state(smt, "s", setup.opts.depth)
     enabled, post = step(c, cti.action, s)
     sol = z.Solver()

@@ -181,15 +181,14 @@ def _check(setup: Setup, build: Callable[[Ctx, Any], tuple[StateV, StateV | None
     flags = broken_of(c, s, t)
     sol.add(z.Or(*[bad for _, bad in flags]))
     cti = None
-    if setup.tries == 0:  # the verdict alone
+    for _ in range(max(setup.tries, 1)):
         verdict = sol.check()
-        return ("unsat" if verdict == z.unsat else "sat" if verdict == z.sat else "unknown"), None
-    for _ in range(setup.tries):
-        verdict = sol.check()
-        if verdict == z.unsat:
-            return ("unsat", None) if cti is None else ("sat", cti)
         if verdict != z.sat:
-            return ("unknown", None) if cti is None else ("sat", cti)
+            if cti is not None:
+                return "sat", cti
+            return ("unsat" if verdict == z.unsat else "unknown"), None
+        if setup.tries == 0:  # the verdict alone
+            return "sat", None
         model = sol.model()
         rd = Reader(setup.smt, model)
         n, k = rd.num(p.N), rd.num(p.K)

@@ -17,7 +17,7 @@ from itertools import count
 from typing import Any
 
 from ..model.state import Bounds, Phase, Status
-from .symbolic import NONE_INT, Params, RequestsV, SlotsV, Smt, StateV, StepV, Term, equal
+from .symbolic import NONE_INT, Params, RequestsV, SlotsV, Smt, StateV, StepV, Term
 
 _W, _R, _P = int(Status.WAITING), int(Status.RUNNING), int(Status.PREEMPTED)
 _CLOSED = (int(Status.FINISHED), int(Status.ABORTED), int(Status.FAILED))
@@ -54,14 +54,13 @@ class Options:
 
 @dataclass
 class Ctx:
-    """One query's free choices: fresh constants and the constraints that tie them."""
+    """One query's free choices (which request or slot an action names, a step's row order, a
+    launch's verdict): fresh constants, and the constraints that tie them."""
 
     smt: Smt
     params: Params
     opts: Options
     side: list[Term] = field(default_factory=list)
-    choices: dict[str, Term] = field(default_factory=dict)
-    """An action's named arguments (request, slot, queue place), for the edge's label."""
     domain: int | None = None
     """None: quantifiers range over every integer (the proof). A number n: over 0..n-1 only,
     instantiated (a search for a small counterexample, or a pinned state of a model bound):
@@ -313,7 +312,7 @@ def drop(c: Ctx, s: StateV, gone: Callable[[Term], Term]) -> StateV:
 
     queue = [dropped(st) for st in s.queue]
     sl = s.slots
-    slots = sl.__class__(
+    slots = SlotsV(
         unwritten=sl.unwritten, length=sl.length, released=sl.released, ncounts=sl.ncounts,
         content=lam(c, INT, lambda k: scrub(sl.content[k])),
         counts=lam(c, INT, lambda k: lam(c, INT, lambda i: z.If(
@@ -358,7 +357,7 @@ def allocate(c: Ctx, s: StateV) -> Result:
 def arrive(c: Ctx, s: StateV) -> Result:
     """A request arrives; its first step prefills from host ids."""
     z = c.smt.z
-    r = c.choices["r"] = c.fresh("r", c.smt.Int)
+    r = c.fresh("r", c.smt.Int)
     pre = z.And(s.allocated, in_range(c, r), s.requests.status[r] == int(Status.ABSENT))
     return pre, set_request(c, s, r, status=z.IntVal(_W))
 
@@ -368,8 +367,8 @@ def schedule(c: Ctx, s: StateV) -> Result:
     map: the order is a free bijection between rows 0..n-1 and the eligible requests."""
     z, smt, INT = c.smt.z, c.smt, c.smt.Int
     n = c.fresh("nrows", INT)
-    order = c.choices["order"] = c.fresh("order", smt.IntArr)  # row -> request
-    row_of = c.choices["row_of"] = c.fresh("row_of", smt.IntArr)  # request -> row
+    order = c.fresh("order", smt.IntArr)  # row -> request
+    row_of = c.fresh("row_of", smt.IntArr)  # request -> row
     el = lambda r: eligible(c, s, r)  # noqa: E731
     c.side += [
         n >= 1,
@@ -576,7 +575,7 @@ def _launch_with_drafts(c: Ctx, s: StateV, q: int) -> StateV:
     after the accepted drafts, the count a + 1 and the advanced position (`_verify`)."""
     z, smt, INT = c.smt.z, c.smt, c.smt.Int
     st, sl = s.queue[q], s.slots
-    acc = c.choices["accepted"] = c.fresh("accepted", smt.IntArr)
+    acc = c.fresh("accepted", smt.IntArr)
 
     def yields(i: Term) -> Term:
         return z.And(live(st, i), z.Not(st.partial[i]))
@@ -708,7 +707,7 @@ def apply(c: Ctx, s: StateV) -> Result:
 def release(c: Ctx, s: StateV) -> Result:
     """Hand a slot back: its readback is done and no combine will read it again."""
     z, INT = c.smt.z, c.smt.Int
-    k = c.choices["k"] = c.fresh("k", INT)
+    k = c.fresh("k", INT)
     sl = s.slots
     pre = [s.allocated, k >= 0, k < c.params.K, z.Not(sl.unwritten[k]), z.Not(sl.released[k])]
     if c.opts.release_at == "complete":
@@ -737,7 +736,7 @@ def finish(c: Ctx, s: StateV) -> Result:
     """The newest delivered token was a stop token: the request finishes, in-flight rows
     drop."""
     z = c.smt.z
-    r = c.choices["r"] = c.fresh("r", c.smt.Int)
+    r = c.fresh("r", c.smt.Int)
     st = s.requests.status[r]
     pre = z.And(c.opts.finish, in_range(c, r), *[st != x for x in _CLOSED],
                 s.requests.unchecked[r])
@@ -747,7 +746,7 @@ def finish(c: Ctx, s: StateV) -> Result:
 def abort(c: Ctx, s: StateV) -> Result:
     """The user aborts the request: nothing more is delivered, in-flight rows drop."""
     z = c.smt.z
-    r = c.choices["r"] = c.fresh("r", c.smt.Int)
+    r = c.fresh("r", c.smt.Int)
     st = s.requests.status[r]
     pre = z.And(c.opts.abort, in_range(c, r), z.Or(st == _W, st == _R, st == _P))
     return pre, _close(c, s, r, Status.ABORTED)
@@ -757,7 +756,7 @@ def preempt(c: Ctx, s: StateV) -> Result:
     """The KV budget is exceeded: the request is preempted; its in-flight tokens are kept
     (keep) or dropped (drop)."""
     z = c.smt.z
-    r = c.choices["r"] = c.fresh("r", c.smt.Int)
+    r = c.fresh("r", c.smt.Int)
     rq = s.requests
     pre = z.And(c.opts.preempt, in_range(c, r), rq.status[r] == _R,
                 rq.preemptions[r] < c.params.P)
@@ -772,7 +771,7 @@ def preempt(c: Ctx, s: StateV) -> Result:
 def resume(c: Ctx, s: StateV) -> Result:
     """A preempted request waits again, once it owns no placeholder."""
     z = c.smt.z
-    r = c.choices["r"] = c.fresh("r", c.smt.Int)
+    r = c.fresh("r", c.smt.Int)
     pre = [in_range(c, r), s.requests.status[r] == _P]
     if c.opts.variant != "resume-with-placeholder":
         owned = s.requests.placeholders[r] if c.opts.spec_tokens else in_flight(c, s, r)
@@ -832,9 +831,3 @@ def step(c: Ctx, name: str, s: StateV) -> tuple[Term, StateV]:
     fn = dict(actions(c.opts))[name]
     pre, post = fn(c, s)
     return c.smt.z.And(pre, *c.side), post
-
-
-def transition(c: Ctx, name: str, s: StateV, t: StateV) -> Term:
-    """The relation of action ``name`` between ``s`` and ``t``."""
-    enabled, post = step(c, name, s)
-    return c.smt.z.And(enabled, equal(c.smt, t, post))

@@ -16,7 +16,7 @@ the one in use, so the same encoding is discharged by both.
 from __future__ import annotations
 
 import importlib
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 Term = Any
@@ -228,16 +228,3 @@ def fresh_params(smt: Smt) -> Params:
     z = smt.z
     return Params(N=z.Int("N"), K=z.Int("K"), M=z.Const("M", smt.IntArr),
                   P=z.Int("P"), C=z.Int("C"), HS=z.Const("HS", smt.BoolArr))
-
-
-def equal(smt: Smt, a: StateV, b: StateV) -> Term:
-    """Every field of ``a`` equals that of ``b`` (the successor's definition: t = f(s))."""
-    z = smt.z
-    eqs = [a.allocated == b.allocated, a.next_slot == b.next_slot, a.qlen == b.qlen,
-           a.broken_read == b.broken_read, a.broken_rewrite == b.broken_rewrite]
-    for x, y in zip(a.queue, b.queue, strict=True):
-        eqs += [getattr(x, f.name) == getattr(y, f.name) for f in fields(StepV)]
-    eqs += [getattr(a.slots, f.name) == getattr(b.slots, f.name) for f in fields(SlotsV)]
-    eqs += [getattr(a.requests, f.name) == getattr(b.requests, f.name)
-            for f in fields(RequestsV)]
-    return z.And(*eqs)

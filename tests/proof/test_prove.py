@@ -17,7 +17,7 @@ from ttmirror.manifest import load
 from ttmirror.model.actions import successors
 from ttmirror.model.explore import explore
 from ttmirror.model.state import SPEC_VARIANTS, Bounds, State
-from ttmirror.proof.concrete import decode, pin, pin_params
+from ttmirror.proof.concrete import decode, domain_for, pin, pin_params
 from ttmirror.proof.inductive import CONJUNCTS, SAFETY, STRENGTHENING
 from ttmirror.proof.lookup import action_name, crossing
 from ttmirror.proof.obligations import RLIMIT, Setup, consecution, obligations
@@ -122,7 +122,7 @@ def _solver_successors(b: Bounds, s0: State, name: str) -> set[State]:
     z = SMT.z
     p = fresh_params(SMT)
     s = fresh_state(SMT, "s", b.depth)
-    c = Ctx(SMT, p, Options.of(b), domain=max(b.requests, b.slots) + 1)
+    c = Ctx(SMT, p, Options.of(b), domain=domain_for(b, s0))
     enabled, post = step(c, name, s)
     sol = SMT.solver(RLIMIT)
     sol.add(enabled, *pin_params(SMT, p, b), *pin(SMT, s, s0, b))
@@ -154,13 +154,13 @@ def test_the_relation_agrees_with_the_explorer_both_ways(b: Bounds) -> None:
     assert compared >= 10  # successors really were compared, not only absences
 
 
-def _invariant_checker(b: Bounds, rows: int):  # type: ignore[no-untyped-def]
+def _invariant_checker(b: Bounds):  # type: ignore[no-untyped-def]
     """A solver holding "some conjunct is broken" over a state of bound ``b``: pin a state and
     check; unsat means it satisfies the whole invariant."""
     z = SMT.z
     p = fresh_params(SMT)
     s = fresh_state(SMT, "s", b.depth)
-    c = Ctx(SMT, p, Options.of(b), domain=max(b.requests, b.slots, b.max_tokens, rows) + 1)
+    c = Ctx(SMT, p, Options.of(b), domain=domain_for(b))  # rows per step <= requests
     sol = SMT.solver(RLIMIT)
     invariant = [cj for cj in CONJUNCTS if cj.applies(b.spec_tokens)]
     sol.add(*pin_params(SMT, p, b), z.Or(*[z.Not(cj.holds(c, s)) for cj in invariant]))
@@ -169,7 +169,7 @@ def _invariant_checker(b: Bounds, rows: int):  # type: ignore[no-untyped-def]
 
 def _assert_satisfy(b: Bounds, states: list[State]) -> None:
     """Each of ``states`` satisfies the whole inductive invariant."""
-    sol, s = _invariant_checker(b, b.requests)
+    sol, s = _invariant_checker(b)
     for st in states:
         sol.push()
         sol.add(*pin(SMT, s, st, b))
@@ -202,7 +202,7 @@ def test_the_checker_sees_a_state_that_breaks_the_invariant() -> None:
     b = Bounds(requests=1, guard=False)
     ex = explore(b)
     bad = ex.states[ex.violations["StaleHostIdsGuard"]]
-    sol, s = _invariant_checker(b, 1)
+    sol, s = _invariant_checker(b)
     sol.add(*pin(SMT, s, bad, b))
     assert sol.check() == SMT.z.sat
 
