@@ -12,8 +12,10 @@ tokens), which either finds a concrete counterexample to induction or says none 
 
 from __future__ import annotations
 
+import multiprocessing
 import time
 from collections.abc import Callable, Iterator
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -173,6 +175,8 @@ def _check(setup: Setup, build: Callable[[Ctx, Any], tuple[StateV, StateV | None
            action: str) -> tuple[str, Cti | None]:
     """One query: "unsat" (holds), or "sat" with its counterexample, or "unknown"."""
     z = setup.smt.z
+    if setup.tries == 0 and setup.domain is None:
+        return _prove(setup, build, broken_of), None
     p = fresh_params(setup.smt)
     c = setup.ctx(p)
     sol = setup.smt.solver(setup.rlimit)
@@ -203,6 +207,28 @@ def _check(setup: Setup, build: Callable[[Ctx, Any], tuple[StateV, StateV | None
         # Not one the explorer reaches: ask for another first state.
         sol.add(z.Not(z.And(*pin(setup.smt, s, before, bounds), *pin_params(setup.smt, p, bounds))))
     return "sat", cti
+
+
+def _prove(setup: Setup, build: Callable[[Ctx, Any], tuple[StateV, StateV | None]],
+           broken_of: Callable[[Ctx, StateV, StateV | None], list[tuple[str, Any]]]) -> str:
+    """The proof of one obligation, one query per conjunct it must establish: "unsat" when
+    none can break. Several small queries take the solver a fraction of the time of their
+    disjunction (a consecution with drafts at depth 3: minutes instead of no verdict)."""
+    z = setup.smt.z
+    p = fresh_params(setup.smt)
+    c = setup.ctx(p)
+    base = setup.smt.solver(setup.rlimit)  # only collects the query's common part
+    s, t = build(c, base)
+    base.add(*assumptions(c, s))
+    common = list(base.assertions())
+    for _, bad in broken_of(c, s, t):
+        # A fresh solver per conjunct: what one query learnt only slows the next.
+        sol = setup.smt.solver(setup.rlimit)
+        sol.add(*common, bad)
+        verdict = sol.check()
+        if verdict != z.unsat:
+            return "sat" if verdict == z.sat else "unknown"
+    return "unsat"
 
 
 def _discharge(setup: Setup, kind: str, name: str,
@@ -271,11 +297,43 @@ def safety(setup: Setup, invariant: Conjunct) -> Result:
     return _discharge(setup, "safety", invariant.name, query)
 
 
-def obligations(setup: Setup) -> Iterator[Result]:
-    """Every obligation of the option set, in order: initiation, consecution per action,
-    safety per invariant."""
-    yield initiation(setup)
-    for name, _ in actions(setup.opts):
-        yield consecution(setup, name)
-    for inv in SAFETY:
-        yield safety(setup, inv)
+def names(opts: Options) -> list[tuple[str, str]]:
+    """The obligations of an option set, in order: initiation, consecution per action, safety
+    per invariant."""
+    return [("initiation", "init"), *(("consecution", a) for a, _ in actions(opts)),
+            *(("safety", inv.name) for inv in SAFETY)]
+
+
+def discharge(setup: Setup, kind: str, name: str) -> Result:
+    """One obligation, by its kind and name (see `names`)."""
+    if kind == "initiation":
+        return initiation(setup)
+    if kind == "consecution":
+        return consecution(setup, name)
+    return safety(setup, next(inv for inv in SAFETY if inv.name == name))
+
+
+def obligations(setup: Setup, jobs: int = 1) -> Iterator[Result]:
+    """Every obligation of the option set, in the order of `names`; with ``jobs`` > 1, that many
+    processes discharge them side by side (each query is independent of the others)."""
+    todo = names(setup.opts)
+    if jobs <= 1:
+        yield from (discharge(setup, kind, name) for kind, name in todo)
+        return
+    # A worker rebuilds the setup: the solver's module does not cross processes, and a worker
+    # that must accept only counterexamples the explorer reaches keeps its own explorations.
+    plan = (setup.smt.name, setup.opts, setup.conjuncts, setup.rlimit, setup.domain,
+            setup.accept is not None, setup.tries)
+    ctx = multiprocessing.get_context("spawn")
+    with ProcessPoolExecutor(min(jobs, len(todo)), mp_context=ctx) as pool:
+        yield from pool.map(_remote, [(plan, kind, name) for kind, name in todo])
+
+
+def _remote(job: tuple[tuple[Any, ...], str, str]) -> Result:
+    """`discharge` in a worker process."""
+    from .lookup import Explorer
+
+    (solver, opts, conjuncts, rlimit, domain, lookup, tries), kind, name = job
+    setup = Setup(Smt(solver), opts, conjuncts, rlimit, domain,
+                  Explorer().accepts if lookup else None, tries)
+    return discharge(setup, kind, name)

@@ -66,6 +66,16 @@ class Ctx:
     instantiated (a search for a small counterexample, or a pinned state of a model bound):
     every quantified body is guarded by its own range, so below n the two agree."""
     _ids: Iterator[int] = field(default_factory=count)
+    _bound: list[Term] = field(default_factory=list)
+    """The quantified variables around the term being built (for `lam` under cvc5)."""
+
+    def binding(self, xs: list[Term], body: Callable[..., Term]) -> Term:
+        """body(*xs) built with ``xs`` bound (a `lam` inside it depends on them)."""
+        self._bound += xs
+        try:
+            return body(*xs)
+        finally:
+            del self._bound[-len(xs):]
 
     def forall(self, body: Callable[[Term], Term]) -> Term:
         """For every integer x (every x below `domain` when it is set): body(x)."""
@@ -73,7 +83,7 @@ class Ctx:
         if self.domain is not None:
             return z.And(*[body(z.IntVal(x)) for x in range(self.domain)])
         x = z.Int(f"x{next(self._ids)}")
-        return z.ForAll([x], body(x))
+        return z.ForAll([x], self.binding([x], body))
 
     def forall2(self, body: Callable[[Term, Term], Term]) -> Term:
         """For every two integers x, y: body(x, y)."""
@@ -82,7 +92,7 @@ class Ctx:
             return z.And(*[body(z.IntVal(x), z.IntVal(y))
                            for x in range(self.domain) for y in range(self.domain)])
         x, y = z.Int(f"x{next(self._ids)}"), z.Int(f"y{next(self._ids)}")
-        return z.ForAll([x, y], body(x, y))
+        return z.ForAll([x, y], self.binding([x, y], body))
 
     def fresh(self, prefix: str, sort: Any) -> Term:
         return self.smt.z.Const(f"{prefix}!{next(self._ids)}", sort)
@@ -273,9 +283,25 @@ def store(c: Ctx, arr: Term, key: Term, value: Term) -> Term:
 
 
 def lam(c: Ctx, sort: Any, body: Callable[[Term], Term]) -> Term:
-    """The array x -> body(x)."""
-    x = c.smt.z.Const(f"x{next(c._ids)}", sort)
-    return c.smt.z.Lambda([x], body(x))
+    """The array x -> body(x).
+
+    z3 has it as a term (a lambda is an array there). In cvc5 a lambda is a function, not an
+    array, so the array is a fresh constant defined by a side constraint: for every x (and every
+    value of the variables quantified around it, on which it then depends), A[x] == body(x)."""
+    z = c.smt.z
+    x = z.Const(f"x{next(c._ids)}", sort)
+    if c.smt.name == "z3":
+        return z.Lambda([x], body(x))
+    outer = list(c._bound)
+    value = c.binding([x], body)
+    arr = z.ArraySort(sort, value.sort())
+    for v in reversed(outer):
+        arr = z.ArraySort(v.sort(), arr)
+    a = c.fresh("lam", arr)
+    for v in outer:
+        a = a[v]
+    c.side.append(z.ForAll([*outer, x], a[x] == value))
+    return a
 
 
 def drop(c: Ctx, s: StateV, gone: Callable[[Term], Term]) -> StateV:

@@ -1,8 +1,8 @@
 """The prove subcommand: the inductive invariant's obligations, discharged by an SMT solver.
 
     ttmirror prove [--depth D] [--spec-tokens K] [--preempt-policy P] [--faults] [--no-guard]
-                   [--release-at R] [--variant V] [--slots K] [--solver z3|cvc5] [--manifest]
-                   [--json]
+                   [--release-at R] [--variant V] [--slots K] [--solver z3|cvc5] [--rlimit N]
+                   [--jobs N] [--manifest] [--json]
 
 What the proof leaves unbounded (the number of requests, slots K >= D, rows per step, tokens per
 request, preemptions, prompt chunks, host-sync requests, steps) and what it fixes (the depth D,
@@ -64,6 +64,9 @@ def register(add_parser: AddParser) -> None:
     p.add_argument("--rlimit", type=int, default=None,
                    help="the solver's resource units per query before it counts as unknown: a "
                         "bound on work, not time (default: RLIMIT of ttmirror.proof.obligations)")
+    p.add_argument("--jobs", type=int, default=None,
+                   help="processes discharging obligations side by side (default one per "
+                        "core)")
     p.add_argument("--manifest", action="store_true",
                    help="every option set the manifest lists as passing, one after another")
     p.add_argument("--json", action="store_true", help="print one JSON object")
@@ -124,7 +127,7 @@ def describe(opts: Any) -> str:
     return ", ".join(parts)
 
 
-def run_set(opts: Any, solver: str, rlimit: int, say: Any) -> dict[str, Any]:
+def run_set(opts: Any, solver: str, rlimit: int, say: Any, jobs: int = 1) -> dict[str, Any]:
     """Every obligation of one option set; ``say`` gets each line as it is decided."""
     from .proof.lookup import Explorer
     from .proof.obligations import Setup, obligations
@@ -140,7 +143,7 @@ def run_set(opts: Any, solver: str, rlimit: int, say: Any) -> dict[str, Any]:
     say(f"  fixed: {fixed}; unbounded: {', '.join(UNBOUNDED)}")
     results = []
     start = time.perf_counter()
-    for r in obligations(setup):
+    for r in obligations(setup, jobs):
         say("  " + r.line())
         entry: dict[str, Any] = {"kind": r.kind, "name": r.name, "verdict": r.verdict,
                                  "seconds": round(r.seconds, 3)}
@@ -206,17 +209,21 @@ def crossing_of(setup: Any, entry: Any, say: Any) -> dict[str, Any]:
 
 def cmd_prove(ns: argparse.Namespace) -> int:
     sets = manifest_option_sets() if ns.manifest else [options_from(ns)]
+    from .explore_jobs import default_jobs
     from .proof.obligations import RLIMIT
 
     rlimit = RLIMIT if ns.rlimit is None else ns.rlimit
     if rlimit <= 0:
         raise UsageError(f"--rlimit must be positive, got {rlimit}")
+    jobs = default_jobs() if ns.jobs is None else ns.jobs
+    if jobs < 1:
+        raise UsageError(f"--jobs must be 1 or more, got {jobs}")
     def say(line: str) -> None:
         if not ns.json:
             print(line, flush=True)
 
     start = time.perf_counter()
-    runs = [run_set(o, ns.solver, rlimit, say) for o in sets]
+    runs = [run_set(o, ns.solver, rlimit, say, jobs) for o in sets]
     seconds = time.perf_counter() - start
     holds = all(r["holds"] for r in runs)
     count = sum(len(r["obligations"]) for r in runs)

@@ -1,6 +1,6 @@
 """The report subcommand: the review site a spec reviewer opens in a browser.
 
-    ttmirror report [-o DIR] [--no-tlc] [--fuzz-seconds S] [--seed N] [--mutants FILE]
+    ttmirror report [-o DIR] [--no-tlc] [--no-prove] [--fuzz-seconds S] [--seed N] [--mutants FILE]
                     [--bench-engine FILE] [--traces DIR] [--jobs N] [bounds]
 
 Exit codes: 0 written and every property holds at the bounds, 1 written and something fails
@@ -44,6 +44,9 @@ def register(add_parser: AddParser) -> None:
                    help="folder of ITF regression traces (default the repository's)")
     r.add_argument("--jobs", type=int, default=None,
                    help="processes exploring (default one per core)")
+    r.add_argument("--no-prove", action="store_true",
+                   help="leave out the proof for every size (`ttmirror prove` at the bounds' "
+                        "option set)")
     r.set_defaults(func=cmd_report)
 
 
@@ -79,6 +82,7 @@ def cmd_report(ns: argparse.Namespace) -> int:
     check = check_report.as_json(ex)
     _say(f"explored {check['states']:,} states, {check['transitions']:,} transitions")
     tlc = _tlc(bounds, ex) if not ns.no_tlc else None
+    proof = _prove(bounds) if not ns.no_prove else None
     coverage, walked = _fuzz(ex, ns.seed, ns.fuzz_seconds, jobs)
     views = [review.slot_view(ex, walked), review.request_view(ex, walked)]
     cexs = []
@@ -86,7 +90,7 @@ def cmd_report(ns: argparse.Namespace) -> int:
         cexs.append(review.counterexample(name, about, explore_jobs.explore(bad, jobs)))
     _say(f"{len(cexs)} known-bad variants explored")
     data: dict[str, Any] = {
-        "check": check, "tlc": tlc, "coverage": coverage, "views": views,
+        "check": check, "tlc": tlc, "proof": proof, "coverage": coverage, "views": views,
         "counterexamples": cexs, "kills": kills, "bench": bench,
         "traces": [review.trace_table(p) for p in sorted(traces.glob("*.itf.json"))],
         "spec": review.spec_html(),
@@ -115,6 +119,20 @@ def _tlc(bounds: Any, ex: Any) -> dict[str, Any] | None:
         return None
     _say(f"TLC: {result['tlc_states']:,} states, verdicts "
          f"{'agree' if result['agree'] else 'DISAGREE'}")
+    return result
+
+
+def _prove(bounds: Any) -> dict[str, Any]:
+    """`ttmirror prove` at the option set of the bounds: each obligation and its verdict, and
+    any counterexample to induction with its lookup in the explorer."""
+    from .cli_prove import run_set
+    from .proof.obligations import RLIMIT
+    from .proof.relation import Options
+
+    result = run_set(Options.of(bounds), "z3", RLIMIT, lambda line: None)
+    bad = sum(o["verdict"] != "holds" for o in result["obligations"])
+    _say(f"proof: {len(result['obligations']) - bad} of {len(result['obligations'])} "
+         f"obligations hold ({result['seconds']:.0f} s)")
     return result
 
 

@@ -165,6 +165,24 @@ def counterexample(name: str, about: str, ex: Exploration) -> dict[str, Any]:
     return out
 
 
+def cti_rows(before: Mapping[str, Any], after: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """A counterexample to induction's two states side by side, one row per variable (each
+    queue place, slot and request its own row), ``changed`` where the action changed it."""
+    def flat(state: Mapping[str, Any]) -> dict[str, str]:
+        out: dict[str, str] = {}
+        for key, value in state.items():
+            if isinstance(value, list) and key in ("queue", "slots", "requests"):
+                for i, item in enumerate(value):
+                    out[f"{key}[{i}]"] = json.dumps(item, separators=(",", ":"))
+            else:
+                out[key] = json.dumps(value, separators=(",", ":"))
+        return out
+
+    b, a = flat(before), flat(after)
+    return [{"name": k, "before": b.get(k, "-"), "after": a.get(k, "-"),
+             "changed": b.get(k) != a.get(k)} for k in dict.fromkeys([*b, *a])]
+
+
 def known_bad(bounds: Bounds) -> list[tuple[str, str, Bounds]]:
     """Each failing variant of the manifest's default size, its changes applied to `bounds`."""
     out = []
@@ -304,13 +322,15 @@ def page(data: Mapping[str, Any]) -> str:
         "views": {g.key: g.nodes for g in views},
         "counterexamples": data["counterexamples"],
     }
-    nav = [("verdicts", "Verdicts"), *((f"view-{g.key}", g.title) for g in views),
+    nav = [("verdicts", "Verdicts"), ("proof", "Proof"),
+           *((f"view-{g.key}", g.title) for g in views),
            ("counterexamples", "Counterexamples"), ("coverage", "Coverage"), ("kills", "Kills"),
            ("traces", "Traces"), ("bench", "Benchmarks"), ("vocabulary", "Vocabulary"),
            ("spec", "Spec")]
     bench = data.get("bench")
     return TEMPLATES.get_template("index.html").render(
         check=data["check"], check_json=json.dumps(data["check"], indent=1), tlc=data["tlc"],
+        proof=data.get("proof"),
         views=[_with_svg(g) for g in views], coverage=data["coverage"],
         cexs=data["counterexamples"], kills=data["kills"], traces=data["traces"],
         bench=None if bench is None else {"data": bench, "rows": _bench_rows(bench)},
@@ -319,6 +339,7 @@ def page(data: Mapping[str, Any]) -> str:
         # "</" closes a script element wherever it appears: escape it inside the JSON.
         payload=Markup(json.dumps(script_data).replace("</", "<\\/")),
         invariant_text=invariant_text, sometimes_text=_sometimes_text, failures=failures,
+        cti_rows=cti_rows,
     )
 
 
