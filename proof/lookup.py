@@ -74,7 +74,7 @@ def breaks(setup: Setup, state: State, bounds: Bounds) -> list[str]:
     p = fresh_params(smt)
     c = Ctx(smt, p, setup.opts, domain=domain_for(bounds, state))
     s = fresh_state(smt, "s", setup.opts.depth)
-    sol = z.Solver()
+    sol = smt.solver(setup.rlimit)
     sol.add(*pin_params(smt, p, bounds), *pin(smt, s, state, bounds))
     out = []
     for cj in setup.invariant:
@@ -118,7 +118,7 @@ def confirms(setup: Setup, cti: Cti) -> bool:
     c = Ctx(smt, p, setup.opts, domain=domain_for(b, cti.before, cti.after))
     s = fresh_state(smt, "s", setup.opts.depth)
     enabled, post = step(c, cti.action, s)
-    sol = z.Solver()
+    sol = smt.solver(setup.rlimit)
     sol.add(*pin_params(smt, p, b), *pin(smt, s, cti.before, b), enabled,
             *[cj.holds(c, s) for cj in setup.invariant],
             *pin(smt, post, cti.after, b),

@@ -206,7 +206,7 @@ def test_a_failing_check_is_shown_failing(case: str, browser: Any, tmp_path: Pat
     from selenium.webdriver.common.by import By
 
     args, bounds, header = FAILING[case]
-    assert main(["report", *args, "--fuzz-seconds", "0", "--no-tlc", "--jobs", "1",
+    assert main(["report", *args, "--fuzz-seconds", "0", "--no-tlc", "--no-prove", "--jobs", "1",
                  "-o", str(tmp_path)]) == 1
     expected = json.loads(json.dumps(report.as_json(explore(bounds))))
     assert expected["passed"] is False

@@ -77,6 +77,17 @@ def test_at_the_default_bounds_the_page_shows_what_check_json_prints(tmp_path: P
     data = json.loads(re.search(r'<script type="application/json" id="review-data">(.*?)'
                                 r"</script>", page, re.S).group(1))  # type: ignore[union-attr]
     assert set(data["views"]) == {"slot", "request"} and data["counterexamples"]
+    # The proof for every size beside the bounded check: each obligation as `prove` gives it.
+    from ttmirror.cli_prove import run_set
+    from ttmirror.proof.obligations import RLIMIT
+    from ttmirror.proof.relation import Options
+
+    proved = run_set(Options(), "z3", RLIMIT, lambda line: None)
+    cells = dict(re.findall(r'data-obligation="([\w:@]+)">(\w+)<', page))
+    assert cells == {f"{o['kind']}:{o['name']}": "holds" for o in proved["obligations"]}
+    verdict = re.search(r'id="proof-verdict">(.*?)</p>', page, re.S)
+    assert verdict is not None and "holds for every number of requests, tokens, preemptions " \
+        "and steps" in verdict.group(1)
 
 
 def test_values_on_the_page_are_escaped(tmp_path: Path) -> None:
@@ -89,7 +100,8 @@ def test_values_on_the_page_are_escaped(tmp_path: Path) -> None:
     evil = "<script>alert('kill')</script>"
     kills = tmp_path / "kills.json"
     kills.write_text(json.dumps([{"id": evil, "killed": True, "config": "eager-2cq"}]))
-    assert main(["report", "--requests", "1", "--fuzz-seconds", "0", "--no-tlc", "--mutants",
+    assert main(["report", "--requests", "1", "--fuzz-seconds", "0", "--no-tlc", "--no-prove",
+                 "--mutants",
                  str(kills), "-o", str(tmp_path / "site")]) == 0
     page = (tmp_path / "site" / "index.html").read_text()
     assert evil not in page and "&lt;script&gt;alert(&#39;kill&#39;)&lt;/script&gt;" in page
@@ -112,7 +124,7 @@ def _failing_report(tmp_path: Path, capsys: pytest.CaptureFixture[str],
     import json
     import re
 
-    code = main(["report", *args, "--fuzz-seconds", "0", "--no-tlc", "--jobs", "1",
+    code = main(["report", *args, "--fuzz-seconds", "0", "--no-tlc", "--no-prove", "--jobs", "1",
                  "-o", str(tmp_path)])
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 1, err

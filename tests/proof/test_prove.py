@@ -218,12 +218,34 @@ def test_the_cli_proves_the_default_options_in_json() -> None:
     assert report["seconds"] < 600  # a ceiling, not a speed target (benchmarks hold those)
 
 
-def test_the_cli_names_a_known_bad_counterexample() -> None:
-    out = subprocess.run([sys.executable, "-m", "ttmirror", "prove", "--no-guard",
-                          "--rlimit", "5000000"], capture_output=True, text=True, timeout=900)
-    assert out.returncode == 1
-    assert "leaves the invariant after" in out.stdout
-    assert "the solver confirms this counterexample to induction" in out.stdout
+def test_a_known_bad_option_set_prints_and_draws_its_counterexample() -> None:
+    """guard-off: the printed lines name the counterexample to induction and where the
+    explorer's shortest counterexample leaves the invariant; the review report's proof section
+    says the proof fails and draws both as before/after tables."""
+    import re
+
+    from ttmirror.cli_prove import run_set
+    from ttmirror.review import TEMPLATES, cti_rows
+
+    lines: list[str] = []
+    result = run_set(Options(guard=False), "z3", 5_000_000, lines.append)
+    text = "\n".join(lines)
+    assert result["holds"] is False
+    assert "leaves the invariant after" in text
+    assert "the solver confirms this counterexample to induction" in text
+    failing = [o for o in result["obligations"] if o["verdict"] != "holds"]
+    assert failing and all("counterexample" in o for o in failing if o["verdict"] == "fails")
+    crossing = result["explorer_crossing"]
+    assert crossing["found"] and crossing["entry"] == "small-guard-off"
+    module = TEMPLATES.get_template("sections.html").make_module({"cti_rows": cti_rows})
+    page = str(module.proof_section(result))  # type: ignore[attr-defined]
+    assert "obligations do not hold: the invariant is not proved for every size" in page
+    assert "for every number of requests" not in page
+    cells = dict(re.findall(r'data-obligation="([\w:@]+)">(\w+)<', page))
+    assert cells == {f"{o['kind']}:{o['name']}": o["verdict"] for o in result["obligations"]}
+    drawn = page.count('<div class="cti">')
+    assert drawn == sum("counterexample" in o for o in result["obligations"]) + 1
+    assert 'class="changed"' in page  # the action's change is marked in the drawing
 
 
 def test_bad_arguments_are_one_line() -> None:
