@@ -63,7 +63,8 @@ def register(add_parser: AddParser) -> None:
                    help="the SMT solver (default %(default)s)")
     p.add_argument("--rlimit", type=int, default=None,
                    help="the solver's resource units per query before it counts as unknown: a "
-                        "bound on work, not time (default: RLIMIT of ttmirror.proof.obligations)")
+                        "bound on work, not time (default: RLIMIT, or CVC5_RLIMIT with cvc5, of "
+                        "ttmirror.proof.obligations)")
     p.add_argument("--jobs", type=int, default=None,
                    help="processes discharging obligations side by side (default one per "
                         "core)")
@@ -210,9 +211,10 @@ def crossing_of(setup: Any, entry: Any, say: Any) -> dict[str, Any]:
 def cmd_prove(ns: argparse.Namespace) -> int:
     sets = manifest_option_sets() if ns.manifest else [options_from(ns)]
     from .explore_jobs import default_jobs
-    from .proof.obligations import RLIMIT
+    from .proof.obligations import CVC5_RLIMIT, RLIMIT
 
-    rlimit = RLIMIT if ns.rlimit is None else ns.rlimit
+    default = RLIMIT if ns.solver == "z3" else CVC5_RLIMIT
+    rlimit = default if ns.rlimit is None else ns.rlimit
     if rlimit <= 0:
         raise UsageError(f"--rlimit must be positive, got {rlimit}")
     jobs = default_jobs() if ns.jobs is None else ns.jobs
