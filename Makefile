@@ -15,12 +15,13 @@ STAMP_VLLM := $(VENV_VLLM)/.installed
 PYTHON312 ?= $(shell for c in python3.12 "$$HOME/.pyenv/versions/3.12.1/bin/python3.12" /usr/local/bin/python3.12 /usr/bin/python3.12; do \
 	if "$$c" -c 'import sys; assert sys.version_info[:2] == (3, 12)' >/dev/null 2>&1; then echo "$$c"; break; fi; done)
 
-.PHONY: help demo test lint bench-check bench-device spec setup setup-vllm serve-vllm system-deps clean bench-engine bench-validate soak
+.PHONY: help demo test lint bench-check prove bench-device spec setup setup-vllm serve-vllm system-deps clean bench-engine bench-validate soak
 
 help:
 	@echo "make demo         check the model, write graphs and the review report to out/, serve a tiny Qwen3 at depth 2"
 	@echo "make test         the whole test suite (what CI runs)"
 	@echo "make bench-check  TLC against the manifest; the explorer beside TLC"
+	@echo "make prove        the proof for every size (z3) at every option set the manifest lists as passing"
 	@echo "make bench-device emulated device commands per second"
 	@echo "make bench-engine serving tokens/s at depth 2 vs 1; overlap under layout churn"
 	@echo "make bench-validate  a 10,000-step serving run validated against the model"
@@ -85,6 +86,9 @@ serve-vllm: setup setup-vllm
 lint: setup
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/mypy ttmirror
+
+prove: setup
+	$(VENV)/bin/ttmirror prove --manifest
 
 bench-check: setup
 	$(PY) benchmarks/bench_check.py

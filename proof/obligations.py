@@ -336,10 +336,10 @@ def obligations(setup: Setup, jobs: int = 1) -> Iterator[Result]:
     if jobs <= 1:
         yield from (discharge(setup, kind, name) for kind, name in todo)
         return
-    # A worker rebuilds the setup: the solver's module does not cross processes, and a worker
-    # that must accept only counterexamples the explorer reaches keeps its own explorations.
+    # A worker rebuilds the setup: the solver's module does not cross processes (the explorer
+    # behind ``accept`` does, and each worker keeps its own explorations).
     plan = (setup.smt.name, setup.opts, setup.conjuncts, setup.rlimit, setup.domain,
-            setup.accept is not None, setup.tries)
+            setup.accept, setup.tries)
     ctx = multiprocessing.get_context("spawn")
     with ProcessPoolExecutor(min(jobs, len(todo)), mp_context=ctx) as pool:
         yield from pool.map(_remote, [(plan, kind, name) for kind, name in todo])
@@ -347,9 +347,6 @@ def obligations(setup: Setup, jobs: int = 1) -> Iterator[Result]:
 
 def _remote(job: tuple[tuple[Any, ...], str, str]) -> Result:
     """`discharge` in a worker process."""
-    from .lookup import Explorer
-
-    (solver, opts, conjuncts, rlimit, domain, lookup, tries), kind, name = job
-    setup = Setup(Smt(solver), opts, conjuncts, rlimit, domain,
-                  Explorer().accepts if lookup else None, tries)
+    (solver, opts, conjuncts, rlimit, domain, accept, tries), kind, name = job
+    setup = Setup(Smt(solver), opts, conjuncts, rlimit, domain, accept, tries)
     return discharge(setup, kind, name)
