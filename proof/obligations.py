@@ -85,7 +85,7 @@ class Setup:
     accept: Callable[[Cti], bool] | None = None
     """Whether a counterexample will do (the explorer reaches it); None: the first."""
     tries: int = 1
-    """Counterexamples to ask for before settling for the first (0: the verdict only)."""
+    """Counterexamples to ask for before settling for the first (at least one)."""
     record: list[tuple[str, str]] | None = None
     """Where given, the proof asks every conjunct (not only up to the first that is not
     unsat), appends each one's name and verdict here, and no search follows: the cross-check
@@ -178,13 +178,16 @@ def bounds_of(reader: Reader, p: Params, opts: Options, n: int) -> Bounds:
         faults=opts.faults, spec_tokens=opts.spec_tokens)
 
 
-def _check(setup: Setup, build: Callable[[Ctx, Any], tuple[StateV, StateV | None]],
-           broken_of: Callable[[Ctx, StateV, StateV | None], list[tuple[str, Any]]],
-           action: str) -> tuple[str, Cti | None]:
-    """One query: "unsat" (holds), or "sat" with its counterexample, or "unknown"."""
+Build = Callable[[Ctx, Any], tuple[StateV, StateV | None]]
+"""A query's premises: adds them to the solver, returns the state (and successor) they name."""
+Broken = Callable[[Ctx, StateV, StateV | None], list[tuple[str, Any]]]
+"""A query's goals: each conjunct's name and the term saying it is broken."""
+
+
+def _check(setup: Setup, build: Build, broken_of: Broken, action: str) -> tuple[str, Cti | None]:
+    """The search for a counterexample (every goal in one query): "unsat" (none), "sat" with
+    the counterexample, or "unknown"."""
     z = setup.smt.z
-    if setup.tries == 0 and setup.domain is None:
-        return _prove(setup, build, broken_of), None
     p = fresh_params(setup.smt)
     c = setup.ctx(p)
     sol = setup.smt.solver(setup.rlimit)
@@ -199,8 +202,6 @@ def _check(setup: Setup, build: Callable[[Ctx, Any], tuple[StateV, StateV | None
             if cti is not None:
                 return "sat", cti
             return ("unsat" if verdict == z.unsat else "unknown"), None
-        if setup.tries == 0:  # the verdict alone
-            return "sat", None
         model = sol.model()
         rd = Reader(setup.smt, model)
         n, k = rd.num(p.N), rd.num(p.K)
@@ -217,8 +218,7 @@ def _check(setup: Setup, build: Callable[[Ctx, Any], tuple[StateV, StateV | None
     return "sat", cti
 
 
-def _prove(setup: Setup, build: Callable[[Ctx, Any], tuple[StateV, StateV | None]],
-           broken_of: Callable[[Ctx, StateV, StateV | None], list[tuple[str, Any]]]) -> str:
+def _prove(setup: Setup, build: Build, broken_of: Broken) -> str:
     """The proof of one obligation, one query per conjunct it must establish: "unsat" when
     none can break. Several small queries take the solver a fraction of the time of their
     disjunction (a consecution with drafts at depth 3: minutes instead of no verdict)."""
@@ -245,72 +245,63 @@ def _prove(setup: Setup, build: Callable[[Ctx, Any], tuple[StateV, StateV | None
     return worst
 
 
-def _discharge(setup: Setup, kind: str, name: str,
-               query: Callable[[Setup], tuple[str, Cti | None]]) -> Result:
+def _discharge(setup: Setup, kind: str, name: str, build: Build, broken_of: Broken) -> Result:
     """Prove over every integer; where that fails, search a small domain for a counterexample
     (the proof's own model, over every integer, need not be one a reader can follow)."""
     start = time.perf_counter()
-    verdict, _ = query(replace(setup, accept=None, tries=0))
+    verdict = _prove(setup, build, broken_of)
     cti = None
     if verdict == "unsat":
         verdict = "holds"
     elif setup.record is not None:
         verdict = {"sat": "fails"}.get(verdict, "unknown")
     else:
-        verdict, cti = query(replace(setup, domain=SEARCH_DOMAIN))
+        action = name if kind == "consecution" else "init" if kind == "initiation" else "-"
+        verdict, cti = _check(replace(setup, domain=SEARCH_DOMAIN), build, broken_of, action)
         verdict = {"unsat": "unknown", "sat": "fails"}.get(verdict, "unknown")
     return Result(kind, name, verdict, time.perf_counter() - start, cti)
 
 
 def initiation(setup: Setup) -> Result:
     """Every initial state satisfies the invariant."""
-    def query(st: Setup) -> tuple[str, Cti | None]:
-        def build(c: Ctx, sol: Any) -> tuple[StateV, None]:
-            s = fresh_state(st.smt, "s", st.opts.depth)
-            sol.add(initial(c, s))
-            return s, None
+    def build(c: Ctx, sol: Any) -> tuple[StateV, None]:
+        s = fresh_state(setup.smt, "s", setup.opts.depth)
+        sol.add(initial(c, s))
+        return s, None
 
-        def broken(c: Ctx, s: StateV, _: StateV | None) -> list[tuple[str, Any]]:
-            return [(cj.name, st.smt.z.Not(cj.holds(c, s))) for cj in st.invariant]
+    def broken(c: Ctx, s: StateV, _: StateV | None) -> list[tuple[str, Any]]:
+        return [(cj.name, setup.smt.z.Not(cj.holds(c, s))) for cj in setup.invariant]
 
-        return _check(st, build, broken, "init")
-
-    return _discharge(setup, "initiation", "init", query)
+    return _discharge(setup, "initiation", "init", build, broken)
 
 
 def consecution(setup: Setup, action: str) -> Result:
     """From every state satisfying the invariant, ``action`` leads to one that satisfies it."""
-    def query(st: Setup) -> tuple[str, Cti | None]:
-        def build(c: Ctx, sol: Any) -> tuple[StateV, StateV]:
-            s = fresh_state(st.smt, "s", st.opts.depth)
-            sol.add(*[cj.holds(c, s) for cj in st.invariant])
-            enabled, post = step(c, action, s)
-            sol.add(enabled)
-            return s, post
+    def build(c: Ctx, sol: Any) -> tuple[StateV, StateV]:
+        s = fresh_state(setup.smt, "s", setup.opts.depth)
+        sol.add(*[cj.holds(c, s) for cj in setup.invariant])
+        enabled, post = step(c, action, s)
+        sol.add(enabled)
+        return s, post
 
-        def broken(c: Ctx, s: StateV, t: StateV | None) -> list[tuple[str, Any]]:
-            assert t is not None
-            return [(cj.name, st.smt.z.Not(cj.holds(c, t))) for cj in st.invariant]
+    def broken(c: Ctx, s: StateV, t: StateV | None) -> list[tuple[str, Any]]:
+        assert t is not None
+        return [(cj.name, setup.smt.z.Not(cj.holds(c, t))) for cj in setup.invariant]
 
-        return _check(st, build, broken, action)
-
-    return _discharge(setup, "consecution", action, query)
+    return _discharge(setup, "consecution", action, build, broken)
 
 
 def safety(setup: Setup, invariant: Conjunct) -> Result:
     """The invariant implies one of the model's safety invariants."""
-    def query(st: Setup) -> tuple[str, Cti | None]:
-        def build(c: Ctx, sol: Any) -> tuple[StateV, None]:
-            s = fresh_state(st.smt, "s", st.opts.depth)
-            sol.add(*[cj.holds(c, s) for cj in st.invariant])
-            return s, None
+    def build(c: Ctx, sol: Any) -> tuple[StateV, None]:
+        s = fresh_state(setup.smt, "s", setup.opts.depth)
+        sol.add(*[cj.holds(c, s) for cj in setup.invariant])
+        return s, None
 
-        def broken(c: Ctx, s: StateV, _: StateV | None) -> list[tuple[str, Any]]:
-            return [(invariant.name, st.smt.z.Not(invariant.holds(c, s)))]
+    def broken(c: Ctx, s: StateV, _: StateV | None) -> list[tuple[str, Any]]:
+        return [(invariant.name, setup.smt.z.Not(invariant.holds(c, s)))]
 
-        return _check(st, build, broken, "-")
-
-    return _discharge(setup, "safety", invariant.name, query)
+    return _discharge(setup, "safety", invariant.name, build, broken)
 
 
 def names(opts: Options) -> list[tuple[str, str]]:
