@@ -78,7 +78,7 @@ demo: setup
 test: setup setup-vllm
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/mypy ttmirror
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q --durations=40
 
 serve-vllm: setup setup-vllm
 	$(PY) -m ttmirror serve-vllm --model tiny-qwen3
