@@ -249,8 +249,8 @@ def _prove(setup: Setup, build: Build, broken_of: Broken) -> str:
     base.add(*assumptions(c, s))
     common = list(base.assertions())
     worst = "unsat"
+    every = [h for _, h in hyps]
     for name, bad in broken_of(c, s, t):
-        every = [h for _, h in hyps]
         core = [h for n, h in hyps if n == name or n in CORE]
         tries = [(every if which == "all" else core, setup.rlimit // share)
                  for which, share in TRIES if which == "all" or len(core) < len(hyps)]
