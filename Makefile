@@ -75,10 +75,14 @@ demo: setup
 		--bench-engine out/bench-engine.json
 	$(VENV)/bin/ttmirror serve-demo --model tiny-qwen3 --backend tt
 
+# One pytest worker per core (pytest-xdist); worksteal hands a finished worker part of a busy
+# one's queue, so the few long tests do not leave a core idle at the end. TEST_WORKERS=0 runs
+# the suite in this process (what a debugger or -x wants).
+TEST_WORKERS ?= auto
 test: setup setup-vllm
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/mypy ttmirror
-	$(PY) -m pytest -q --durations=40
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist worksteal --durations=40
 
 serve-vllm: setup setup-vllm
 	$(PY) -m ttmirror serve-vllm --model tiny-qwen3
