@@ -25,7 +25,7 @@ help:
 	@echo "make bench-device emulated device commands per second"
 	@echo "make bench-engine serving tokens/s at depth 2 vs 1; overlap under layout churn"
 	@echo "make bench-validate  a 10,000-step serving run validated against the model"
-	@echo "make soak         100,000 serving steps on worker threads with device faults"
+	@echo "make soak         100,000 serving steps with device faults, replayable from the seed"
 	@echo "make spec         regenerate the generated parts of specs/"
 	@echo "make serve-vllm   vLLM's own engine and scheduler serving through the TT mirror"
 	@echo "make lint         ruff + mypy"
@@ -113,11 +113,13 @@ bench-engine: setup
 bench-validate: setup
 	$(PY) benchmarks/bench_validate.py
 
-# The serving loop for 100,000 steps on the emulated device's worker threads, a device fault
-# armed before about 1% of them: no hazard, no token lost or duplicated, no buffer leaked.
+# The serving loop for 100,000 steps with a device fault armed before about 1% of them, the
+# device on its seeded simulated clock (a seed replays the run): no hazard, no token lost or
+# duplicated, no buffer leaked. SOAK_CLOCK=threaded runs the command queues on worker threads.
 SOAK_STEPS ?= 100000
+SOAK_CLOCK ?= simulated
 soak: setup
-	$(VENV)/bin/ttmirror soak --steps $(SOAK_STEPS) --fault-rate 0.01 --seed 0
+	$(VENV)/bin/ttmirror soak --steps $(SOAK_STEPS) --fault-rate 0.01 --seed 0 --clock $(SOAK_CLOCK)
 
 .PHONY: fuzz-long
 # The conformance state machine under HypoFuzz: a long coverage-guided campaign over all cores,

@@ -1,7 +1,12 @@
-"""The soak: the serving loop for a long run on real threads, with device faults, checked on data.
+"""The soak: the serving loop for a long run, with device faults, checked on data.
 
-The `ServingEngine` serves at depth 2 on the emulated TT device whose command queues run on
-worker threads (`ThreadedScheduler`), hazards counted rather than raised. Requests arrive at
+The `ServingEngine` serves at depth 2 on the emulated TT device, hazards counted rather than
+raised. By default the device completes its commands on a simulated clock (`TimedScheduler`,
+seeded by the soak's seed: per-command times with jitter decide which queue finishes first, and
+a late read is held until the host gave up waiting for it), so a seed replays the whole run,
+the device's completion order included (`SoakReport.device_order`). `clock="threaded"` runs
+each command queue on a worker thread instead (`ThreadedScheduler`): real concurrency, which
+the seed does not replay. Requests arrive at
 random (prompts, budgets, stop sets, per-request sampling, some host-sync), some are aborted
 after a random number of tokens, the KV budget preempts, and before about `fault_rate` of the
 steps one device fault is armed (`emulator/injection.py`): a refused write, op, event or read,
@@ -27,6 +32,7 @@ from __future__ import annotations
 
 import dataclasses
 import gc
+import hashlib
 import random
 import resource
 import sys
@@ -39,7 +45,7 @@ from typing import Any
 
 import ttnn
 
-from ..emulator import Emulator, ManualScheduler, ThreadedScheduler, open_device
+from ..emulator import Emulator, ManualScheduler, ThreadedScheduler, TimedScheduler, open_device
 from ..emulator.decoder import dram_bytes
 from ..impl.backend import TokenLogprobs
 from ..impl.events import Event
@@ -69,6 +75,10 @@ SAMPLINGS: tuple[SamplingParams | None, ...] = (
 ARRIVAL_CHANCE = 0.7
 """Chance that a request arrives before an engine iteration (while the queue is short)."""
 DRAM = 16 << 20
+DEVICE_S = 1.0
+"""The simulated clock's time per device command (jittered by half), against the host's 1.0
+per call: the queues sometimes lag the host and sometimes keep up, so which queue completes
+first varies from step to step."""
 
 
 @dataclass
@@ -102,6 +112,13 @@ class SoakReport:
     events: int = 0
     validated: bool = False
     divergence: str | None = None
+    delivered: str = ""
+    """SHA-256 of every request's delivered tokens, request by request: what a replay of the seed
+    must deliver again."""
+    device_order: str = ""
+    """SHA-256 of the labels of every device command in the order they completed: equal for two
+    runs of one seed on the simulated clock (the interleavings replay), not on threads."""
+    clock: str = "simulated"
     peak_rss_mb: float = 0.0
     seconds: float = 0.0
     seed: int = 0
@@ -174,7 +191,11 @@ class _Run:
 
     def events(self) -> Iterator[Event]:
         cfg, report, rng = self.cfg, self.report, self.rng
-        device = _open(self.model, ThreadedScheduler, "count")
+        scheduler: Callable[[], Any] = ThreadedScheduler if cfg.clock == "threaded" else (
+            lambda: TimedScheduler(seed=cfg.seed, default_s=DEVICE_S))
+        device = _open(self.model, scheduler, "count")
+        order = hashlib.sha256()
+        device.observers.append(lambda command: order.update(command.label.encode() + b";"))
         try:
             engine = _engine(device, self.model, cfg, depth2=True)
             report.baseline_buffers = len(device.allocator.live)
@@ -224,6 +245,7 @@ class _Run:
                                       if k.startswith("faults_at_")}
             report.preemptions = engine.kv.preemptions
             report.aborts = len(aborted)
+            report.device_order = order.hexdigest()
             for req, r in engine.runner.requests.items():
                 self.tokens[req], self.statuses[req] = list(r.delivered), r.status
                 self.logprobs[req] = list(r.logprobs)
@@ -272,7 +294,7 @@ def run_soak(cfg: SoakConfig, trace_file: Path,
     """Run the soak, stream its events to `trace_file`, replay it sync, validate the trace."""
     start = time.perf_counter()
     model = load_model(cfg.model)
-    report = SoakReport(seed=cfg.seed, trace_file=str(trace_file))
+    report = SoakReport(seed=cfg.seed, trace_file=str(trace_file), clock=cfg.clock)
     say = progress or (lambda _: None)
     last = [time.perf_counter(), 0]
 
@@ -287,6 +309,7 @@ def run_soak(cfg: SoakConfig, trace_file: Path,
     say(f"soak: replaying {len(run.plan):,} requests at depth 1")
     owed, owed_logprobs = _sync_replay(cfg, model, run.plan)
     _count(run, owed, owed_logprobs, report)
+    report.delivered = hashlib.sha256(repr(sorted(run.tokens.items())).encode()).hexdigest()
     report.requests = len(run.plan)
     say(f"soak: validating {report.events:,} events")
     events = read_events(trace_file)
@@ -319,6 +342,7 @@ def summary(report: SoakReport) -> list[str]:
         f"trace: {report.events:,} events, "
         + ("validated against the model" if report.validated
            else f"LEFT THE MODEL: {report.divergence}"),
+        f"device: {report.clock} clock, completion order {report.device_order[:16]}; "
         f"peak memory {report.peak_rss_mb:,.0f} MB; {report.seconds:,.1f} s",
         f"{verdict} (seed {report.seed}"
         + (f"; trace {report.trace_file})" if report.trace_file else ")"),

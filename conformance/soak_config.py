@@ -4,6 +4,10 @@ so a bad argument costs nothing."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
+
+Clock = Literal["simulated", "threaded"]
+CLOCKS: tuple[Clock, ...] = ("simulated", "threaded")
 
 
 @dataclass(frozen=True)
@@ -20,12 +24,18 @@ class SoakConfig:
     trace: bool = False
     """Replay the decode step as a captured trace (its refusal joins the faults)."""
     readback_timeout_s: float = 1.0
-    """The engine's readback deadline; a late read lands `stall_factor` times it after issue."""
+    """The engine's readback deadline (wall-clock, as on a chip). A late read lands once the host
+    gave up on it (simulated clock), or `stall_factor` times the deadline after issue (threaded)."""
     stall_factor: float = 1.5
     """Between 1 (the host gives up first) and 2 (the next wait, queued behind, does not)."""
     logprobs: int = 3
     """Top logprobs a request may ask for (the logprob ring's width; about half the requests
     ask for 0 to this many); 0: the engine has no logprob ring and no request asks."""
+    clock: Clock = "simulated"
+    """simulated: the device completes commands on a simulated clock (`TimedScheduler`, seeded
+    by `seed`), in the host's thread, so a seed replays the run exactly, interleavings and late
+    reads included; threaded: a worker thread per command queue, real concurrency, which the
+    seed does not replay."""
 
     def __post_init__(self) -> None:
         if self.steps < 1:
@@ -38,5 +48,7 @@ class SoakConfig:
             raise ValueError(f"the stall factor must be in (1, 2), got {self.stall_factor}")
         if self.logprobs < 0:
             raise ValueError(f"--logprobs must be 0 or more, got {self.logprobs}")
+        if self.clock not in CLOCKS:
+            raise ValueError(f"--clock must be one of {', '.join(CLOCKS)}, got {self.clock!r}")
         if self.rows < 1 or self.kv_tokens < 1:
             raise ValueError("rows and the KV budget must be 1 or more")

@@ -389,7 +389,7 @@ class EmulatedMeshDevice:
             effect = HostRead(tensor.operand, held)
             command, hazards = self._enqueue(cq, name, reads=(tensor.buffer,), effect=effect)
             if stall is not None:
-                command.not_before = time.monotonic() + stall
+                self.scheduler.stall(self, command, stall)
             if blocking:
                 self.scheduler.enqueued(self)
                 self._report(hazards)

@@ -7,9 +7,11 @@ moment a test or the soak chooses:
 - `arm(call)`: the next matching host call raises, and enqueues nothing. `call` is one of
   `CALLS`; for `"op"`, `op` narrows it to programs of that name. `skip` lets that many
   matching calls through first.
-- `arm("read", stall_s=S)`: the next non-blocking read is accepted, but its copy completes only
-  S seconds (wall clock) after it was enqueued: its event does not fire in time, so a host that
-  waits with a deadline gives up first. Everything behind it on its queue waits too, in order.
+- `arm("read", stall_s=S)`: the next non-blocking read is accepted, but its copy completes late:
+  its event does not fire in time, so a host that waits with a deadline gives up first.
+  Everything behind it on its queue waits too, in order. How late is the scheduler's
+  (`Scheduler.stall`): S seconds after it was enqueued by the wall clock, or, on the
+  `TimedScheduler`'s simulated clock, at the host's first call after it gave up waiting.
 - `lose(reason)`: the device is gone (closed under its user): every later call raises, until
   its owner closes it.
 

@@ -5,7 +5,8 @@
   commands, picking the queue at random; the same seed and calls give the same completion order.
 - `ThreadedScheduler`: one real worker thread per CQ runs commands as soon as they are ready.
 - `TimedScheduler`: the threaded scheduler's per-command device times on a simulated clock, so
-  which queue finishes first follows the times (jittered by a seed), and a seed replays it.
+  which queue finishes first follows the times (jittered by a seed), and a seed replays it,
+  late reads included: a stalled read is held until the host gave up waiting for it.
 
 In all but the threaded one, a host-blocking call completes exactly what it must: the commands
 ahead of the awaited one on its queue and, through events, the other queue's commands they wait
@@ -14,6 +15,7 @@ for.
 
 from __future__ import annotations
 
+import math
 import random
 import threading
 import time
@@ -35,7 +37,15 @@ class Scheduler(Protocol):
     def block_until(self, device: EmulatedMeshDevice, command: Command) -> None:
         """Return once `command` completed (called with the device lock held)."""
 
+    def stall(self, device: EmulatedMeshDevice, command: Command, seconds: float) -> None:
+        """An injected late read: `command` completes late (called with the device lock held)."""
+
     def close(self) -> None: ...
+
+
+def stall_by_wall_clock(command: Command, seconds: float) -> None:
+    """The stalled command becomes ready `seconds` from now, by the wall clock."""
+    command.not_before = time.monotonic() + seconds
 
 
 class ManualScheduler:
@@ -47,6 +57,9 @@ class ManualScheduler:
 
     def block_until(self, device: EmulatedMeshDevice, command: Command) -> None:
         device.complete_through(command)
+
+    def stall(self, device: EmulatedMeshDevice, command: Command, seconds: float) -> None:
+        stall_by_wall_clock(command, seconds)
 
     def close(self) -> None:
         pass
@@ -90,6 +103,9 @@ class TimedScheduler(ManualScheduler):
         self.clock = 0.0
         self._free_at: dict[int, float] = {}  # queue -> when its last command completed
         self._due: dict[int, float] = {}  # command id -> when it completes (once started)
+        self._held: list[Command] = []  # stalled reads, held until the host gave up on them
+        self._given_up: Command | None = None  # what a waiter the host gave up on awaits
+        self._host: int | None = None  # the thread that enqueues (the host's)
 
     def _next(self, device: EmulatedMeshDevice) -> tuple[float, Command] | None:
         """The ready head command that completes first, with its completion time."""
@@ -110,19 +126,62 @@ class TimedScheduler(ManualScheduler):
         self._free_at[head.cq] = due
         del self._due[head.id]
 
+    def stall(self, device: EmulatedMeshDevice, command: Command, seconds: float) -> None:
+        """A late read on the simulated clock: held (never ready) until the host gave up waiting
+        for it, then it lands in the host's next call. `seconds` is a wall-clock delay and the
+        host's deadline is wall-clock too: here "late" means "after the host gave up", which a
+        seed replays; a wall-clock delay would make the run depend on the machine's speed."""
+        command.not_before = math.inf
+        self._held.append(command)
+
+    def _release(self, device: EmulatedMeshDevice) -> None:
+        """The held reads land now, and so does what a waiter the host gave up on awaits: in the
+        host's call, so every completion happens at a point of the host's calls (deterministic),
+        none in the waiter's thread while the host runs."""
+        for command in self._held:
+            command.not_before = None
+        self._held.clear()
+        given_up, self._given_up = self._given_up, None
+        if given_up is not None:
+            self._run_until(device, given_up)
+
+    def _run_until(self, device: EmulatedMeshDevice, command: Command) -> bool:
+        """Run the clock on until `command` completed; False where a held read is in the way."""
+        while not command.done:
+            nxt = self._next(device)
+            if nxt is None:
+                if self._held:
+                    return False
+                device.complete_through(command)  # nothing can run: let the device say why
+                return True
+            self.clock = max(self.clock, nxt[0])
+            self._complete(device, *nxt)
+        return True
+
     def enqueued(self, device: EmulatedMeshDevice) -> None:
+        self._host = threading.get_ident()  # only the host enqueues
+        if self._given_up is not None:
+            self._release(device)
         self.clock += self.host_s
         while (nxt := self._next(device)) is not None and nxt[0] <= self.clock:
             self._complete(device, *nxt)
 
     def block_until(self, device: EmulatedMeshDevice, command: Command) -> None:
-        while not command.done:
-            nxt = self._next(device)
-            if nxt is None:  # nothing can run: let the device say why
-                device.complete_through(command)
-                return
-            self.clock = max(self.clock, nxt[0])
-            self._complete(device, *nxt)
+        host = threading.get_ident() in (self._host, None)
+        if host and self._given_up is not None:
+            self._release(device)
+        while not self._run_until(device, command):
+            if host:  # the host waits without a deadline: the late reads land now
+                self._release(device)
+                continue
+            # A wait beside the host (a readback with a deadline, in a helper thread) that
+            # cannot finish before a held read: the host gives up on it, and its next call
+            # lands the read and completes what this wait awaits (`_release`).
+            self._given_up = command
+            while not command.done and not device.closed:
+                device.condition.wait(timeout=0.5)
+            if not command.done:
+                raise RuntimeError(f"the device closed before {command.label} completed")
 
 
 class ThreadedScheduler:
@@ -226,6 +285,9 @@ class ThreadedScheduler:
 
     def enqueued(self, device: EmulatedMeshDevice) -> None:
         self._wake_ready(device)
+
+    def stall(self, device: EmulatedMeshDevice, command: Command, seconds: float) -> None:
+        stall_by_wall_clock(command, seconds)
 
     def block_until(self, device: EmulatedMeshDevice, command: Command) -> None:
         while not command.done:

@@ -1,7 +1,7 @@
-"""The soak subcommand: a long serving run on worker threads with device faults, checked on data.
+"""The soak subcommand: a long serving run with device faults, checked on data.
 
     ttmirror soak [--steps N] [--fault-rate F] [--seed S] [--model M] [--traced] [--logprobs N]
-                  [--timeout SECONDS] [--trace FILE] [--json]
+                  [--timeout SECONDS] [--clock simulated|threaded] [--trace FILE] [--json]
 
 Exit codes: 0 every check held, 1 a check failed (the seed and the trace file are printed) or
 the serving loop stopped making progress (one line), 2 bad input (one line, no traceback).
@@ -20,16 +20,18 @@ from .arguments import AddParser, UsageError, writable
 
 def register(add_parser: AddParser) -> None:
     """Add `soak` to the `ttmirror` parser."""
-    from .serving.catalog import TINY_ARCHS  # no torch/ttnn import: cheap
+    from .conformance.soak_config import CLOCKS  # no torch/ttnn import: cheap
+    from .serving.catalog import TINY_ARCHS
 
     s = add_parser(
         "soak",
-        help="serve for N steps on worker threads with device faults; count hazards, lost or "
-             "duplicated tokens and leaked buffers",
-        description="The serving loop at depth 2 on the emulated device's worker threads: random "
-        "arrivals, aborts, preemption, and a device fault armed before about --fault-rate of "
-        "the steps. Checks: no hazard, no token lost or duplicated against a sync replay, no "
-        "device buffer leaked, and the recorded run validates against the model.",
+        help="serve for N steps with device faults; count hazards, lost or duplicated tokens "
+             "and leaked buffers",
+        description="The serving loop at depth 2 on the emulated device: random arrivals, "
+        "aborts, preemption, and a device fault armed before about --fault-rate of the steps. "
+        "Checks: no hazard, no token lost or duplicated against a sync replay, no device buffer "
+        "leaked, and the recorded run validates against the model. On the simulated clock (the "
+        "default) a seed replays the run exactly, the device's completion order included.",
     )
     s.add_argument("--steps", type=int, default=2_000,
                    help="steps to schedule before arrivals stop (default %(default)s)")
@@ -44,7 +46,13 @@ def register(add_parser: AddParser) -> None:
                         "faults)")
     s.add_argument("--timeout", type=float, default=1.0,
                    help="seconds the host waits for a readback before it fails the step; a "
-                        "late read lands 1.5 times that after issue (default %(default)s)")
+                        "late read lands once the host gave up (threaded: 1.5 times that after "
+                        "issue) (default %(default)s)")
+    s.add_argument("--clock", choices=CLOCKS, default="simulated",
+                   help="simulated: the device completes commands on a seeded simulated clock "
+                        "in the host's thread, so --seed replays the run exactly; threaded: a "
+                        "worker thread per command queue, real concurrency, not replayable "
+                        "(default %(default)s)")
     s.add_argument("--logprobs", type=int, default=3,
                    help="top logprobs a request may ask for: about half the requests ask, and "
                         "every delivered token's logprobs are checked against the sync replay; "
@@ -63,7 +71,8 @@ def cmd_soak(ns: argparse.Namespace) -> int:
 
     try:
         cfg = SoakConfig(steps=ns.steps, fault_rate=ns.fault_rate, seed=ns.seed, model=ns.model,
-                         trace=ns.traced, readback_timeout_s=ns.timeout, logprobs=ns.logprobs)
+                         trace=ns.traced, readback_timeout_s=ns.timeout, logprobs=ns.logprobs,
+                         clock=ns.clock)
     except ValueError as e:
         raise UsageError(str(e)) from None
     writable(ns.trace)  # before any work: a bad path must not cost the run

@@ -1,12 +1,17 @@
 """The TimedScheduler: per-command device times decide which queue finishes first, on a seeded
-clock, so the same seed and calls give the same completion order."""
+clock, so the same seed and calls give the same completion order; a late read lands at a point
+of the host's calls, never by the wall clock."""
 
 from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import TimeoutError as WaitTimeout
 
 import pytest
 import ttnn
 
-from ttmirror.emulator import TimedScheduler
+from ttmirror.emulator import EmulatedMeshDevice, TimedScheduler
+from ttmirror.emulator.commands import MeshEvent
 
 from .conftest import host_ids, on_device, open_emulated
 
@@ -47,3 +52,48 @@ def test_impossible_times_are_refused() -> None:
         TimedScheduler(host_s=0)
     with pytest.raises(ValueError, match="0 or more"):
         TimedScheduler({"plus_one": -1.0})
+
+
+def _stalled_read(dev: EmulatedMeshDevice) -> tuple[ttnn.Tensor, ttnn.Tensor, MeshEvent]:
+    """A non-blocking read on CQ1 armed to land late: the device tensor it reads (it must outlive
+    the copy), the host tensor and the event recorded after it."""
+    a = on_device(dev, [5, 6])
+    ttnn.synchronize_device(dev)
+    dev.faults.arm("read", stall_s=1.0)
+    host = ttnn.from_device(a, blocking=False, queue_id=1)
+    return a, host, ttnn.record_event(dev, 1)
+
+
+def test_a_late_read_is_held_until_the_host_gave_up_then_lands_at_its_next_call() -> None:
+    dev = open_emulated(scheduler=lambda: TimedScheduler(seed=0))
+    try:
+        source, host, read = _stalled_read(dev)
+        for _ in range(3):  # host calls go by: the clock runs on, the read stays held
+            ttnn.plus_one(on_device(dev, [1]))
+        assert not read.done
+        # A waiter beside the host (a readback with a deadline) gives up: no wall-clock stall
+        # decides when, only that the read has not landed.
+        with ThreadPoolExecutor(1) as waiter:
+            wait = waiter.submit(ttnn.event_synchronize, read)
+            with pytest.raises(WaitTimeout):
+                wait.result(timeout=0.2)
+            assert not read.done
+            ttnn.plus_one(on_device(dev, [2]))  # the host's next call: the read lands in it
+            assert read.done
+            wait.result(timeout=5)
+        assert ttnn.to_torch(host).reshape(-1).tolist() == [5, 6]
+        assert dev.hazards.total == 0 and source.is_allocated()
+    finally:
+        ttnn.close_mesh_device(dev)
+
+
+def test_a_host_that_waits_without_a_deadline_gets_the_late_read_at_once() -> None:
+    dev = open_emulated(scheduler=lambda: TimedScheduler(seed=0))
+    try:
+        source, host, read = _stalled_read(dev)
+        ttnn.event_synchronize(read)
+        assert read.done and ttnn.to_torch(host).reshape(-1).tolist() == [5, 6]
+        assert source.is_allocated()
+        assert dev.faults.injected["stall"] == 1
+    finally:
+        ttnn.close_mesh_device(dev)
