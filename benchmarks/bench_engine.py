@@ -1,8 +1,12 @@
 """Serving throughput at depth 2 vs depth 1 across device/host time ratios, and overlap under
 batch-layout churn vs draining.
 
-All on the emulated TT device with a real worker thread per command queue (ThreadedScheduler),
-so device work runs while the host builds the next step. Per step, the device's time d is its
+All on the emulated TT device with its command queues in a device process of their own
+(`--device process`, the default: ProcessScheduler), so device work runs while the host builds
+the next step, on another interpreter, as a chip's cores do; the sweep is then repeated with a
+worker thread per queue in the host's process (ThreadedScheduler, the emulator before it had a
+process), for comparison, and the last line prints both shares of the ideal side by side.
+Per step, the device's time d is its
 busiest queue's busy time (from taking up a command to completing it: the emulated kernels,
 and the decoder op's configured time s), and the host's time h is the depth-1 step less d.
 Both are calibrated first with s = 0, in this run; each point then sets s = ratio x h - d0 so
@@ -14,13 +18,13 @@ own figures, and the point prints the d/h it measured).
    depth 1 (sync), interleaved rounds, medians. Depth 1 takes h + d per step and depth 2 ideally
    max(h, d), so the ideal speedup is (h + d) / max(h, d): 2 at d = h, 1.25 at d = h/4 or 4h.
    Each point prints the measured speedup beside the ideal and their quotient, and the queue
-   workers' CPU per step, w: the emulated kernels are Python on threads that share the host's
-   GIL (a chip's cores do not), so that much of d cannot overlap the host's work on this rig,
-   whatever the engine does. The same point serves a churn workload (a request arrives every 2
-   steps and short ones finish, so the batch layout changes at least every 3 steps; checked):
-   the fraction of launches that overlapped a step still in flight, with our design (the
-   mirror combines across layout changes) and with the TT plugin's policy (drain every
-   in-flight step when the layout changes).
+   workers' CPU per step, w: on threads the emulated kernels are Python that shares the host's
+   GIL (a chip's cores do not), so that much of d cannot overlap the host's work there, whatever
+   the engine does; in the device process it takes a core of its own. The same point serves a
+   churn workload (a request arrives every 2 steps and short ones finish, so the batch layout
+   changes at least every 3 steps; checked): the fraction of launches that overlapped a step
+   still in flight, with our design (the mirror combines across layout changes) and with the
+   TT plugin's policy (drain every in-flight step when the layout changes).
 2. At d = h, depth 2 with every request asking for its top-3 logprobs (the logprob ring beside
    the ids, its program after the sampler, its copy under the ids' event) beside without: what
    the second payload costs, and that depth 2 still overlaps with it.
@@ -40,7 +44,8 @@ Every run that records its events (all but the recording-off ones of 3) is then 
 against the model, outside its timing; a divergence exits 1. The last lines print the ratios,
 and whether every point of the sweep reached 0.9 of its ideal speedup (where not, why, in
 figures).
-Usage: python benchmarks/bench_engine.py [--rounds R] [--ratios 0.25,0.5,1,2,4] [--json FILE]
+Usage: python benchmarks/bench_engine.py [--rounds R] [--ratios 0.25,0.5,1,2,4]
+                                         [--device process|threads] [--json FILE]
 """
 
 from __future__ import annotations
@@ -48,6 +53,7 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
+import os
 import statistics
 import sys
 from dataclasses import dataclass, replace
@@ -56,7 +62,7 @@ from pathlib import Path
 import ttnn
 
 from ttmirror.conformance.validate import bounds_of, validate
-from ttmirror.emulator import Emulator, ThreadedScheduler, open_device
+from ttmirror.emulator import Emulator, ProcessScheduler, ThreadedScheduler, open_device
 from ttmirror.impl.probe import ProbeSpec
 from ttmirror.impl.tt_backend import TtBackend
 from ttmirror.serving.backend import ServingBackend
@@ -76,6 +82,11 @@ RATIOS = (0.25, 0.5, 1.0, 2.0, 4.0)
 """Device time per step over host time per step, d/h, at each point of the sweep."""
 TARGET = 0.9
 """Every point's measured speedup must reach this share of its ideal."""
+DEVICES = ("process", "threads")
+DEVICE = ["process"]
+"""Where the emulated device's queues run (`--device`): a device process of their own
+(`ProcessScheduler`: the kernels on their own interpreter, as a chip's cores) or worker threads
+in the host's process (`ThreadedScheduler`: the kernels take turns with the host on its GIL)."""
 
 
 def steady_plan(requests: int = 16) -> list[RequestPlan]:
@@ -144,11 +155,12 @@ class Measured:
 
 def serve(
     plan: list[RequestPlan], mode: str, delay_s: float, drain: bool = False,
-    logprobs: int = 0, record: bool = True, spec: int = 0,
+    logprobs: int = 0, record: bool = True, spec: int = 0, device_kind: str | None = None,
 ) -> Measured:
     # With drafts the decoder op runs 1 + K lanes, together the time of one decode step.
-    scheduler = ThreadedScheduler({"decoder_forward": delay_s,
-                                   "decoder_lane": delay_s / (1 + spec)})
+    costs = {"decoder_forward": delay_s, "decoder_lane": delay_s / (1 + spec)}
+    kind = device_kind or DEVICE[0]
+    scheduler = ProcessScheduler(costs) if kind == "process" else ThreadedScheduler(costs)
     device = open_device(
         num_command_queues=2,
         emulator=Emulator(scheduler=lambda: scheduler, hazard_mode="raise"),
@@ -191,21 +203,22 @@ def longest_same_layout(layouts: list[tuple[int, ...]]) -> int:
     return longest
 
 
-def calibrate(rounds: int) -> tuple[float, float]:
+def calibrate(rounds: int, kind: str | None = None) -> tuple[float, float]:
     """The host's time per step h and the device's d, with no configured device time (a
     depth-1 step is h + d; d is the busiest queue's busy time): medians of `rounds` runs."""
-    serve(steady_plan(4), "off", 0.0)  # warm: program cache, torch kernels
-    bare = [serve(steady_plan(), "off", 0.0) for _ in range(rounds)]
+    serve(steady_plan(4), "off", 0.0, device_kind=kind)  # warm: program cache, torch kernels
+    bare = [serve(steady_plan(), "off", 0.0, device_kind=kind) for _ in range(rounds)]
     d = statistics.median(m.busy_per_step for m in bare)
     return statistics.median(m.step_s for m in bare) - d, d
 
 
-def steady(rounds: int, delay: float) -> tuple[list[Measured], list[Measured]]:
+def steady(rounds: int, delay: float, kind: str | None = None
+           ) -> tuple[list[Measured], list[Measured]]:
     """`rounds` runs at depth 2 and at depth 1, interleaved so drift hits both alike."""
     d2, d1 = [], []
     for _ in range(rounds):
-        d2.append(serve(steady_plan(), "auto", delay))
-        d1.append(serve(steady_plan(), "off", delay))
+        d2.append(serve(steady_plan(), "auto", delay, device_kind=kind))
+        d1.append(serve(steady_plan(), "off", delay, device_kind=kind))
     for a, b in zip(d2, d1, strict=True):
         assert a.outcome.tokens == b.outcome.tokens, "depth 2 and depth 1 tokens differ"
     return d2, d1
@@ -281,11 +294,11 @@ def drafted(rounds: int, delay: float) -> list[Drafted]:
     return list(runs.values())
 
 
-def churn(delay: float) -> tuple[Measured, Measured, int]:
+def churn(delay: float, kind: str | None = None) -> tuple[Measured, Measured, int]:
     """Our engine and the drain-on-layout-change policy on a workload whose rows keep moving;
     returns both and the longest run of steps with one layout."""
-    ours = serve(churn_plan(), "auto", delay)
-    drain = serve(churn_plan(), "auto", delay, drain=True)
+    ours = serve(churn_plan(), "auto", delay, device_kind=kind)
+    drain = serve(churn_plan(), "auto", delay, drain=True, device_kind=kind)
     assert ours.outcome.tokens == drain.outcome.tokens, "the drain policy changed the tokens"
     gap = max(longest_same_layout(ours.layouts), longest_same_layout(drain.layouts))
     assert gap <= 3, f"the churn workload kept one layout for {gap} steps"
@@ -348,14 +361,15 @@ class Point:
         return max(abs(x / self.speedup - 1) for x in each)
 
 
-def sweep(rounds: int, host_step: float, floor: float, ratios: list[float]) -> list[Point]:
+def sweep(rounds: int, host_step: float, floor: float, ratios: list[float],
+          kind: str | None = None) -> list[Point]:
     points = []
     for ratio in ratios:
         # The queue is busy `floor` per step with nothing configured: below d = floor no
         # configured time gets there (the point then says what d/h it measured).
         delay = max(0.0, ratio * host_step - floor)
-        d2, d1 = steady(rounds, delay)
-        ours, drain, gap = churn(delay)
+        d2, d1 = steady(rounds, delay, kind)
+        ours, drain, gap = churn(delay, kind)
         p = Point(ratio, delay, d2, d1, ours, drain, gap)
         print(f"  d/h {ratio:<5g} (measured: h {p.host_s * 1e3:5.2f} ms, d {p.device_s * 1e3:5.2f}"
               f" ms, d/h {p.device_s / p.host_s:.2f}; the device's CPU w "
@@ -375,6 +389,9 @@ def main() -> None:
                         help="device/host time ratios of the sweep (default %(default)s)")
     parser.add_argument("--switch-interval", type=float, default=0.0002,
                         help="sys.setswitchinterval for the run (seconds)")
+    parser.add_argument("--device", choices=DEVICES, default="process",
+                        help="where the emulated device's queues run (default %(default)s); the "
+                             "sweep is also run on the other one, for comparison")
     parser.add_argument("--json", metavar="FILE",
                         help="also write the sweep's figures there (`ttmirror report "
                              "--bench-engine FILE` plots them)")
@@ -389,15 +406,22 @@ def main() -> None:
     # quickly, or a finished command waits up to the default 5 ms to be noticed.
     sys.setswitchinterval(args.switch_interval)
 
+    DEVICE[0] = args.device
+    other = next(k for k in DEVICES if k != args.device)
     host_step, floor = calibrate(args.rounds)
+    where = ("a device process of its own" if args.device == "process"
+             else "a worker thread per CQ in the host's process")
     print(
-        f"emulated TT device, worker thread per CQ; probe model, {ROWS} rows; host step h "
+        f"emulated TT device, its queues in {where}; probe model, {ROWS} rows; host step h "
         f"{host_step * 1e3:.2f} ms, the device's time d {floor * 1e3:.2f} ms per step with no "
         f"configured time (its emulated kernels; d/h cannot go below {floor / host_step:.2f}); "
         f"median of {args.rounds} rounds per point; tokens identical at depth 2 and 1"
     )
     print("sweep of the device/host time ratio:")
     points = sweep(args.rounds, host_step, floor, ratios)
+    print(f"the same sweep with the queues on {other} (for comparison):")
+    other_step, other_floor = calibrate(args.rounds, other)
+    compared = sweep(args.rounds, other_step, other_floor, ratios, other)
     delay = max(0.0, host_step - floor)  # d = h for the rest
     lp_rate, plain_rate, lp_overlap = with_logprobs(args.rounds, delay)
     rec_rate, bare_rate = recording(args.rounds, delay)
@@ -433,14 +457,21 @@ def main() -> None:
           f"under churn at every ratio: {'met' if churned else 'NOT met'}; recording costs "
           f"under 5% tokens/s: {'met' if recorded else 'NOT met'}")
     if short:
-        # Why, in figures: no engine overlaps the device's CPU with the host's on one GIL.
+        # Why, in figures: on threads, no engine overlaps the device's CPU with the host's on
+        # one GIL; in a process of its own, the two share this machine's cores.
+        why = (": the emulated kernels run in Python threads that share the host's GIL, so at "
+               "depth 2 they take turns with the host's work instead of overlapping it"
+               if args.device == "threads" else
+               f": the device process and the host share this machine's {os.cpu_count()} cores "
+               "with everything else running on it")
         print("short of the ideal at d/h " + ", ".join(
             f"{p.ratio:g} (the device's CPU w is {p.work_s / p.host_s:.0%} of h)" for p in short)
-            + ": the emulated kernels run in Python threads that share the host's GIL, so at "
-            "depth 2 they take turns with the host's work instead of overlapping it")
+            + why)
     if args.json:
         Path(args.json).write_text(json.dumps({
-            "rounds": args.rounds,
+            "rounds": args.rounds, "device": args.device,
+            "compared": {"device": other, "points": [
+                {"ratio": q.ratio, "speedup": q.speedup, "ideal": q.ideal} for q in compared]},
             "points": [{"ratio": p.ratio, "measured_ratio": p.device_s / p.host_s,
                         "host_s": p.host_s, "device_s": p.device_s, "work_s": p.work_s,
                         "speedup": p.speedup, "ideal": p.ideal, "spread": p.spread,
@@ -453,8 +484,11 @@ def main() -> None:
                         "depth2_over_no_drafts": r.rate(2) / base.rate(2),
                         "depth1_over_no_drafts": r.rate(1) / base.rate(1)} for r in drafts],
         }, indent=1))
-    print("ratios: depth2/depth1 tokens/s over ideal: " + "; ".join(
+    print(f"ratios: depth2/depth1 tokens/s over ideal ({args.device}): " + "; ".join(
         f"d/h {p.ratio:g}: {p.speedup:.2f}x / {p.ideal:.2f}x" for p in points)
+        + f"; share of the ideal, {args.device} / {other}: " + ", ".join(
+            f"d/h {p.ratio:g}: {p.speedup / p.ideal:.0%} / {q.speedup / q.ideal:.0%}"
+            for p, q in zip(points, compared, strict=True))
         + f"; with/without logprobs {lp_rate / plain_rate:.2f}x; recording/not "
         f"{rec_rate / bare_rate:.2f}x; overlapped under churn ours/drain " + ", ".join(
             f"{p.ours.overlapped / max(p.drain.overlapped, 1e-9):.2f}x" for p in points)

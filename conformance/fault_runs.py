@@ -32,7 +32,7 @@ from typing import Any
 
 import ttnn
 
-from ..emulator import Emulator, HazardError, SeededScheduler, open_device
+from ..emulator import Emulator, HazardError, ProcessScheduler, SeededScheduler, open_device
 from ..impl.events import Event
 from ..impl.mutations import mutations
 from ..impl.runner import Status
@@ -58,7 +58,8 @@ it) would give up too."""
 @dataclass(frozen=True)
 class Kind:
     call: str
-    """The device call that fails (`injection.CALLS`), or "lost" for the device closed."""
+    """The device call that fails (`injection.CALLS`), "lost" for the device closed, or
+    "killed" for the emulated device's process killed (`ProcessScheduler`)."""
     op: str | None = None
     seeded_op: str | None = None
     """The op that fails when the engine samples with a seed (the logprob workload), if not
@@ -67,6 +68,8 @@ class Kind:
     trace: bool = False
     phase: str = ""
     """The runner phase the fault lands in (what the failed requests' errors start with)."""
+    says: tuple[str, ...] = ("injected", "did not fire within")
+    """What a failed request's error holds (one of them): the device's own words."""
 
 
 KINDS = {
@@ -78,6 +81,7 @@ KINDS = {
     "readback-copy": Kind("read", phase="readback_issue"),
     "readback-timeout": Kind("read", stall=True, phase="readback_complete"),
     "device-closed": Kind("lost"),
+    "device-process-killed": Kind("killed", says=("process ended",)),
 }
 LOGPROB_RUNS = (False, True)
 """Each scenario without logprobs, then with the logprob workload."""
@@ -101,9 +105,11 @@ class FaultRun:
     """Faults the engine met."""
 
 
-def open_emulated() -> Any:
+def open_emulated(process: bool = False) -> Any:
+    """The emulated device; with `process`, its queues run in a device process of their own."""
+    scheduler = ProcessScheduler if process else (lambda: SeededScheduler(SEED))
     return open_device(num_command_queues=2, trace_region_size=1 << 20, emulated=True,
-                       emulator=Emulator(scheduler=lambda: SeededScheduler(SEED)))
+                       emulator=Emulator(scheduler=scheduler))
 
 
 def engine_on(device: Any, *, depth2: bool = True, trace: bool = False,
@@ -142,7 +148,7 @@ def faulted_run(name: str, arm_at: int = ARM_AT, bug: str | None = None,
     """Serve the workload (the logprob one with `logprobs`) at depth 2, `bug` planted, with the
     fault `name` armed after iteration `arm_at` (with `spec_tokens` drafts per decoding row)."""
     kind = KINDS[name]
-    device = open_emulated()
+    device = open_emulated(process=kind.call == "killed")
     try:
         engine = engine_on(device, trace=kind.trace, timeout=TIMEOUT_S if kind.stall else None,
                            bug=bug, logprobs=logprobs, spec_tokens=spec_tokens)
@@ -156,6 +162,8 @@ def faulted_run(name: str, arm_at: int = ARM_AT, bug: str | None = None,
                 return
             if kind.call == "lost":
                 device.faults.lose()
+            elif kind.call == "killed":
+                device.scheduler.kill()
             else:
                 op = kind.seeded_op if logprobs and kind.seeded_op else kind.op
                 device.faults.arm(kind.call, op=op, stall_s=STALL_S if kind.stall else None)
@@ -203,8 +211,7 @@ def promise_errors(run: FaultRun) -> list[str]:
             errors.append(f"request {r} was not failed but got {tokens}, not {owed[r]}")
     for r in failed:
         why = out.errors.get(r, "")
-        if not why.startswith(kind.phase) or not (
-                "injected" in why or "did not fire within" in why):
+        if not why.startswith(kind.phase) or not any(words in why for words in kind.says):
             errors.append(f"request {r} failed without the device's error: {why!r}")
     if set(out.errors) != failed:
         errors.append(f"errors for {sorted(out.errors)}, failed {sorted(failed)}")
@@ -217,7 +224,7 @@ def promise_errors(run: FaultRun) -> list[str]:
     d = validate(run.events, bounds_of(run.events))
     if d is not None:
         errors.append(d.line())
-    if kind.call != "lost" and not spared_and_delivered_after(run.events):
+    if kind.call not in ("lost", "killed") and not spared_and_delivered_after(run.events):
         errors.append("no request in flight beside the fault went on")
     if run.logprobs:  # every delivered token's logprobs are the model's, failed requests' too
         errors += logprob_errors(out, plan(True), load_model("probe"))

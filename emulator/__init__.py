@@ -27,6 +27,7 @@ from .commands import Command, MeshEvent, MeshTraceId
 from .device import EmulatedMeshDevice
 from .entry import Emulator, open_device
 from .hazards import Hazard, HazardError, HazardKind, HazardLog
+from .process import ProcessScheduler
 from .schedulers import ManualScheduler, SeededScheduler, ThreadedScheduler, TimedScheduler
 from .tensors import DeviceTensor, HostReadback
 
@@ -43,6 +44,7 @@ __all__ = [
     "ManualScheduler",
     "MeshEvent",
     "MeshTraceId",
+    "ProcessScheduler",
     "SeededScheduler",
     "ThreadedScheduler",
     "TimedScheduler",

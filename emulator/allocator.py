@@ -252,6 +252,12 @@ class DramAllocator:
         self.memory = torch.empty(0, dtype=torch.uint8)
         self._bank = self._join(_Bank(self.memory))
 
+    def share(self, memory: torch.Tensor) -> None:
+        """Back this DRAM with `memory` (the device process's shared memory), bytes copied."""
+        memory.copy_(self.memory)
+        self._bank.memory = memory
+        self.memory = memory
+
     def overlapping(self, address: int, size: int) -> list[Buffer]:
         """Live buffers that share bytes with [address, address + size)."""
         return [b for b in self._live.values() if b.overlaps(address, size)]

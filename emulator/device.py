@@ -150,13 +150,23 @@ class EmulatedMeshDevice:
             queue.popleft()
             if head.effect is not None:
                 self._complete(head.effect)
-                head.effect = None  # done: a host tensor it wrote is the host's alone now
-            head.done = True
-            self.completion_log.append(head.label)
-            for observer in self.observers:
-                observer(head)
-            self.condition.notify_all()
-            return head
+            return self._done(head)
+
+    def retire(self, cq_id: int) -> Command:
+        """The next command on `cq_id` completed elsewhere (a device process ran its effect):
+        mark it done and tell the observers, as `step` does after running it."""
+        with self.condition:
+            return self._done(self.queues[cq_id].popleft())
+
+    def _done(self, head: Command) -> Command:
+        """`head` completed, its effect done: mark it, log it, tell the observers."""
+        head.effect = None  # done: a host tensor it wrote is the host's alone now
+        head.done = True
+        self.completion_log.append(head.label)
+        for observer in self.observers:
+            observer(head)
+        self.condition.notify_all()
+        return head
 
     def _complete(self, effect: Effect) -> None:
         """Do what a command's effect says, on DRAM (and a host tensor) as they are now."""
@@ -678,6 +688,9 @@ class EmulatedMeshDevice:
         try:
             with self.condition:
                 self.drain()
+        except RuntimeError:
+            if self.faults.lost is None:
+                raise  # a lost device (its process gone) has nothing left to complete
         finally:
             with self.condition:
                 self.closed = True

@@ -70,16 +70,17 @@ class FaultInjector:
         """Forget every armed fault that has not fired."""
         self.armed.clear()
 
-    def lose(self, reason: str = "the device was closed") -> None:
-        """Every later call raises (the owner's close still works)."""
-        self.lost = reason
+    def lose(self, reason: str = "the device was closed", *, injected: bool = True) -> None:
+        """Every later call raises (the owner's close still works); `injected`: the loss was
+        the caller's doing (a test's), not the device's own failure."""
+        self.lost = reason + (" (injected)" if injected else "")
 
     def check(self, call: str, name: str) -> float | None:
         """Raise if `call` (`name`: the op or command) must fail now; a stall's seconds for a
         read that must complete late; else None."""
         if self.lost is not None:
             self.injected["lost"] += 1
-            raise InjectedFault(f"TT_FATAL: {name}: {self.lost} (injected)")
+            raise InjectedFault(f"TT_FATAL: {name}: {self.lost}")
         for i, armed in enumerate(self.armed):
             if not armed.matches(call, name):
                 continue

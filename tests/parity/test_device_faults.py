@@ -5,6 +5,8 @@ planted bugs. The scenarios and the promise they check live in `conformance/faul
 from __future__ import annotations
 
 import gc
+import multiprocessing
+import random
 
 import pytest
 import ttnn
@@ -15,8 +17,11 @@ from ttmirror.impl import mutations
 from ttmirror.impl.runner import DeviceFault, Status
 from ttmirror.serving.workload import run_workload
 
+ARMED = [k for k, kind in KINDS.items() if kind.call not in ("lost", "killed")]
+"""The scenarios whose fault is one armed call (not the whole device gone)."""
 
-@pytest.mark.parametrize("name", [k for k in KINDS if k != "device-closed"])
+
+@pytest.mark.parametrize("name", ARMED)
 def test_a_fault_loses_nothing(name: str) -> None:
     run = faulted_run(name)
     assert promise_errors(run) == []
@@ -25,7 +30,7 @@ def test_a_fault_loses_nothing(name: str) -> None:
     assert run.faults == 1 and run.out.stats[f"engine_faults_at_{phase}"] == 1
 
 
-@pytest.mark.parametrize("name", [k for k in KINDS if k != "device-closed"])
+@pytest.mark.parametrize("name", ARMED)
 def test_a_fault_with_drafts_in_flight_loses_nothing(name: str) -> None:
     # With two drafts per decoding row: the failed requests keep a prefix of what plain sync
     # decoding gives them, every other request all of it (an aborted one up to K tokens more,
@@ -54,6 +59,26 @@ def test_a_device_closed_under_the_engine_fails_the_open_requests_and_keeps_thei
     assert len(failed) >= 2 and all("closed" in run.out.errors[r] for r in failed)
     # Some requests had closed before the device went: they keep all they were owed.
     assert any(s == Status.FINISHED for s in run.out.statuses.values())
+
+
+KILL_AT = sorted(random.Random(12).sample(range(2, 24), 4))
+"""Engine iterations after which the device process is killed: seeded points of the run."""
+
+
+@pytest.mark.parametrize("arm_at", KILL_AT)
+def test_a_killed_device_process_fails_the_open_requests_and_keeps_their_tokens(
+        arm_at: int) -> None:
+    """The emulated device's process killed mid-run is a device fault (spec rule 12): the
+    requests still open fail with the device's error, keeping a prefix of their sync tokens,
+    those that closed before keep all, nothing is duplicated, no buffer leaks, the run validates,
+    and no device process is left behind."""
+    before = {p.pid for p in multiprocessing.active_children()}
+    run = faulted_run("device-process-killed", arm_at=arm_at)
+    assert promise_errors(run) == []
+    failed = {r for r, s in run.out.statuses.items() if s == Status.FAILED}
+    assert failed and all("process ended" in run.out.errors[r] for r in failed)
+    assert any(s == Status.FINISHED for s in run.out.statuses.values())
+    assert {p.pid for p in multiprocessing.active_children()} <= before
 
 
 def test_an_allocation_failure_at_load_is_one_clear_error_and_frees_what_it_took() -> None:

@@ -1,0 +1,448 @@
+"""The emulated device's command processor in a process of its own, as a chip's cores are.
+
+`ProcessScheduler` starts a device process when its device opens and stops it when the device
+closes. The host side keeps what the host of a chip keeps: the ttnn API, signature binding and
+the support tables (a refused call never crosses), the allocator's books, the hazard detector
+and the command records. Each command it enqueues crosses as data (its queue, its index, the
+event it waits for, its effect); the device process runs every queue's commands in order, as
+soon as their events allow, on its own interpreter, so its kernels never take the host's GIL.
+
+- DRAM is shared memory (torch's, `Tensor.share_memory_`): the device process reads and writes
+  it; in the host only the emulator's own observers (`device.observers`, the conformance
+  harness) look at it, issuing no command. The TT code reaches it only through ttnn calls.
+- Completions come back through shared memory too: per queue, how many of its commands have
+  completed. The host retires completed commands (marks them done, runs its observers, lands a
+  readback's bytes in its host tensor) whenever it enters the device, and blocks on a reply from
+  the device process only where ttnn blocks.
+- A readback's bytes are copied by the device process, when the read completes, into a staging
+  area of shared memory, and from there into the host tensor when the host retires the read.
+- Objects a kernel takes by reference (a model, a drafter: anything not plain data) cross once
+  and are named by a number after that.
+- A device process that dies is a device fault: every later call on the device raises
+  `RuntimeError` (as a chip's TT_THROW), the steps in flight fail with it (spec rule 12).
+
+Emulated only: on a chip the device is the chip, and none of this runs.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import multiprocessing
+import os
+import pickle
+import threading
+import time
+from collections import deque
+from collections.abc import Mapping
+from dataclasses import dataclass
+from multiprocessing.connection import Connection
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import torch
+
+from .commands import KERNELS, Command, HostRead, HostWrite, Kernel
+from .tensors import Operand, Region, host_operand, region_view
+
+if TYPE_CHECKING:
+    from .device import EmulatedMeshDevice
+
+PLAIN_TYPES = frozenset({Operand, Region, int, float, bool, str, bytes, type(None), torch.dtype,
+                         tuple, slice, dict, list})
+"""What crosses by value in a kernel's arguments and parameters (a dict or list with all it
+holds); any other object crosses once, by reference (a model, a drafter, a clock, a ttnn data
+type: what the kernel keeps across commands, not data of one command)."""
+STAGING_BYTES = 8 << 20
+"""Shared memory for readbacks in flight (a probe step reads a few hundred bytes)."""
+STATS = 3
+"""Per queue in the control block: commands completed, busy nanoseconds, CPU nanoseconds."""
+PRELOAD = ["ttmirror.emulator", "ttmirror.emulator.decoder"]
+"""Imported once by the fork server, so a device process starts in milliseconds with every
+kernel registered."""
+
+
+class DeviceProcessDied(RuntimeError):
+    """The device process is gone: what a host call on the device raises from then on."""
+
+
+# --- what crosses ---------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class _Ref:
+    """An object that crossed once (a model, a drafter), named by its number."""
+
+    number: int
+
+
+class _Objects:
+    """The host's numbering of objects that cross by reference; each is sent once."""
+
+    def __init__(self) -> None:
+        self.known: dict[int, tuple[int, Any]] = {}  # id -> (number, the object, held)
+        self.new: list[tuple[int, bytes]] = []
+
+    def ref(self, value: Any) -> Any:
+        if type(value) in PLAIN_TYPES:
+            return value
+        found = self.known.get(id(value))
+        if found is None:
+            found = self.known[id(value)] = (len(self.known), value)  # held: ids stay unique
+            self.new.append((found[0], pickle.dumps(value, protocol=5)))
+        return _Ref(found[0])
+
+    def taken(self) -> list[tuple[int, bytes]]:
+        new, self.new = self.new, []
+        return new
+
+
+def _resolve(value: Any, objects: dict[int, Any]) -> Any:
+    return objects[value.number] if type(value) is _Ref else value
+
+
+def _effect_record(effect: Any, staging: int | None, objects: _Objects) -> tuple[Any, ...]:
+    """An effect as the device process runs it: a kernel, a write's bytes, a read's staging."""
+    if isinstance(effect, Kernel):
+        return ("kernel", effect.name, tuple(objects.ref(a) for a in effect.args),
+                effect.outputs, {k: objects.ref(v) for k, v in effect.params.items()})
+    if isinstance(effect, HostWrite):
+        values = effect.values.contiguous()
+        raw = values.view(torch.uint8).numpy().tobytes() if values.numel() else b""
+        return ("write", effect.destination, raw, values.dtype, tuple(values.shape))
+    if isinstance(effect, HostRead):
+        return ("read", effect.source, staging)
+    return ("none",)
+
+
+# --- the device process ---------------------------------------------------------------------------
+def _serve(conn: Connection, memory: torch.Tensor, control: torch.Tensor, stage: torch.Tensor,
+           queues: int) -> None:
+    """The device process: run each queue's commands in order as their events allow."""
+    torch.set_num_threads(1)  # tiny kernels: intra-op threads would only spin against the host
+    counters = control.numpy()
+    lock = threading.Condition()
+    pending: list[deque[tuple[Any, ...]]] = [deque() for _ in range(queues)]
+    waiters: list[tuple[int, int, int]] = []  # (queue, index, tag) the host blocks on
+    objects: dict[int, Any] = {}
+    stopping = threading.Event()
+    failure: list[BaseException] = []
+
+    def completed(cq: int) -> int:
+        return int(counters[cq, 0])
+
+    def answer_waiters() -> None:  # with lock held
+        for w in [w for w in waiters if completed(w[0]) >= w[1]]:
+            waiters.remove(w)
+            conn.send(("reached", w[2]))
+
+    def run(record: tuple[Any, ...]) -> None:
+        kind = record[0]
+        if kind == "kernel":
+            _, name, args, outputs, params = record
+            KERNELS[name](
+                [region_view(memory, a) if type(a) is Operand else _resolve(a, objects)
+                 for a in args],
+                [region_view(memory, o) for o in outputs],
+                {k: _resolve(v, objects) for k, v in params.items()})
+        elif kind == "write":
+            _, destination, raw, dtype, shape = record
+            if raw:
+                values = torch.frombuffer(bytearray(raw), dtype=torch.uint8).view(dtype)
+                region_view(memory, destination).copy_(values.view(shape))
+        elif kind == "read":
+            _, source, offset = record
+            view = region_view(memory, source)
+            nbytes = view.numel() * view.element_size()
+            stage[offset:offset + nbytes].view(view.dtype).view(view.shape).copy_(view)
+
+    def work(cq: int) -> None:
+        queue = pending[cq]
+        try:
+            with lock:
+                while not stopping.is_set():
+                    if not queue:
+                        lock.wait(0.5)
+                        continue
+                    index, waits, cost, stall, record = queue[0]
+                    if waits is not None and completed(waits[0]) < waits[1]:
+                        lock.wait(0.5)
+                        continue
+                    lock.release()
+                    try:
+                        began = time.perf_counter_ns()
+                        if stall:
+                            time.sleep(stall)
+                        if cost:
+                            stopping.wait(cost)
+                        run(record)
+                        busy = time.perf_counter_ns() - began - int(stall * 1e9)
+                    finally:
+                        lock.acquire()
+                    queue.popleft()
+                    counters[cq, 1] += busy
+                    counters[cq, 0] = index  # published last: the host reads it unlocked
+                    answer_waiters()
+                    lock.notify_all()
+        except BaseException as error:  # the host learns of it: the process ends
+            failure.append(error)
+            stopping.set()
+            with lock:
+                lock.notify_all()
+        finally:
+            counters[cq, 2] = time.thread_time_ns()
+
+    workers = [threading.Thread(target=work, args=(cq,), daemon=True) for cq in range(queues)]
+    for w in workers:
+        w.start()
+    try:
+        while not stopping.is_set():
+            if not conn.poll(0.5):
+                continue
+            message = conn.recv()
+            kind = message[0]
+            with lock:
+                if kind == "commands":
+                    for number, data in message[2]:
+                        objects[number] = pickle.loads(data)
+                    for cq, index, waits, cost, stall, record in message[1]:
+                        pending[cq].append((index, waits, cost, stall, record))
+                    lock.notify_all()
+                elif kind == "wait":
+                    waiters.append(message[1:])
+                    answer_waiters()
+                elif kind == "close":
+                    break
+    except (EOFError, OSError):
+        pass  # the host is gone: so is the device
+    finally:
+        stopping.set()
+        with lock:
+            lock.notify_all()
+        for w in workers:
+            w.join(timeout=5)
+        # The mappings go with the process (views of them are alive until it ends).
+        if failure:
+            os._exit(3)
+
+
+# --- the host side --------------------------------------------------------------------------------
+_CONTEXT: Any = None
+
+
+def _context() -> Any:
+    """The fork server's context: started once per host process, the emulator preloaded."""
+    global _CONTEXT
+    if _CONTEXT is None:
+        _CONTEXT = multiprocessing.get_context("forkserver")
+        _CONTEXT.set_forkserver_preload(PRELOAD)
+    return _CONTEXT
+
+
+class ProcessScheduler:
+    """Runs the device's queues in a device process: real concurrency off the host's GIL.
+
+    `costs` gives named commands a device time, as `ThreadedScheduler`'s does: the device
+    process holds the command's queue that long before it completes it."""
+
+    def __init__(self, costs: Mapping[str, float] | None = None) -> None:
+        self.costs: Mapping[str, float] = costs or {}
+        self._device: EmulatedMeshDevice | None = None
+        self._process: Any = None
+        self._conn: Connection | None = None
+        self._control: torch.Tensor | None = None
+        self._counters: np.ndarray | None = None
+        self._staging: torch.Tensor | None = None
+        self._sent = [0, 0]  # per queue: the index of the last command sent
+        self._stalls: dict[int, float] = {}  # command id -> its stall, until sent
+        self._reads: dict[int, tuple[int, int]] = {}  # command id -> (staging offset, bytes)
+        self._free: list[tuple[int, int]] = [(0, STAGING_BYTES)]
+        self._objects = _Objects()
+        self._tags = 0
+        self._reached: set[int] = set()
+        self._receiver: threading.Thread | None = None
+        self.failure: str | None = None
+        self.cpu_s: dict[int, float] = {}
+        """Each queue's CPU seconds in the device process, set when the device closes."""
+        self.busy_s: dict[int, float] = {}
+        """Seconds each queue was busy (configured times included), set when the device closes."""
+
+    # --- lifetime ---------------------------------------------------------------------------------
+    def attach(self, device: EmulatedMeshDevice) -> None:
+        self._device = device
+        queues = device.num_command_queues
+        # Shared memory that torch owns: mapped in both processes, unmapped with its last tensor.
+        device.allocator.share(torch.empty(max(1, device.allocator.size), dtype=torch.uint8)
+                               .share_memory_())
+        self._control = torch.zeros((queues, STATS), dtype=torch.int64).share_memory_()
+        self._counters = self._control.numpy()
+        self._staging = torch.empty(STAGING_BYTES, dtype=torch.uint8).share_memory_()
+        host, child = _context().Pipe()
+        self._process = _context().Process(
+            target=_serve,
+            args=(child, device.allocator.memory, self._control, self._staging, queues),
+            name="emulated-device", daemon=True)
+        self._process.start()
+        child.close()
+        self._conn = host
+        self._receiver = threading.Thread(target=self._receive, name="emulated-device-replies",
+                                          daemon=True)
+        self._receiver.start()
+
+    def close(self) -> None:
+        if self._conn is not None:
+            with contextlib.suppress(OSError):
+                self._conn.send(("close",))
+        if self._process is not None:
+            self._process.join(timeout=10)
+            if self._process.is_alive():
+                self._process.kill()
+                self._process.join()
+        if self._counters is not None:
+            for cq in range(self._counters.shape[0]):
+                self.busy_s[cq] = int(self._counters[cq, 1]) / 1e9
+                self.cpu_s[cq] = int(self._counters[cq, 2]) / 1e9
+        if self._conn is not None:
+            self._conn.close()
+        if self._receiver is not None:
+            self._receiver.join(timeout=5)
+        self._counters = None
+        self._control = None
+        self._staging = None
+
+    def kill(self) -> None:
+        """End the device process now, as a chip that stops answering (emulated only)."""
+        if self._process is not None:
+            self._process.kill()
+            self._process.join()
+
+    # --- the Scheduler protocol ---------------------------------------------------------------
+    def enqueued(self, device: EmulatedMeshDevice) -> None:
+        self._retire(device)
+        self._send(device, now=False)
+
+    def block_until(self, device: EmulatedMeshDevice, command: Command) -> None:
+        self._send(device)
+        self._retire(device)
+        if command.done:
+            return
+        self._tags += 1
+        tag = self._tags
+        self._post(("wait", command.cq, command.index, tag))
+        while tag not in self._reached:
+            self._check_alive(device)
+            device.condition.wait(timeout=0.5)
+        self._reached.discard(tag)
+        self._retire(device)
+        assert command.done, command
+
+    def stall(self, device: EmulatedMeshDevice, command: Command, seconds: float) -> None:
+        self._stalls[command.id] = seconds
+
+    # --- inside ---------------------------------------------------------------------------------
+    def _post(self, message: tuple[Any, ...]) -> None:
+        assert self._conn is not None
+        try:
+            self._conn.send(message)
+            return
+        except OSError:
+            pass
+        # Raised outside the handler: the failed send's frames (which hold the pickled message's
+        # buffer) must not stay reachable from a traceback cycle.
+        self._died()
+
+    def _send(self, device: EmulatedMeshDevice, *, now: bool = True) -> None:
+        """Every command enqueued since the last send crosses, in one message. Unless `now`,
+        only while the device process is idle (it has completed all it was sent): a busy one
+        gets the batch at a later call, one message instead of one per command."""
+        counters = self._counters
+        assert counters is not None
+        if not now and any(int(counters[cq, 0]) < sent for cq, sent in enumerate(self._sent)):
+            return
+        records = []
+        for cq, queue in enumerate(device.queues):
+            for command in queue:
+                if command.index <= self._sent[cq]:
+                    continue
+                effect = command.effect
+                staging = self._stage(command) if isinstance(effect, HostRead) else None
+                waits = None
+                if command.waits and command.event is not None:
+                    record = command.event.record
+                    waits = (record.cq, record.index)
+                records.append((cq, command.index, waits, self.costs.get(command.name, 0.0),
+                                self._stalls.pop(command.id, 0.0),
+                                _effect_record(effect, staging, self._objects)))
+                self._sent[cq] = command.index
+        if records:
+            self._post(("commands", records, self._objects.taken()))
+
+    def _stage(self, command: Command) -> int:
+        """A staging range for a read's bytes, first fit."""
+        effect = command.effect
+        assert isinstance(effect, HostRead)
+        source = effect.source
+        nbytes = math.prod(source.shape) * source.region.dtype.itemsize
+        for i, (offset, size) in enumerate(self._free):
+            if size >= nbytes:
+                self._free[i:i + 1] = [(offset + nbytes, size - nbytes)] if size > nbytes else []
+                self._reads[command.id] = (offset, nbytes)
+                return offset
+        raise RuntimeError(f"the emulated device's readback staging is full ({STAGING_BYTES} B)")
+
+    def _unstage(self, offset: int, nbytes: int) -> None:
+        self._free.append((offset, nbytes))
+        self._free.sort()
+        merged: list[tuple[int, int]] = []
+        for o, s in self._free:
+            if merged and merged[-1][0] + merged[-1][1] == o:
+                merged[-1] = (merged[-1][0], merged[-1][1] + s)
+            else:
+                merged.append((o, s))
+        self._free = merged
+
+    def _retire(self, device: EmulatedMeshDevice) -> None:
+        """Retire what the device process completed: done flags, observers, readbacks landed."""
+        counters = self._counters
+        if counters is None:
+            return
+        for cq, queue in enumerate(device.queues):
+            reached = int(counters[cq, 0])
+            while queue and queue[0].index <= reached:
+                head = queue[0]
+                effect = head.effect
+                if isinstance(effect, HostRead):
+                    offset, nbytes = self._reads.pop(head.id)
+                    host = effect.target()
+                    if host is not None:  # else dropped: a hazard already, it lands nowhere
+                        assert self._staging is not None
+                        target = host_operand(host, effect.source)
+                        staged = self._staging[offset:offset + nbytes]
+                        target.copy_(staged.view(target.dtype).view(target.shape))
+                    self._unstage(offset, nbytes)
+                device.retire(cq)
+
+    def _receive(self) -> None:
+        """Replies from the device process: a blocked host call's command reached."""
+        conn, device = self._conn, self._device
+        assert conn is not None and device is not None
+        while True:
+            try:
+                message = conn.recv()
+            except (EOFError, OSError):
+                break
+            with device.condition:
+                self._reached.add(message[1])
+                device.condition.notify_all()
+        with device.condition:
+            device.condition.notify_all()
+
+    def _check_alive(self, device: EmulatedMeshDevice) -> None:
+        if self._process is not None and not self._process.is_alive():
+            self._died()
+
+    def _died(self) -> None:
+        code = None if self._process is None else self._process.exitcode
+        self.failure = f"the emulated device's process ended (exit code {code})"
+        device = self._device
+        if device is not None:
+            device.faults.lose(self.failure, injected=False)
+        raise DeviceProcessDied(f"TT_FATAL: {self.failure}")

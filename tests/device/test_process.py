@@ -1,0 +1,127 @@
+"""The emulated device in a process of its own (`ProcessScheduler`): the same data as in the
+host's process, DRAM in shared memory the host reaches only through ttnn calls (its observers
+excepted), late reads, and a device process that dies is a device fault."""
+
+from __future__ import annotations
+
+import multiprocessing
+import time
+from dataclasses import replace
+
+import pytest
+import ttnn
+
+from ttmirror.emulator import ManualScheduler, ProcessScheduler
+from ttmirror.emulator.commands import Command
+from ttmirror.impl.probe import ProbeSpec
+from ttmirror.impl.tt_backend import TtBackend
+from ttmirror.serving.backend import ServingBackend
+from ttmirror.serving.batching import ServingConfig, ServingEngine
+from ttmirror.serving.context import SamplingParams
+from ttmirror.serving.models import ProbeDecoder
+from ttmirror.serving.workload import run_workload, standard_plan
+
+from .conftest import host_ids, on_device, open_emulated, values_of
+
+
+def test_the_device_process_computes_what_the_host_would() -> None:
+    dev = open_emulated(scheduler=ProcessScheduler)
+    try:
+        assert dev.allocator.memory.is_shared()
+        a, b = on_device(dev, [1, 2, 3]), on_device(dev, [0, 0, 0])
+        ttnn.synchronize_device(dev)  # b's upload (CQ0) before CQ1 writes it
+        ttnn.plus_one(a)
+        ttnn.copy_host_to_device_tensor(host_ids([7, 8, 9]), b, cq_id=1)
+        assert values_of(ttnn.from_device(a)) == [2, 3, 4]
+        assert values_of(ttnn.from_device(b, queue_id=1)) == [7, 8, 9]
+        assert dev.hazards.total == 0 and dev.pending() == 0
+    finally:
+        ttnn.close_mesh_device(dev)
+
+
+def test_an_observer_sees_the_device_processs_data_as_each_command_retires() -> None:
+    dev = open_emulated(scheduler=ProcessScheduler)
+    seen: list[list[int]] = []
+    try:
+        a = on_device(dev, [4, 5])
+
+        def look(command: Command) -> None:  # reads shared DRAM, issues no command
+            if command.name == "plus_one":
+                seen.append([int(v) for v in dev._view(a.operand).reshape(-1).tolist()])
+
+        dev.observers.append(look)
+        ttnn.plus_one(a)
+        ttnn.plus_one(a)
+        ttnn.synchronize_device(dev)
+        # The host retires what the device process completed when it next enters the device:
+        # an observer sees DRAM as of then, at least the command's own result.
+        assert seen in ([[5, 6], [6, 7]], [[6, 7], [6, 7]])
+    finally:
+        ttnn.close_mesh_device(dev)
+
+
+def test_a_late_read_lands_after_its_stall() -> None:
+    dev = open_emulated(scheduler=ProcessScheduler)
+    try:
+        a = on_device(dev, [5, 6])
+        ttnn.synchronize_device(dev)
+        dev.faults.arm("read", stall_s=0.3)
+        began = time.monotonic()
+        host = ttnn.from_device(a, blocking=False, queue_id=1)
+        read = ttnn.record_event(dev, 1)
+        ttnn.event_synchronize(read)
+        assert time.monotonic() - began >= 0.3
+        assert ttnn.to_torch(host).reshape(-1).tolist() == [5, 6]
+        assert dev.faults.injected["stall"] == 1 and a.is_allocated()
+    finally:
+        ttnn.close_mesh_device(dev)
+
+
+def test_a_dead_device_process_is_a_device_fault_and_nothing_is_left() -> None:
+    before = {p.pid for p in multiprocessing.active_children()}
+    dev = open_emulated(scheduler=ProcessScheduler)
+    try:
+        a = on_device(dev, [1, 2])
+        ttnn.synchronize_device(dev)
+        scheduler = dev.scheduler
+        assert isinstance(scheduler, ProcessScheduler)
+        scheduler.kill()
+        with pytest.raises(RuntimeError, match=r"process ended \(exit code -9\)"):
+            ttnn.plus_one(a)
+            ttnn.synchronize_device(dev)
+        # From then on every call fails alike, as on a chip that stopped answering.
+        with pytest.raises(RuntimeError, match="process ended"):
+            ttnn.plus_one(a)
+    finally:
+        ttnn.close_mesh_device(dev)
+    assert {p.pid for p in multiprocessing.active_children()} <= before
+
+
+@pytest.mark.parametrize(("mode", "trace", "spec"), [
+    ("auto", False, 0), ("off", False, 0), ("auto", True, 0), ("auto", False, 2),
+    ("auto", True, 2)], ids=["depth2", "depth1", "traced", "drafts", "traced-drafts"])
+def test_serving_in_the_device_process_gives_the_host_processs_tokens(
+        mode: str, trace: bool, spec: int) -> None:
+    """Seeded sampling with logprobs, eager and traced, with and without drafts: the device
+    process serves the tokens and logprobs the host's own process does."""
+    model = ProbeDecoder(ProbeSpec(seed=5))
+    plan = [replace(p, sampling=SamplingParams(seed=3, logprobs=2))
+            for p in standard_plan(model.vocab, 6)]
+    outs = []
+    for scheduler in (ManualScheduler, ProcessScheduler):
+        dev = open_emulated(scheduler=scheduler, trace_region_size=1 << 22)
+        try:
+            engine = ServingEngine(
+                ServingBackend(TtBackend(dev), model, SamplingParams(seed=3)),
+                ServingConfig(async_scheduling=mode, rows=4, trace=trace, spec_tokens=spec,
+                              max_logprobs=2))
+            out = run_workload(engine, plan)
+            engine.close()
+            assert dev.hazards.total == 0
+            outs.append(out)
+        finally:
+            ttnn.close_mesh_device(dev)
+    assert outs[0].tokens == outs[1].tokens and outs[0].logprobs == outs[1].logprobs
+    assert outs[1].generated > 20 and outs[1].logprobs
+    if spec:
+        assert outs[1].stats.get("drafted_rows", 0) > 0
