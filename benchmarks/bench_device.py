@@ -3,9 +3,11 @@
 Both sides run the same op mix (plus_one, argmax into a preallocated output, copy) on the same
 small shapes, interleaved in one run, so the overhead ratio compares like with like. The emulated
 side goes through the real ttnn API (routed): signature check, the documented support table,
-allocation, hazard bookkeeping, enqueue, completion. Then one steady decode step of the tt mirror
-is counted, eager beside traced: its device commands and the host's ttnn calls
-(`impl/calls.py`). The last line prints the ratios.
+allocation, hazard bookkeeping, enqueue, completion; once with the kernels in the host's process
+(the manual scheduler: a sync completes them) and once in a device process of their own
+(`ProcessScheduler`: the host enqueues while the device process runs them). Then one steady
+decode step of the tt mirror is counted, eager beside traced: its device commands and the
+host's ttnn calls (`impl/calls.py`). The last line prints the ratios.
 
 Usage: python benchmarks/bench_device.py [--ops N] [--rounds R]
 """
@@ -19,7 +21,7 @@ import time
 import torch
 import ttnn
 
-from ttmirror.emulator import EmulatedMeshDevice, Emulator, open_device
+from ttmirror.emulator import EmulatedMeshDevice, Emulator, ProcessScheduler, open_device
 from ttmirror.emulator.calls import step_calls
 
 ROWS, VOCAB = 32, 64
@@ -118,20 +120,31 @@ def main() -> None:
     device = open_device(
         num_command_queues=2, emulator=Emulator(hazard_mode="count"), emulated=True
     )
-    assert isinstance(device, EmulatedMeshDevice)
+    # The same device with its queues in a device process of their own (ProcessScheduler).
+    apart = open_device(
+        num_command_queues=2, emulator=Emulator(scheduler=ProcessScheduler, hazard_mode="count"),
+        emulated=True,
+    )
+    assert isinstance(device, EmulatedMeshDevice) and isinstance(apart, EmulatedMeshDevice)
     emulated_round(device, 300)  # warm: program cache, torch kernels
+    emulated_round(apart, 300)
     golden_round(300)
 
-    emulated_rates, golden_rates = [], []
-    for _ in range(args.rounds):  # interleaved, so drift hits both sides alike
+    emulated_rates, golden_rates, apart_rates = [], [], []
+    for _ in range(args.rounds):  # interleaved, so drift hits every side alike
         seconds, commands = emulated_round(device, args.ops)
         emulated_rates.append(commands / seconds)
+        seconds, commands = emulated_round(apart, args.ops)
+        apart_rates.append(commands / seconds)
         seconds, calls = golden_round(args.ops)
         golden_rates.append(calls / seconds)
     seconds, commands = handshake_round(device, args.ops // 11)
     handshake_rate = commands / seconds
-    assert device.hazards.total == 0, device.hazards.counts
-    ttnn.close_mesh_device(device)
+    seconds, commands = handshake_round(apart, args.ops // 11)
+    apart_handshake = commands / seconds
+    for d in (device, apart):
+        assert d.hazards.total == 0, d.hazards.counts
+        ttnn.close_mesh_device(d)
 
     emulated = statistics.median(emulated_rates)
     golden = statistics.median(golden_rates)
@@ -143,8 +156,11 @@ def main() -> None:
         f"emulated ops (argmax, plus_one, copy): {emulated:,.0f} commands/s "
         f"(median of {args.rounds})"
     )
+    apart_rate = statistics.median(apart_rates)
+    print(f"  the same in a device process:         {apart_rate:,.0f} commands/s")
     print(f"golden functions called directly:      {golden:,.0f} calls/s")
     print(f"two-queue handshake incl. events:      {handshake_rate:,.0f} commands/s")
+    print(f"  the same in a device process:         {apart_handshake:,.0f} commands/s")
     print(f"target >= 20,000 commands/s: {'met' if emulated >= 20_000 else 'NOT met'}")
     eager, traced = step_calls(), step_calls(trace=True)
     for name, run in (("eager", eager), ("traced", traced)):
@@ -157,6 +173,8 @@ def main() -> None:
     print(
         f"ratios: emulated/golden time per op = {golden / emulated:.2f}x; "
         f"emulated commands/s = {emulated:,.0f}; handshake commands/s = {handshake_rate:,.0f}; "
+        f"device process/host process commands/s = {apart_rate / emulated:.2f}x, handshake "
+        f"{apart_handshake / handshake_rate:.2f}x; "
         f"host calls per step traced/eager = "
         f"{traced['host_calls_per_step'] / eager['host_calls_per_step']:.2f}x"
     )

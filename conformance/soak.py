@@ -75,6 +75,11 @@ SAMPLINGS: tuple[SamplingParams | None, ...] = (
 ARRIVAL_CHANCE = 0.7
 """Chance that a request arrives before an engine iteration (while the queue is short)."""
 DRAM = 16 << 20
+PATIENCE = 3.0
+"""A late read the host gave up on lands at the host's next call, or, where the host makes none
+before waiting on the next readback (queued behind it), this many deadlines after the wait
+began: the next wait then does not give up (the threaded clock's read lands 1.5 deadlines after
+issue). The host makes its next call microseconds after giving up, far inside that."""
 DEVICE_S = 1.0
 """The simulated clock's time per device command (jittered by half), against the host's 1.0
 per call: the queues sometimes lag the host and sometimes keep up, so which queue completes
@@ -192,7 +197,8 @@ class _Run:
     def events(self) -> Iterator[Event]:
         cfg, report, rng = self.cfg, self.report, self.rng
         scheduler: Callable[[], Any] = ThreadedScheduler if cfg.clock == "threaded" else (
-            lambda: TimedScheduler(seed=cfg.seed, default_s=DEVICE_S))
+            lambda: TimedScheduler(seed=cfg.seed, default_s=DEVICE_S,
+                                   patience_s=PATIENCE * cfg.readback_timeout_s))
         device = _open(self.model, scheduler, "count")
         order = hashlib.sha256()
         device.observers.append(lambda command: order.update(command.label.encode() + b";"))

@@ -92,7 +92,12 @@ class TimedScheduler(ManualScheduler):
     """
 
     def __init__(self, costs: Mapping[str, float] | None = None, seed: int = 0, *,
-                 host_s: float = 1.0, default_s: float = 0.5, jitter: float = 0.5) -> None:
+                 host_s: float = 1.0, default_s: float = 0.5, jitter: float = 0.5,
+                 patience_s: float | None = None) -> None:
+        """`patience_s`: how long (wall clock) a wait the host gave up on stays held when the
+        host makes no call meanwhile (it waits on another readback queued behind it): then the
+        held read lands in the waiter's own thread, while the host is blocked. Set it well
+        above the host's deadline; None: until the host's next call."""
         if host_s <= 0 or default_s < 0 or not 0 <= jitter < 1:
             raise ValueError("TimedScheduler: host_s > 0, default_s >= 0 and 0 <= jitter < 1")
         if any(c < 0 for c in (costs or {}).values()):
@@ -106,6 +111,7 @@ class TimedScheduler(ManualScheduler):
         self._held: list[Command] = []  # stalled reads, held until the host gave up on them
         self._given_up: Command | None = None  # what a waiter the host gave up on awaits
         self._host: int | None = None  # the thread that enqueues (the host's)
+        self.patience_s = patience_s
 
     def _next(self, device: EmulatedMeshDevice) -> tuple[float, Command] | None:
         """The ready head command that completes first, with its completion time."""
@@ -178,8 +184,14 @@ class TimedScheduler(ManualScheduler):
             # cannot finish before a held read: the host gives up on it, and its next call
             # lands the read and completes what this wait awaits (`_release`).
             self._given_up = command
+            patience = math.inf if self.patience_s is None else self.patience_s
+            until = time.monotonic() + patience
             while not command.done and not device.closed:
-                device.condition.wait(timeout=0.5)
+                left = until - time.monotonic()
+                if left <= 0:  # the host made no call: it waits on a wait queued behind this
+                    self._release(device)
+                    break
+                device.condition.wait(timeout=min(left, 0.5))
             if not command.done:
                 raise RuntimeError(f"the device closed before {command.label} completed")
 

@@ -97,3 +97,22 @@ def test_a_host_that_waits_without_a_deadline_gets_the_late_read_at_once() -> No
         assert dev.faults.injected["stall"] == 1
     finally:
         ttnn.close_mesh_device(dev)
+
+
+def test_a_late_read_lands_after_the_patience_when_the_host_makes_no_call() -> None:
+    """The host gave up on the read and waits on the next readback, queued behind it, without a
+    call of its own: the held read lands after `patience_s` in the waiter's thread, so that next
+    wait does not give up too."""
+    dev = open_emulated(scheduler=lambda: TimedScheduler(seed=0, patience_s=0.5))
+    try:
+        source, host, read = _stalled_read(dev)
+        with ThreadPoolExecutor(1) as waiter:  # one waiter, in order, as the mirror's
+            first = waiter.submit(ttnn.event_synchronize, read)
+            with pytest.raises(WaitTimeout):
+                first.result(timeout=0.1)
+            second = waiter.submit(ttnn.event_synchronize, read)
+            second.result(timeout=5)  # no host call in between: the patience lands it
+            assert first.done() and read.done
+        assert ttnn.to_torch(host).reshape(-1).tolist() == [5, 6] and source.is_allocated()
+    finally:
+        ttnn.close_mesh_device(dev)
