@@ -55,6 +55,9 @@ holds); any other object crosses once, by reference (a model, a drafter, a clock
 type: what the kernel keeps across commands, not data of one command)."""
 STAGING_BYTES = 8 << 20
 """Shared memory for readbacks in flight (a probe step reads a few hundred bytes)."""
+BACKLOG = 0
+"""Commands the device process may have left before the host sends it what it holds (2 was
+measured no better than 0 in `make bench-engine`'s sweep, within its round-to-round spread)."""
 STATS = 3
 """Per queue in the control block: commands completed, busy nanoseconds, CPU nanoseconds."""
 PRELOAD = ["ttmirror.emulator", "ttmirror.emulator.decoder"]
@@ -351,11 +354,13 @@ class ProcessScheduler:
 
     def _send(self, device: EmulatedMeshDevice, *, now: bool = True) -> None:
         """Every command enqueued since the last send crosses, in one message. Unless `now`,
-        only while the device process is idle (it has completed all it was sent): a busy one
-        gets the batch at a later call, one message instead of one per command."""
+        only while the device process is nearly idle (at most `BACKLOG` commands sent and not
+        completed): a busy one gets the batch at a later call, one message instead of one per
+        command, and it is sent before the device runs dry."""
         counters = self._counters
         assert counters is not None
-        if not now and any(int(counters[cq, 0]) < sent for cq, sent in enumerate(self._sent)):
+        if not now and sum(sent - int(counters[cq, 0])
+                           for cq, sent in enumerate(self._sent)) > BACKLOG:
             return
         records = []
         for cq, queue in enumerate(device.queues):
