@@ -17,7 +17,8 @@ soon as their events allow, on its own interpreter, so its kernels never take th
 - A readback's bytes are copied by the device process, when the read completes, into a staging
   area of shared memory, and from there into the host tensor when the host retires the read.
 - Objects a kernel takes by reference (a model, a drafter: anything not plain data) cross once
-  and are named by a number after that.
+  and are named by a number after that: what the host changes in them later, or what a kernel
+  changes in them there (the decoder's `ComputeClock`), the other side does not see.
 - A device process that dies is a device fault: every later call on the device raises
   `RuntimeError` (as a chip's TT_THROW), the steps in flight fail with it (spec rule 12).
 
@@ -81,7 +82,7 @@ class _Objects:
     """The host's numbering of objects that cross by reference; each is sent once."""
 
     def __init__(self) -> None:
-        self.known: dict[int, tuple[int, Any]] = {}  # id -> (number, the object, held)
+        self.known: dict[int, tuple[int, Any]] = {}  # id -> (number, the object: held)
         self.new: list[tuple[int, bytes]] = []
 
     def ref(self, value: Any) -> Any:
@@ -188,7 +189,8 @@ def _serve(conn: Connection, memory: torch.Tensor, control: torch.Tensor, stage:
         except BaseException as error:  # the host learns of it: the process ends
             failure.append(error)
             stopping.set()
-            with lock:
+            with lock, contextlib.suppress(OSError):
+                conn.send(("failed", f"{type(error).__name__}: {error}"))
                 lock.notify_all()
         finally:
             counters[cq, 2] = time.thread_time_ns()
@@ -263,6 +265,7 @@ class ProcessScheduler:
         self._reached: set[int] = set()
         self._receiver: threading.Thread | None = None
         self.failure: str | None = None
+        self._why: str | None = None  # the device process's own error, if it sent one
         self.cpu_s: dict[int, float] = {}
         """Each queue's CPU seconds in the device process, set when the device closes."""
         self.busy_s: dict[int, float] = {}
@@ -426,7 +429,8 @@ class ProcessScheduler:
                 device.retire(cq)
 
     def _receive(self) -> None:
-        """Replies from the device process: a blocked host call's command reached."""
+        """Replies from the device process: a blocked host call's command reached, or the
+        error that stopped it."""
         conn, device = self._conn, self._device
         assert conn is not None and device is not None
         while True:
@@ -435,7 +439,10 @@ class ProcessScheduler:
             except (EOFError, OSError):
                 break
             with device.condition:
-                self._reached.add(message[1])
+                if message[0] == "failed":  # what stopped it: the host's error names it
+                    self._why = message[1]
+                else:
+                    self._reached.add(message[1])
                 device.condition.notify_all()
         with device.condition:
             device.condition.notify_all()
@@ -446,7 +453,8 @@ class ProcessScheduler:
 
     def _died(self) -> None:
         code = None if self._process is None else self._process.exitcode
-        self.failure = f"the emulated device's process ended (exit code {code})"
+        self.failure = f"the emulated device's process ended (exit code {code})" + (
+            f": {self._why}" if self._why else "")
         device = self._device
         if device is not None:
             device.faults.lose(self.failure, injected=False)

@@ -12,7 +12,7 @@ import pytest
 import ttnn
 
 from ttmirror.emulator import ManualScheduler, ProcessScheduler
-from ttmirror.emulator.commands import Command
+from ttmirror.emulator.commands import Command, Kernel, Program, register_kernel
 from ttmirror.impl.probe import ProbeSpec
 from ttmirror.impl.tt_backend import TtBackend
 from ttmirror.serving.backend import ServingBackend
@@ -95,6 +95,21 @@ def test_a_dead_device_process_is_a_device_fault_and_nothing_is_left() -> None:
     finally:
         ttnn.close_mesh_device(dev)
     assert {p.pid for p in multiprocessing.active_children()} <= before
+
+
+def test_a_kernel_that_fails_in_the_device_process_is_named_in_the_devices_error() -> None:
+    """A kernel the device process does not have (registered in the host only, after it
+    started): the process stops, and the host's error says why."""
+    register_kernel("host_only", lambda args, outputs, params: None)
+    dev = open_emulated(scheduler=ProcessScheduler)
+    try:
+        a = on_device(dev, [1])
+        kernel = Kernel("host_only", (a.operand,), (a.operand,))
+        dev.launch(Program("host_only", (a.buffer,), (a.buffer,), kernel, "host_only"), 0)
+        with pytest.raises(RuntimeError, match=r"process ended .*: KeyError: 'host_only'"):
+            ttnn.synchronize_device(dev)
+    finally:
+        ttnn.close_mesh_device(dev)
 
 
 @pytest.mark.parametrize(("mode", "trace", "spec"), [
