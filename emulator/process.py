@@ -28,6 +28,7 @@ Emulated only: on a chip the device is the chip, and none of this runs.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import math
 import multiprocessing
 import os
@@ -43,6 +44,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
+from .allocator import Buffer, DramAllocator
 from .commands import KERNELS, Command, HostRead, HostWrite, Kernel
 from .tensors import Operand, Region, host_operand, region_view
 
@@ -258,8 +260,8 @@ class ProcessScheduler:
         self._staging: torch.Tensor | None = None
         self._sent = [0, 0]  # per queue: the index of the last command sent
         self._stalls: dict[int, float] = {}  # command id -> its stall, until sent
-        self._reads: dict[int, tuple[int, int]] = {}  # command id -> (staging offset, bytes)
-        self._free: list[tuple[int, int]] = [(0, STAGING_BYTES)]
+        self._reads: dict[int, Buffer] = {}  # command id -> its staging range
+        self._books = DramAllocator(STAGING_BYTES)  # the staging area's ranges, as DRAM's
         self._objects = _Objects()
         self._tags = 0
         self._reached: set[int] = set()
@@ -280,7 +282,8 @@ class ProcessScheduler:
                                .share_memory_())
         self._control = torch.zeros((queues, STATS), dtype=torch.int64).share_memory_()
         self._counters = self._control.numpy()
-        self._staging = torch.empty(STAGING_BYTES, dtype=torch.uint8).share_memory_()
+        self._books.share(torch.empty(STAGING_BYTES, dtype=torch.uint8).share_memory_())
+        self._staging = self._books.memory
         host, child = _context().Pipe()
         self._process = _context().Process(
             target=_serve,
@@ -367,9 +370,9 @@ class ProcessScheduler:
             return
         records = []
         for cq, queue in enumerate(device.queues):
-            for command in queue:
-                if command.index <= self._sent[cq]:
-                    continue
+            # The unsent commands are the queue's tail (indices are consecutive on a queue).
+            unsent = queue[-1].index - self._sent[cq] if queue else 0
+            for command in itertools.islice(queue, len(queue) - unsent, None):
                 effect = command.effect
                 staging = self._stage(command) if isinstance(effect, HostRead) else None
                 waits = None
@@ -384,28 +387,13 @@ class ProcessScheduler:
             self._post(("commands", records, self._objects.taken()))
 
     def _stage(self, command: Command) -> int:
-        """A staging range for a read's bytes, first fit."""
+        """A staging range for a read's bytes (aligned, as a DRAM buffer)."""
         effect = command.effect
         assert isinstance(effect, HostRead)
         source = effect.source
-        nbytes = math.prod(source.shape) * source.region.dtype.itemsize
-        for i, (offset, size) in enumerate(self._free):
-            if size >= nbytes:
-                self._free[i:i + 1] = [(offset + nbytes, size - nbytes)] if size > nbytes else []
-                self._reads[command.id] = (offset, nbytes)
-                return offset
-        raise RuntimeError(f"the emulated device's readback staging is full ({STAGING_BYTES} B)")
-
-    def _unstage(self, offset: int, nbytes: int) -> None:
-        self._free.append((offset, nbytes))
-        self._free.sort()
-        merged: list[tuple[int, int]] = []
-        for o, s in self._free:
-            if merged and merged[-1][0] + merged[-1][1] == o:
-                merged[-1] = (merged[-1][0], merged[-1][1] + s)
-            else:
-                merged.append((o, s))
-        self._free = merged
+        buffer = self._books.allocate(math.prod(source.shape) * source.region.dtype.itemsize)
+        self._reads[command.id] = buffer
+        return buffer.address
 
     def _retire(self, device: EmulatedMeshDevice) -> None:
         """Retire what the device process completed: done flags, observers, readbacks landed."""
@@ -418,14 +406,15 @@ class ProcessScheduler:
                 head = queue[0]
                 effect = head.effect
                 if isinstance(effect, HostRead):
-                    offset, nbytes = self._reads.pop(head.id)
+                    staged = self._reads.pop(head.id)
                     host = effect.target()
                     if host is not None:  # else dropped: a hazard already, it lands nowhere
                         assert self._staging is not None
                         target = host_operand(host, effect.source)
-                        staged = self._staging[offset:offset + nbytes]
-                        target.copy_(staged.view(target.dtype).view(target.shape))
-                    self._unstage(offset, nbytes)
+                        nbytes = target.numel() * target.element_size()
+                        view = self._staging[staged.address:staged.address + nbytes]
+                        target.copy_(view.view(target.dtype).view(target.shape))
+                    self._books.free(staged)
                 device.retire(cq)
 
     def _receive(self) -> None:
