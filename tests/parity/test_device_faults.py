@@ -61,8 +61,11 @@ def test_a_device_closed_under_the_engine_fails_the_open_requests_and_keeps_thei
     assert any(s == Status.FINISHED for s in run.out.statuses.values())
 
 
-KILL_AT = sorted(random.Random(12).sample(range(2, 24), 4))
-"""Engine iterations after which the device process is killed: seeded points of the run."""
+KILL_AT = sorted(random.Random(12).sample(range(2, 22), 4))
+"""Engine iterations after which the device process is killed: seeded points of the run that
+leave steps still to launch (the workload takes 24 iterations, launching in the first 23).
+Killed after the last launch, the device may have finished all it was sent, depending on the
+machine's speed: then no request fails, rightly, and the verdict would depend on timing."""
 
 
 @pytest.mark.parametrize("arm_at", KILL_AT)
