@@ -51,11 +51,13 @@ Usage: python benchmarks/bench_engine.py [--rounds R] [--ratios 0.25,0.5,1,2,4]
 from __future__ import annotations
 
 import argparse
+import contextlib
 import itertools
 import json
 import os
 import statistics
 import sys
+from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -84,6 +86,10 @@ TARGET = 0.9
 """Every point's measured speedup must reach this share of its ideal."""
 DEVICES = ("process", "threads")
 DEVICE = ["process"]
+PIN: list[frozenset[int]] = []
+"""(the host's cores, the device process's) when `--pin` (the default where there are two
+cores or more): each side on cores of its own, as a host and a chip are, so the OS does not
+time-slice the device's work with the host's on one core while the other idles."""
 """Where the emulated device's queues run (`--device`): a device process of their own
 (`ProcessScheduler`: the kernels on their own interpreter, as a chip's cores) or worker threads
 in the host's process (`ThreadedScheduler`: the kernels take turns with the host on its GIL)."""
@@ -160,7 +166,30 @@ def serve(
     # With drafts the decoder op runs 1 + K lanes, together the time of one decode step.
     costs = {"decoder_forward": delay_s, "decoder_lane": delay_s / (1 + spec)}
     kind = device_kind or DEVICE[0]
-    scheduler = ProcessScheduler(costs) if kind == "process" else ThreadedScheduler(costs)
+    if kind == "process":
+        with pinned():
+            return _serve(ProcessScheduler(costs, cpus=PIN[1] if PIN else None), plan, mode,
+                          drain, logprobs, record, spec)
+    return _serve(ThreadedScheduler(costs), plan, mode, drain, logprobs, record, spec)
+
+
+@contextlib.contextmanager
+def pinned() -> Iterator[None]:
+    """The host's thread (and the threads it starts) on its own core for the run, as `PIN`
+    says; the device process then runs on the others (`ProcessScheduler(cpus=...)`)."""
+    if not PIN:
+        yield
+        return
+    before = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, PIN[0])
+    try:
+        yield
+    finally:
+        os.sched_setaffinity(0, before)
+
+
+def _serve(scheduler: ProcessScheduler | ThreadedScheduler, plan: list[RequestPlan], mode: str,
+           drain: bool, logprobs: int, record: bool, spec: int) -> Measured:
     device = open_device(
         num_command_queues=2,
         emulator=Emulator(scheduler=lambda: scheduler, hazard_mode="raise"),
@@ -395,6 +424,9 @@ def main() -> None:
     parser.add_argument("--json", metavar="FILE",
                         help="also write the sweep's figures there (`ttmirror report "
                              "--bench-engine FILE` plots them)")
+    parser.add_argument("--pin", action=argparse.BooleanOptionalAction, default=None,
+                        help="the host on one core, the device process on the others (default: "
+                             "where this process may run on two cores or more)")
     args = parser.parse_args()
     try:
         ratios = [float(r) for r in args.ratios.split(",")]
@@ -407,12 +439,21 @@ def main() -> None:
     sys.setswitchinterval(args.switch_interval)
 
     DEVICE[0] = args.device
+    cores = sorted(os.sched_getaffinity(0))
+    if args.pin is None:
+        args.pin = len(cores) >= 2
+    if args.pin:
+        if len(cores) < 2:
+            parser.error(f"--pin needs two cores or more; this process may run on {cores}")
+        PIN[:] = [frozenset(cores[:1]), frozenset(cores[1:])]
     other = next(k for k in DEVICES if k != args.device)
     host_step, floor = calibrate(args.rounds)
     where = ("a device process of its own" if args.device == "process"
              else "a worker thread per CQ in the host's process")
     print(
-        f"emulated TT device, its queues in {where}; probe model, {ROWS} rows; host step h "
+        f"emulated TT device, its queues in {where}"
+        + (f" (host on core {min(PIN[0])}, device process on {sorted(PIN[1])})" if PIN else "")
+        + f"; probe model, {ROWS} rows; host step h "
         f"{host_step * 1e3:.2f} ms, the device's time d {floor * 1e3:.2f} ms per step with no "
         f"configured time (its emulated kernels; d/h cannot go below {floor / host_step:.2f}); "
         f"median of {args.rounds} rounds per point; tokens identical at depth 2 and 1"

@@ -102,13 +102,15 @@ class Lockstep:
         sampling_seed: int = 0,
         bug: str | None = None,
         drafter: Drafter | None = None,
+        device_process: bool = False,
     ) -> None:
         """`refusals`: after every act, try every model-disabled action on the implementation;
         `refused`: model states whose refusals were already tried (skipped, and added to);
         `config`: one of `CONFIGS[backend]` (default its first); `sampling`: one of
         `SAMPLERS`, the seeded one drawing with `sampling_seed`; `bug`: a planted bug of the
         implementation (`impl/mutations.py`), or None; `drafter`: with spec tokens, the
-        probe's drafter (default `Drafter()`)."""
+        probe's drafter (default `Drafter()`); `device_process`: the emulated device's queues
+        in a device process of their own, each device move one command run there."""
         if bounds.release_at != "complete":
             raise ValueError("the implementation has no --release-at issue switch; plant the "
                              "release-at-issue bug instead")
@@ -120,6 +122,7 @@ class Lockstep:
         config = check_config(backend, config)
         if sampling not in SAMPLERS:
             raise ValueError(f"unknown sampler {sampling!r}; choose one of: {', '.join(SAMPLERS)}")
+        self.device_process = device_process
         self.sampling = sampling
         self.sampling_seed = sampling_seed
         self.bug = bug
@@ -188,7 +191,8 @@ class Lockstep:
         self.device = open_device(
             num_command_queues=queues,
             trace_region_size=TRACE_REGION,
-            emulator=Emulator(scheduler=ManualScheduler, hazard_mode="raise", dram_size=DRAM),
+            emulator=Emulator(scheduler=ManualScheduler, hazard_mode="raise", dram_size=DRAM,
+                              process=self.device_process),
         )
         return TtBackend(self.device, readback_cq=queues - 1)
 

@@ -50,11 +50,14 @@ def replay(
     sampling_seed: int = 0,
     bug: str | None = None,
     drafter: Drafter | None = None,
+    device_process: bool = False,
 ) -> Outcome:
     """Run `moves` in lockstep, `bug` planted in the implementation; `claimed[i]` is the trace's
-    encoded model state after move i; `drafter`: with spec tokens, the run's."""
+    encoded model state after move i; `drafter`: with spec tokens, the run's; `device_process`:
+    the emulated device's queues in a device process of their own (`Emulator.process`)."""
     ls = Lockstep(bounds, backend, prompts, config=config, sampling=sampling,
-                  sampling_seed=sampling_seed, bug=bug, drafter=drafter)
+                  sampling_seed=sampling_seed, bug=bug, drafter=drafter,
+                  device_process=device_process)
     rows: list[Row] = []
     try:
         for i, move in enumerate(moves):

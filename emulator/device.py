@@ -36,7 +36,7 @@ from .commands import (
 from .hazards import Hazard, HazardKind, HazardLog, HazardMode
 from .injection import FaultInjector
 from .ordering import OrderingTracker
-from .schedulers import ManualScheduler, Scheduler
+from .schedulers import Executor, ManualScheduler, Scheduler
 from .signatures import introspect_method
 from .tensors import (
     DeviceTensor,
@@ -118,6 +118,9 @@ class EmulatedMeshDevice:
         self._views: dict[Operand, torch.Tensor] = {}  # views of DRAM, not state: never copied
         self.faults = FaultInjector()
         """Faults armed at run time (`injection.py`): calls that raise, reads that stall."""
+        self.executor: Executor | None = None
+        """Where a completed command's effect runs when not here: the device process, set by
+        a gated `ProcessScheduler` (emulated only)."""
         self.scheduler: Scheduler = scheduler or ManualScheduler()
         self.scheduler.attach(self)
 
@@ -147,9 +150,13 @@ class EmulatedMeshDevice:
             head = queue[0]
             if not head.ready():
                 raise RuntimeError(f"CQ{cq_id}: {head.label} waits for {head.event} to complete")
-            queue.popleft()
-            if head.effect is not None:
-                self._complete(head.effect)
+            if self.executor is not None:  # its effect runs in the device process
+                self.executor.run(self, head)
+                queue.popleft()
+            else:
+                queue.popleft()
+                if head.effect is not None:
+                    self._complete(head.effect)
             return self._done(head)
 
     def retire(self, cq_id: int) -> Command:

@@ -25,6 +25,7 @@ from ..impl.devices import CHIP, chip_present
 from . import routing
 from .device import DEFAULT_DRAM_SIZE, EmulatedMeshDevice
 from .hazards import HazardMode
+from .process import ProcessScheduler
 from .schedulers import ManualScheduler, Scheduler
 
 
@@ -39,6 +40,9 @@ class Emulator:
     dram_size: int = DEFAULT_DRAM_SIZE
     planted: frozenset[str] = frozenset()
     """Bugs planted in the device's allocator (`allocator.PLANTED`); none by default."""
+    process: bool = False
+    """Run the device's queues in a device process of their own (`ProcessScheduler`), the
+    completion order still `scheduler`'s (a `ManualScheduler` or a subclass)."""
 
     kind = "emulated"
 
@@ -50,12 +54,22 @@ class Emulator:
             trace_region_size=trace_region_size,
             l1_small_size=l1_small_size,
             dram_size=self.dram_size,
-            scheduler=self.scheduler(),
+            scheduler=self._scheduler(),
             hazard_mode=self.hazard_mode,
             planted=self.planted,
         )
         routing.attach(device)
         return device
+
+    def _scheduler(self) -> Scheduler:
+        scheduler = self.scheduler()
+        if not self.process or isinstance(scheduler, ProcessScheduler):
+            return scheduler
+        if not isinstance(scheduler, ManualScheduler):
+            raise ValueError(f"Emulator(process=True): the device process runs commands as a "
+                             f"ManualScheduler (or a subclass) completes them, or on its own "
+                             f"(ProcessScheduler), not as a {type(scheduler).__name__} does")
+        return ProcessScheduler(policy=scheduler)
 
     def owns(self, device: Any) -> bool:
         return isinstance(device, EmulatedMeshDevice)
@@ -73,6 +87,7 @@ class Emulator:
                 "dram_bytes": self.dram_size,
                 "scheduler": getattr(self.scheduler, "__name__", "?"),
                 "hazard_mode": self.hazard_mode,
+                "device_process": self.process,
             },
         }
 

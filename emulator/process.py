@@ -46,6 +46,7 @@ import torch
 
 from .allocator import Buffer, DramAllocator
 from .commands import KERNELS, Command, HostRead, HostWrite, Kernel
+from .schedulers import ManualScheduler
 from .tensors import Operand, Region, host_operand, region_view
 
 if TYPE_CHECKING:
@@ -121,13 +122,17 @@ def _effect_record(effect: Any, staging: int | None, objects: _Objects) -> tuple
 
 # --- the device process ---------------------------------------------------------------------------
 def _serve(conn: Connection, memory: torch.Tensor, control: torch.Tensor, stage: torch.Tensor,
-           queues: int) -> None:
-    """The device process: run each queue's commands in order as their events allow."""
+           queues: int, cpus: frozenset[int] | None, gated: bool) -> None:
+    """The device process: run each queue's commands in order as their events allow (and,
+    `gated`, only as far as the host allowed: its scheduler chose the completion order)."""
     torch.set_num_threads(1)  # tiny kernels: intra-op threads would only spin against the host
+    if cpus:
+        os.sched_setaffinity(0, cpus)
     counters = control.numpy()
     lock = threading.Condition()
     pending: list[deque[tuple[Any, ...]]] = [deque() for _ in range(queues)]
     waiters: list[tuple[int, int, int]] = []  # (queue, index, tag) the host blocks on
+    allowed = [-1 if gated else math.inf] * queues  # per queue: the last index it may run
     objects: dict[int, Any] = {}
     stopping = threading.Event()
     failure: list[BaseException] = []
@@ -169,7 +174,8 @@ def _serve(conn: Connection, memory: torch.Tensor, control: torch.Tensor, stage:
                         lock.wait(0.5)
                         continue
                     index, waits, cost, stall, record = queue[0]
-                    if waits is not None and completed(waits[0]) < waits[1]:
+                    if index > allowed[cq] or (waits is not None
+                                               and completed(waits[0]) < waits[1]):
                         lock.wait(0.5)
                         continue
                     lock.release()
@@ -216,6 +222,11 @@ def _serve(conn: Connection, memory: torch.Tensor, control: torch.Tensor, stage:
                 elif kind == "wait":
                     waiters.append(message[1:])
                     answer_waiters()
+                elif kind == "allow":  # gated: run one more command of a queue, then answer
+                    allowed[message[1]] = message[2]
+                    waiters.append(message[1:])
+                    answer_waiters()
+                    lock.notify_all()
                 elif kind == "close":
                     break
     except (EOFError, OSError):
@@ -247,11 +258,31 @@ def _context() -> Any:
 class ProcessScheduler:
     """Runs the device's queues in a device process: real concurrency off the host's GIL.
 
-    `costs` gives named commands a device time, as `ThreadedScheduler`'s does: the device
-    process holds the command's queue that long before it completes it."""
+    With a `policy` (a `ManualScheduler` or one of its subclasses), the device process runs a
+    command only when the policy completes it (`device.step`, which then waits for the device
+    process to have run it): the manual, seeded and timed completion orders across the
+    boundary, each as it is in the host's process.
 
-    def __init__(self, costs: Mapping[str, float] | None = None) -> None:
+    `costs` gives named commands a device time, as `ThreadedScheduler`'s does: the device
+    process holds the command's queue that long before it completes it. `cpus`: the cores the
+    device process may run on (`os.sched_setaffinity`; default: any), so a benchmark can give
+    it cores of its own, as a chip's are, instead of the OS time-slicing it with the host."""
+
+    def __init__(self, costs: Mapping[str, float] | None = None, *,
+                 cpus: frozenset[int] | None = None,
+                 policy: ManualScheduler | None = None) -> None:
         self.costs: Mapping[str, float] = costs or {}
+        if policy is not None and not isinstance(policy, ManualScheduler):
+            raise ValueError("ProcessScheduler: a policy completes commands when told (a "
+                             f"ManualScheduler or a subclass), not a {type(policy).__name__}")
+        if policy is not None and costs:
+            raise ValueError("ProcessScheduler: with a policy, the policy says when commands "
+                             "complete: give it the command times, not `costs`")
+        self.policy = policy
+        if cpus is not None and (not cpus or not cpus <= set(range(os.cpu_count() or 1))):
+            raise ValueError(f"ProcessScheduler: cpus {sorted(cpus)} must be a non-empty set of "
+                             f"this machine's cores 0 to {(os.cpu_count() or 1) - 1}")
+        self.cpus = cpus
         self._device: EmulatedMeshDevice | None = None
         self._process: Any = None
         self._conn: Connection | None = None
@@ -265,6 +296,7 @@ class ProcessScheduler:
         self._objects = _Objects()
         self._tags = 0
         self._reached: set[int] = set()
+        self._replies = threading.Condition()  # guards _reached and _why
         self._receiver: threading.Thread | None = None
         self.failure: str | None = None
         self._why: str | None = None  # the device process's own error, if it sent one
@@ -287,7 +319,8 @@ class ProcessScheduler:
         host, child = _context().Pipe()
         self._process = _context().Process(
             target=_serve,
-            args=(child, device.allocator.memory, self._control, self._staging, queues),
+            args=(child, device.allocator.memory, self._control, self._staging, queues,
+                  self.cpus, self.policy is not None),
             name="emulated-device", daemon=True)
         self._process.start()
         child.close()
@@ -295,8 +328,13 @@ class ProcessScheduler:
         self._receiver = threading.Thread(target=self._receive, name="emulated-device-replies",
                                           daemon=True)
         self._receiver.start()
+        if self.policy is not None:
+            device.executor = self
+            self.policy.attach(device)
 
     def close(self) -> None:
+        if self.policy is not None:
+            self.policy.close()
         if self._conn is not None:
             with contextlib.suppress(OSError):
                 self._conn.send(("close",))
@@ -325,28 +363,61 @@ class ProcessScheduler:
 
     # --- the Scheduler protocol ---------------------------------------------------------------
     def enqueued(self, device: EmulatedMeshDevice) -> None:
+        if self.policy is not None:
+            self.policy.enqueued(device)
+            return
         self._retire(device)
         self._send(device, now=False)
 
     def block_until(self, device: EmulatedMeshDevice, command: Command) -> None:
+        if self.policy is not None:
+            self.policy.block_until(device, command)
+            return
         self._send(device)
         self._retire(device)
         if command.done:
             return
-        self._tags += 1
-        tag = self._tags
-        self._post(("wait", command.cq, command.index, tag))
-        while tag not in self._reached:
-            self._check_alive(device)
-            device.condition.wait(timeout=0.5)
-        self._reached.discard(tag)
+        self._await(device, ("wait", command.cq, command.index))
         self._retire(device)
         assert command.done, command
 
     def stall(self, device: EmulatedMeshDevice, command: Command, seconds: float) -> None:
+        if self.policy is not None:
+            self.policy.stall(device, command, seconds)
+            return
         self._stalls[command.id] = seconds
 
+    # --- the executor of a gated device (`device.step`) ---------------------------------------
+    def run(self, device: EmulatedMeshDevice, head: Command) -> None:
+        """Run `head`, its queue's ready head, in the device process and land its readback; the
+        device then marks it done (with a policy: the policy chose it)."""
+        self._send(device)
+        self._await(device, ("allow", head.cq, head.index))
+        self._land(head)
+
     # --- inside ---------------------------------------------------------------------------------
+    def _await(self, device: EmulatedMeshDevice, message: tuple[Any, ...]) -> None:
+        """Send `message` with a tag and wait for the device process to answer that its command
+        completed: free-running, with the device lock released (other host threads go on, as
+        beside a chip); gated, holding it, so that a step is one move, as in the host's
+        process (no other thread steps the same head meanwhile)."""
+        self._tags += 1
+        tag = self._tags
+        self._post((*message, tag))
+        wait = device.condition if self.policy is None else self._replies
+        with self._replies:
+            while tag not in self._reached:
+                self._check_alive(device)
+                if wait is self._replies:
+                    wait.wait(timeout=0.5)
+                else:
+                    self._replies.release()  # never hold it while waiting on the device lock
+                    try:
+                        wait.wait(timeout=0.5)
+                    finally:
+                        self._replies.acquire()
+            self._reached.discard(tag)
+
     def _post(self, message: tuple[Any, ...]) -> None:
         assert self._conn is not None
         try:
@@ -403,19 +474,22 @@ class ProcessScheduler:
         for cq, queue in enumerate(device.queues):
             reached = int(counters[cq, 0])
             while queue and queue[0].index <= reached:
-                head = queue[0]
-                effect = head.effect
-                if isinstance(effect, HostRead):
-                    staged = self._reads.pop(head.id)
-                    host = effect.target()
-                    if host is not None:  # else dropped: a hazard already, it lands nowhere
-                        assert self._staging is not None
-                        target = host_operand(host, effect.source)
-                        nbytes = target.numel() * target.element_size()
-                        view = self._staging[staged.address:staged.address + nbytes]
-                        target.copy_(view.view(target.dtype).view(target.shape))
-                    self._books.free(staged)
+                self._land(queue[0])
                 device.retire(cq)
+
+    def _land(self, head: Command) -> None:
+        """A completed read's bytes, from the staging area into its host tensor."""
+        effect = head.effect
+        if isinstance(effect, HostRead):
+            staged = self._reads.pop(head.id)
+            host = effect.target()
+            if host is not None:  # else dropped: a hazard already, it lands nowhere
+                assert self._staging is not None
+                target = host_operand(host, effect.source)
+                nbytes = target.numel() * target.element_size()
+                view = self._staging[staged.address:staged.address + nbytes]
+                target.copy_(view.view(target.dtype).view(target.shape))
+            self._books.free(staged)
 
     def _receive(self) -> None:
         """Replies from the device process: a blocked host call's command reached, or the
@@ -427,14 +501,23 @@ class ProcessScheduler:
                 message = conn.recv()
             except (EOFError, OSError):
                 break
-            with device.condition:
+            with self._replies:
                 if message[0] == "failed":  # what stopped it: the host's error names it
                     self._why = message[1]
                 else:
                     self._reached.add(message[1])
+                self._replies.notify_all()
+            self._wake_host(device)
+        with self._replies:
+            self._replies.notify_all()
+        self._wake_host(device)
+
+    def _wake_host(self, device: EmulatedMeshDevice) -> None:
+        """A free-running device's host waits on the device lock: wake it (a gated one's host
+        holds that lock while it waits, on the replies' own)."""
+        if self.policy is None:
+            with device.condition:
                 device.condition.notify_all()
-        with device.condition:
-            device.condition.notify_all()
 
     def _check_alive(self, device: EmulatedMeshDevice) -> None:
         if self._process is not None and not self._process.is_alive():

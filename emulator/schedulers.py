@@ -43,6 +43,12 @@ class Scheduler(Protocol):
     def close(self) -> None: ...
 
 
+class Executor(Protocol):
+    def run(self, device: EmulatedMeshDevice, head: Command) -> None:
+        """Do what `head` (its queue's ready head, still queued) says, elsewhere (a device
+        process): `device.step` then marks it done."""
+
+
 def stall_by_wall_clock(command: Command, seconds: float) -> None:
     """The stalled command becomes ready `seconds` from now, by the wall clock."""
     command.not_before = time.monotonic() + seconds

@@ -13,6 +13,7 @@ from ttmirror.conformance import abstraction, itf, mutants, profiles
 from ttmirror.conformance.configs import CONFIGS
 from ttmirror.conformance.lockstep import Divergence, Lockstep
 from ttmirror.conformance.replay import CONFORMS, FAILS, replay
+from ttmirror.emulator import ProcessScheduler
 from ttmirror.impl import mutations
 from ttmirror.model.explore import Exploration
 from ttmirror.model.state import Bounds
@@ -154,3 +155,43 @@ def test_a_bug_is_a_value_checked_against_the_catalog() -> None:
     assert mutations.mutations() == mutations.NONE == frozenset()
     with pytest.raises(ValueError, match="unknown planted bug 'no-such-bug'"):
         mutations.mutations(["no-such-bug"])
+
+
+TT_TRACES = sorted(bug for bug in mutations.BUGS
+                   if itf.load(REGRESSIONS / f"{bug}.itf.json").backend == "tt")
+
+
+@pytest.mark.parametrize("bug", TT_TRACES)
+def test_regression_trace_gives_its_verdict_with_the_device_in_a_process(bug: str) -> None:
+    """The lockstep's device moves across the boundary (`Emulator(process=True)`: each move one
+    command run in the device process, the observer reading its shared DRAM): every TT
+    regression trace fails as it does in the host's process, at the same move with the same
+    divergence, and conforms without its bug."""
+    trace = itf.load(REGRESSIONS / f"{bug}.itf.json")
+    runs = [replay(trace.bounds, trace.backend, trace.prompts, trace.moves, config=trace.config,
+                   sampling=trace.sampling, sampling_seed=trace.sampling_seed, bug=b,
+                   drafter=trace.drafter, device_process=process)
+            for b, process in ((bug, False), (bug, True), (None, True))]
+    here, there, clean = runs
+    assert there.status == FAILS and here.status == FAILS
+    assert there.divergence is not None and here.divergence is not None
+    assert (there.divergence.kind, there.divergence.message, len(there.rows)) == (
+        here.divergence.kind, here.divergence.message, len(here.rows))
+    assert clean.status == CONFORMS, clean.rows[-1:]
+
+
+def test_the_traces_replayed_in_a_device_process_move_it_and_it_is_one() -> None:
+    """Not vacuous: the lockstep's device is a gated device process, and the traces above
+    include device moves (each one command run there), not only host-blocking calls."""
+    moved = [bug for bug in TT_TRACES if any(
+        m.kind == "device" for m in itf.load(REGRESSIONS / f"{bug}.itf.json").moves)]
+    assert len(moved) >= 10, moved
+    trace = itf.load(REGRESSIONS / f"{moved[0]}.itf.json")
+    ls = Lockstep(trace.bounds, "tt", trace.prompts, config=trace.config, device_process=True)
+    try:
+        ls.act(ls.enabled("allocate")[0])
+        scheduler = ls.device.scheduler
+        assert isinstance(scheduler, ProcessScheduler) and scheduler.policy is not None
+        assert scheduler._process.is_alive() and ls.device.executor is scheduler
+    finally:
+        ls.close()

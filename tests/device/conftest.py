@@ -20,12 +20,15 @@ def open_emulated(
     trace_region_size: int = 1 << 20,
     scheduler: Callable[[], Scheduler] = ManualScheduler,
     hazard_mode: HazardMode = "raise",
+    process: bool = False,
 ) -> EmulatedMeshDevice:
-    """An emulated device with two CQs, opened through the one entry point."""
+    """An emulated device with two CQs, opened through the one entry point (`process`: its
+    queues in a device process, completed as `scheduler` says)."""
     dev = open_device(
         num_command_queues=2,
         trace_region_size=trace_region_size,
-        emulator=Emulator(scheduler=scheduler, hazard_mode=hazard_mode, dram_size=DRAM),
+        emulator=Emulator(scheduler=scheduler, hazard_mode=hazard_mode, dram_size=DRAM,
+                          process=process),
         emulated=True,
     )
     assert isinstance(dev, EmulatedMeshDevice)

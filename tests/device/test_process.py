@@ -4,14 +4,21 @@ excepted), late reads, and a device process that dies is a device fault."""
 
 from __future__ import annotations
 
+import itertools
 import multiprocessing
+import pickle
 import time
 from dataclasses import replace
 
 import pytest
 import ttnn
 
-from ttmirror.emulator import ManualScheduler, ProcessScheduler
+from ttmirror.emulator import (
+    ManualScheduler,
+    ProcessScheduler,
+    SeededScheduler,
+    ThreadedScheduler,
+)
 from ttmirror.emulator.commands import Command, Kernel, Program, register_kernel
 from ttmirror.impl.probe import ProbeSpec
 from ttmirror.impl.tt_backend import TtBackend
@@ -140,3 +147,77 @@ def test_serving_in_the_device_process_gives_the_host_processs_tokens(
     assert outs[1].generated > 20 and outs[1].logprobs
     if spec:
         assert outs[1].stats.get("drafted_rows", 0) > 0
+
+
+# --- gated: the device process runs what the host's scheduler completes, and only that ---------
+def test_a_gated_device_process_completes_commands_in_the_callers_order() -> None:
+    """`Emulator(process=True)` with the manual scheduler: nothing runs until a step says so,
+    a step runs exactly its queue's head there, and an observer sees DRAM as of that step."""
+    dev = open_emulated(process=True)
+    seen: list[tuple[str, list[int], list[int]]] = []
+    try:
+        scheduler = dev.scheduler
+        assert isinstance(scheduler, ProcessScheduler) and scheduler.policy is not None
+        a, b = on_device(dev, [1, 2]), on_device(dev, [0, 0])
+        ttnn.synchronize_device(dev)  # the uploads (CQ0) before CQ1 writes b
+
+        def look(command: Command) -> None:
+            seen.append((command.name, [int(v) for v in dev._view(a.operand).reshape(-1)],
+                         [int(v) for v in dev._view(b.operand).reshape(-1)]))
+
+        dev.observers.append(look)
+        ttnn.plus_one(a)  # CQ0
+        ttnn.copy_host_to_device_tensor(host_ids([7, 8]), b, cq_id=1)
+        time.sleep(0.2)  # a free-running device process would have run both by now
+        assert dev.pending() == 2 and values_of_view(dev, a) == [1, 2]
+        dev.step(1)  # the later-enqueued CQ1 write first: the caller's order
+        assert seen == [("copy_host_to_device_tensor", [1, 2], [7, 8])]
+        dev.step(0)
+        assert seen[1] == ("plus_one", [2, 3], [7, 8])
+        assert [n for n, *_ in seen] == ["copy_host_to_device_tensor", "plus_one"]
+        assert values_of(ttnn.from_device(a)) == [2, 3] and dev.hazards.total == 0
+    finally:
+        ttnn.close_mesh_device(dev)
+
+
+def values_of_view(dev: object, tensor: object) -> list[int]:
+    """A device tensor's elements as the observers see them (shared DRAM, no command)."""
+    return [int(v) for v in dev._view(tensor.operand).reshape(-1)]  # type: ignore[attr-defined]
+
+
+def test_a_seeded_order_is_the_same_in_the_device_process() -> None:
+    """The seeded scheduler across the boundary: the same completion order, device data and
+    tokens as in the host's process, the order really interleaving the two queues."""
+    model = ProbeDecoder(ProbeSpec(seed=5))
+    runs = []
+    for process in (False, True):
+        dev = open_emulated(scheduler=lambda: SeededScheduler(11), process=process)
+        queues: list[int] = []
+        dev.observers.append(lambda command, seen=queues: seen.append(command.cq))
+        try:
+            engine = ServingEngine(ServingBackend(TtBackend(dev), model),
+                                   ServingConfig(async_scheduling="auto", rows=4))
+            out = run_workload(engine, standard_plan(model.vocab, 6))
+            engine.close()
+            assert dev.hazards.total == 0
+            runs.append((out.tokens, list(dev.completion_log), queues))
+        finally:
+            ttnn.close_mesh_device(dev)
+    assert runs[0] == runs[1]
+    switches = sum(1 for x, y in itertools.pairwise(queues) if x != y)
+    assert len(queues) > 100 and switches > 10, (len(queues), switches)
+
+
+def test_a_gated_device_cannot_be_snapshot() -> None:
+    """Its DRAM is the device process's: a copy would be a device without one (refused)."""
+    dev = open_emulated(process=True)
+    try:
+        with pytest.raises(pickle.PicklingError, match=r"cannot snapshot .*ProcessScheduler"):
+            pickle.dumps(dev)
+    finally:
+        ttnn.close_mesh_device(dev)
+
+
+def test_a_policy_must_complete_when_told() -> None:
+    with pytest.raises(ValueError, match="not as a ThreadedScheduler does"):
+        open_emulated(scheduler=ThreadedScheduler, process=True)
