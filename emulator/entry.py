@@ -1,9 +1,10 @@
 """The entry point: the emulated device as a device provider of the mirror's seam
 (`ttmirror.impl.devices`), and `open_device()` for code that wants one by hand.
 
-This is the one place where an emulated device comes into being. `Emulator` is the provider the
-package declares in the entry point group ``ttmirror.devices`` (pyproject.toml), so the mirror
-gets it, with its default options, wherever no chip is present, without importing this package.
+This is the one place where an emulated device comes into being. `Emulator` is the provider:
+the package declares `device_process` (an `Emulator` whose queues run in a device process of
+their own) in the entry point group ``ttmirror.devices`` (pyproject.toml), so the mirror gets
+it wherever no chip is present, without importing this package.
 `Emulator(...).open(...)` builds an `EmulatedMeshDevice` and attaches it to the routing
 (`routing.py`): from then until the last emulated device closes (`ttnn.close_mesh_device`, or
 `device.close()`), ttnn's device-side calls on emulated objects reach it, and afterwards ttnn is
@@ -86,10 +87,18 @@ class Emulator:
                 "max_command_queues": 2,
                 "dram_bytes": self.dram_size,
                 "scheduler": getattr(self.scheduler, "__name__", "?"),
+                "device_process": self.process or self.scheduler is ProcessScheduler,
                 "hazard_mode": self.hazard_mode,
-                "device_process": self.process,
             },
         }
+
+
+def device_process() -> Emulator:
+    """The provider the entry point declares, and `open_device`'s default: an emulated device
+    whose queues run in a device process of their own (`ProcessScheduler`), each command as
+    soon as it is ready, beside the host, as a chip's cores run it. Harnesses that choose the
+    completion order build their own `Emulator`."""
+    return Emulator(scheduler=ProcessScheduler)
 
 
 def open_device(
@@ -101,9 +110,10 @@ def open_device(
     emulated: bool | None = None,
 ) -> Any:
     """A 1x1 mesh device: the chip's when one is present, else an emulated one built as
-    `emulator`. `emulated=True` forces the emulated device (tests beside a chip)."""
+    `emulator` (default: `device_process()`). `emulated=True` forces the emulated device
+    (tests beside a chip)."""
     if emulated is None:
         emulated = not chip_present()
-    provider = (emulator or Emulator()) if emulated else CHIP
+    provider = (emulator or device_process()) if emulated else CHIP
     return provider.open(num_command_queues=num_command_queues,
                          trace_region_size=trace_region_size, l1_small_size=l1_small_size)

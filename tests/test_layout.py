@@ -197,7 +197,7 @@ def test_the_mirror_and_the_serving_engine_reach_nothing_of_the_emulator() -> No
     assert emulator_reached(modules) == []
     # The emulator does plug in: its entry points name it, and it imports the mirror's seam.
     pyproject = (ROOT / "pyproject.toml").read_text()
-    assert 'emulated = "ttmirror.emulator:Emulator"' in pyproject
+    assert 'emulated = "ttmirror.emulator.entry:device_process"' in pyproject
     assert 'emulated = "ttmirror.emulator.decoder:DeviceDecoder"' in pyproject
 
 

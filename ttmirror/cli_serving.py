@@ -197,13 +197,15 @@ def _open_engine(ns: argparse.Namespace, model: DecoderModel) -> tuple[ServingBa
         from .impl.devices import chip_present
 
         if not chip_present():
-            from .emulator import Emulator
+            from .emulator import Emulator, ProcessScheduler
             from .emulator.decoder import dram_bytes
             from .emulator.device import DEFAULT_DRAM_SIZE
             from .impl.backend import padded_rows
 
-            # An emulated device with room for the model's vocabulary.
+            # An emulated device with room for the model's vocabulary, its queues in a device
+            # process of their own (the entry point's default), running beside the host.
             options["provider"] = Emulator(
+                scheduler=ProcessScheduler,
                 dram_size=DEFAULT_DRAM_SIZE + dram_bytes(model, padded_rows(8), 8))
     backend = ServingBackend(get_backend(ns.backend, **options), model, sampling)
     try:

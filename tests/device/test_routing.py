@@ -4,6 +4,7 @@ emulated objects; importing ttmirror or building a backend leaves ttnn exactly a
 from __future__ import annotations
 
 import json
+import multiprocessing
 import os
 import subprocess
 import sys
@@ -14,7 +15,7 @@ import pytest
 import torch
 import ttnn
 
-from ttmirror.emulator import EmulatedMeshDevice, open_device, routing
+from ttmirror.emulator import EmulatedMeshDevice, ProcessScheduler, open_device, routing
 from ttmirror.impl.devices import chip_count, device_info
 
 from .conftest import open_emulated
@@ -170,10 +171,18 @@ def test_no_chip_here_and_ttnn_says_so() -> None:
     info = device_info()
     assert info["device"] == "emulated" and info["chips"] == 0 and info["ttnn"] == "0.81.1"
     assert info["emulated"]["entry_point"] == "ttmirror.emulator.open_device"
+    assert info["emulated"]["device_process"] is True
+    before = {p.pid for p in multiprocessing.active_children()}
     device = open_device()  # no chip: the entry point gives the emulated device
     assert isinstance(device, EmulatedMeshDevice) and device_info()["routing_active"]
+    # Its queues run in a device process of their own, started with it ...
+    assert isinstance(device.scheduler, ProcessScheduler) and device.scheduler.policy is None
+    started = {p.pid for p in multiprocessing.active_children()} - before
+    assert len(started) == 1 and device.allocator.memory.is_shared()
     ttnn.close_mesh_device(device)
     assert not device_info()["routing_active"]
+    # ... and stopped with it: never left behind.
+    assert not started & {p.pid for p in multiprocessing.active_children()}
 
 
 def test_device_info_reports_a_chip_when_one_is_counted(monkeypatch: pytest.MonkeyPatch) -> None:
