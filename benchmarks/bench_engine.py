@@ -57,6 +57,7 @@ import json
 import os
 import statistics
 import sys
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -136,6 +137,8 @@ class Measured:
     """The emulated queue workers' CPU over the run: the device's own work, in Python."""
     busy_s: float
     """The busiest queue's busy time over the run: the device's time."""
+    host_cpu_s: float
+    """The host's thread's own CPU over the run (what it computed, not what it waited)."""
 
     @property
     def step_s(self) -> float:
@@ -144,6 +147,10 @@ class Measured:
     @property
     def device_cpu_per_step(self) -> float:
         return self.device_cpu_s / self.outcome.stats["launches"]
+
+    @property
+    def host_cpu_per_step(self) -> float:
+        return self.host_cpu_s / self.outcome.stats["launches"]
 
     @property
     def busy_per_step(self) -> float:
@@ -208,7 +215,9 @@ def _serve(scheduler: ProcessScheduler | ThreadedScheduler, plan: list[RequestPl
         if e.runner.steps > len(layouts):
             layouts.append(e.last_layout)
 
+    began = time.thread_time()
     outcome = run_workload(engine, plan, on_step=note_layout)
+    host_cpu_s = time.thread_time() - began
     if engine.runner.events.enabled:  # outside the timed run: validation is not its cost
         events = engine.runner.events.events
         d = validate(events, bounds_of(events))
@@ -221,7 +230,7 @@ def _serve(scheduler: ProcessScheduler | ThreadedScheduler, plan: list[RequestPl
     ttnn.close_mesh_device(device)  # joins the queue workers: their CPU is final
     assert hazards == 0, device.hazards.counts
     return Measured(outcome, layouts, sum(scheduler.cpu_s.values()),
-                    max(scheduler.busy_s.values(), default=0.0))
+                    max(scheduler.busy_s.values(), default=0.0), host_cpu_s)
 
 
 def longest_same_layout(layouts: list[tuple[int, ...]]) -> int:
@@ -253,9 +262,40 @@ def steady(rounds: int, delay: float, kind: str | None = None
     return d2, d1
 
 
-def with_logprobs(rounds: int, delay: float) -> tuple[float, float, float]:
-    """Median depth-2 tokens/s with every request asking for logprobs and without, and the
-    fraction of launches that overlapped with them, interleaved."""
+@dataclass
+class Logprobs:
+    """Section 2: depth 2 with every request asking for logprobs (`on`) and without (`off`)."""
+
+    on: list[Measured]
+    off: list[Measured]
+
+    def rate(self, on: bool) -> float:
+        return statistics.median(m.tokens_per_s for m in (self.on if on else self.off))
+
+    def device_ms(self, on: bool) -> float:
+        """The device's time per step (its busiest queue's), milliseconds."""
+        return 1e3 * statistics.median(m.busy_per_step for m in (self.on if on else self.off))
+
+    def step_ms(self, on: bool) -> float:
+        return 1e3 * statistics.median(m.step_s for m in (self.on if on else self.off))
+
+    @property
+    def overlapped(self) -> float:
+        return min(m.overlapped for m in self.on)
+
+    def why(self) -> str:
+        """The ring's cost beside what it is made of, in this run's figures."""
+        return (f"the ring costs {1 - self.rate(True) / self.rate(False):.1%} tokens/s: per "
+                f"step, its program (top {LOGPROBS} of each row's logits, after the sampler) "
+                f"and its copy (under the ids' event) take the device from "
+                f"{self.device_ms(False):.2f} to {self.device_ms(True):.2f} ms, and the host "
+                f"unpacks {LOGPROBS} logprobs per token delivered; at d = h both sides are "
+                f"the step's critical path, which went from {self.step_ms(False):.2f} to "
+                f"{self.step_ms(True):.2f} ms")
+
+
+def with_logprobs(rounds: int, delay: float) -> Logprobs:
+    """Depth 2 with every request asking for logprobs and without, interleaved."""
     on, off = [], []
     for _ in range(rounds):
         on.append(serve(steady_plan(), "auto", delay, logprobs=LOGPROBS))
@@ -263,11 +303,7 @@ def with_logprobs(rounds: int, delay: float) -> tuple[float, float, float]:
     for a, b in zip(on, off, strict=True):
         assert a.outcome.tokens == b.outcome.tokens, "logprobs changed the tokens"
         assert all(len(v) == len(a.outcome.tokens[r]) for r, v in a.outcome.logprobs.items())
-    return (
-        statistics.median(m.tokens_per_s for m in on),
-        statistics.median(m.tokens_per_s for m in off),
-        min(m.overlapped for m in on),
-    )
+    return Logprobs(on, off)
 
 
 def recording(rounds: int, delay: float) -> tuple[float, float]:
@@ -371,6 +407,14 @@ class Point:
         return statistics.median(m.device_cpu_per_step for m in self.d1)
 
     @property
+    def host_cpu(self) -> tuple[float, float]:
+        """The host thread's CPU per step at depth 1 and at depth 2: h less this is what the
+        host waited at depth 1 beyond the device's time (a wake-up across the boundary, the
+        OS), which depth 2 need not pay; where depth 2 beats the ideal, this is why."""
+        return (statistics.median(m.host_cpu_per_step for m in self.d1),
+                statistics.median(m.host_cpu_per_step for m in self.d2))
+
+    @property
     def host_s(self) -> float:
         return max(self.step1_s - self.device_s, 1e-9)
 
@@ -402,7 +446,9 @@ def sweep(rounds: int, host_step: float, floor: float, ratios: list[float],
         p = Point(ratio, delay, d2, d1, ours, drain, gap)
         print(f"  d/h {ratio:<5g} (measured: h {p.host_s * 1e3:5.2f} ms, d {p.device_s * 1e3:5.2f}"
               f" ms, d/h {p.device_s / p.host_s:.2f}; the device's CPU w "
-              f"{p.work_s * 1e3:4.2f} ms) depth 2 {p.rate2:>6,.0f} tok/s, depth 1 "
+              f"{p.work_s * 1e3:4.2f} ms; the host's CPU per step at depth 1 "
+              f"{p.host_cpu[0] * 1e3:4.2f} ms, at depth 2 {p.host_cpu[1] * 1e3:4.2f} ms) "
+              f"depth 2 {p.rate2:>6,.0f} tok/s, depth 1 "
               f"{p.rate1:>6,.0f} tok/s: speedup {p.speedup:.2f}x (rounds within "
               f"{p.spread:.0%}), ideal (h+d)/max(h,d) {p.ideal:.2f}x: {p.speedup / p.ideal:.0%}"
               f" of it; churn: overlapped ours {ours.overlapped:.1%}, drain "
@@ -413,7 +459,8 @@ def sweep(rounds: int, host_step: float, floor: float, ratios: list[float],
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--rounds", type=int, default=5,
+                        help="runs per configuration and point, medians (default %(default)s)")
     parser.add_argument("--ratios", default=",".join(f"{r:g}" for r in RATIOS),
                         help="device/host time ratios of the sweep (default %(default)s)")
     parser.add_argument("--switch-interval", type=float, default=0.0002,
@@ -464,14 +511,15 @@ def main() -> None:
     other_step, other_floor = calibrate(args.rounds, other)
     compared = sweep(args.rounds, other_step, other_floor, ratios, other)
     delay = max(0.0, host_step - floor)  # d = h for the rest
-    lp_rate, plain_rate, lp_overlap = with_logprobs(args.rounds, delay)
+    lp = with_logprobs(args.rounds, delay)
+    lp_rate, plain_rate, lp_overlap = lp.rate(True), lp.rate(False), lp.overlapped
     rec_rate, bare_rate = recording(args.rounds, delay)
     drafts = drafted(args.rounds, delay)
     base = drafts[0]
     print(
         f"logprobs (top {LOGPROBS}, every request; d = h): depth 2 {lp_rate:,.0f} tok/s, "
         f"without {plain_rate:,.0f} tok/s (tokens identical), at least {lp_overlap:.1%} of "
-        "steps overlapped"
+        f"steps overlapped; {lp.why()}"
     )
     print(
         f"event log (trace validation; d = h): depth 2 {rec_rate:,.0f} tok/s recording, "

@@ -45,7 +45,14 @@ from typing import Any
 
 import ttnn
 
-from ..emulator import Emulator, ManualScheduler, ThreadedScheduler, TimedScheduler, open_device
+from ..emulator import (
+    Emulator,
+    ManualScheduler,
+    ProcessScheduler,
+    ThreadedScheduler,
+    TimedScheduler,
+    open_device,
+)
 from ..emulator.decoder import dram_bytes
 from ..impl.backend import TokenLogprobs
 from ..impl.events import Event
@@ -124,6 +131,8 @@ class SoakReport:
     """SHA-256 of the labels of every device command in the order they completed: equal for two
     runs of one seed on the simulated clock (the interleavings replay), not on threads."""
     clock: str = "simulated"
+    device: str = "host"
+    """Where the device's queues ran: the host's process or a device process of their own."""
     peak_rss_mb: float = 0.0
     seconds: float = 0.0
     seed: int = 0
@@ -164,11 +173,12 @@ def _engine_sampling(cfg: SoakConfig) -> SamplingParams:
     return SamplingParams(seed=cfg.seed + 1)
 
 
-def _open(model: DecoderModel, scheduler: Callable[[], Any], hazard_mode: str) -> Any:
+def _open(model: DecoderModel, scheduler: Callable[[], Any], hazard_mode: str,
+          process: bool = False) -> Any:
     return open_device(
         num_command_queues=2, trace_region_size=1 << 20, emulated=True,
         emulator=Emulator(scheduler=scheduler, hazard_mode=hazard_mode,  # type: ignore[arg-type]
-                          dram_size=DRAM + dram_bytes(model, 32, 32)),
+                          dram_size=DRAM + dram_bytes(model, 32, 32), process=process),
     )
 
 
@@ -196,10 +206,13 @@ class _Run:
 
     def events(self) -> Iterator[Event]:
         cfg, report, rng = self.cfg, self.report, self.rng
-        scheduler: Callable[[], Any] = ThreadedScheduler if cfg.clock == "threaded" else (
+        process = cfg.device == "process"
+        threads = ProcessScheduler if process else ThreadedScheduler
+        scheduler: Callable[[], Any] = threads if cfg.clock == "threaded" else (
             lambda: TimedScheduler(seed=cfg.seed, default_s=DEVICE_S,
                                    patience_s=PATIENCE * cfg.readback_timeout_s))
-        device = _open(self.model, scheduler, "count")
+        device = _open(self.model, scheduler, "count",
+                       process=process and cfg.clock != "threaded")
         order = hashlib.sha256()
         device.observers.append(lambda command: order.update(command.label.encode() + b";"))
         try:
@@ -300,7 +313,8 @@ def run_soak(cfg: SoakConfig, trace_file: Path,
     """Run the soak, stream its events to `trace_file`, replay it sync, validate the trace."""
     start = time.perf_counter()
     model = load_model(cfg.model)
-    report = SoakReport(seed=cfg.seed, trace_file=str(trace_file), clock=cfg.clock)
+    report = SoakReport(seed=cfg.seed, trace_file=str(trace_file), clock=cfg.clock,
+                        device=cfg.device)
     say = progress or (lambda _: None)
     last = [time.perf_counter(), 0]
 
@@ -348,7 +362,9 @@ def summary(report: SoakReport) -> list[str]:
         f"trace: {report.events:,} events, "
         + ("validated against the model" if report.validated
            else f"LEFT THE MODEL: {report.divergence}"),
-        f"device: {report.clock} clock, completion order {report.device_order[:16]}; "
+        f"device: {report.clock} clock, queues in "
+        f"{'a device process' if report.device == 'process' else 'the host process'}, "
+        f"completion order {report.device_order[:16]}; "
         f"peak memory {report.peak_rss_mb:,.0f} MB; {report.seconds:,.1f} s",
         f"{verdict} (seed {report.seed}"
         + (f"; trace {report.trace_file})" if report.trace_file else ")"),

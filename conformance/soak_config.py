@@ -8,6 +8,8 @@ from typing import Literal
 
 Clock = Literal["simulated", "threaded"]
 CLOCKS: tuple[Clock, ...] = ("simulated", "threaded")
+Where = Literal["host", "process"]
+WHERES: tuple[Where, ...] = ("host", "process")
 
 
 @dataclass(frozen=True)
@@ -36,6 +38,10 @@ class SoakConfig:
     by `seed`), in the host's thread, so a seed replays the run exactly, interleavings and late
     reads included; threaded: a worker thread per command queue, real concurrency, which the
     seed does not replay."""
+    device: Where = "host"
+    """Where the emulated device's queues and kernels run: the host's process, or a device
+    process of their own (simulated clock: gated, each command run there when the clock
+    completes it, so the seed still replays; threaded: free-running there)."""
 
     def __post_init__(self) -> None:
         if self.steps < 1:
@@ -50,5 +56,7 @@ class SoakConfig:
             raise ValueError(f"--logprobs must be 0 or more, got {self.logprobs}")
         if self.clock not in CLOCKS:
             raise ValueError(f"--clock must be one of {', '.join(CLOCKS)}, got {self.clock!r}")
+        if self.device not in WHERES:
+            raise ValueError(f"--device must be one of {', '.join(WHERES)}, got {self.device!r}")
         if self.rows < 1 or self.kv_tokens < 1:
             raise ValueError("rows and the KV budget must be 1 or more")

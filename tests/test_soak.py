@@ -77,5 +77,19 @@ def test_a_seed_replays_the_soak_exactly(tmp_path: Path) -> None:
     assert c["device_order"] != a["device_order"] and c["delivered"] != a["delivered"]
 
 
+def test_the_soak_in_a_device_process_is_the_soak_in_the_hosts(tmp_path: Path) -> None:
+    """`--device process` on the simulated clock: the device process runs each command when the
+    clock completes it, so one seed gives the host-process run's report, completion order,
+    delivered tokens and event trace, byte for byte."""
+    there = _soak("--steps", "300", "--seed", "4", "--fault-rate", "0.05", "--device", "process",
+                  "--trace", str(tmp_path / "there.itf.json"))
+    here = _replayed(4, tmp_path / "here.itf.json")
+    assert there["device"] == "process" and here["device"] == "host"
+    assert [k for k in here if here[k] != there[k]
+            and k not in (*WALL_CLOCK_FIELDS, "device")] == []
+    assert (tmp_path / "there.itf.json").read_bytes() == (tmp_path / "here.itf.json").read_bytes()
+    assert there["injected"] and there["faults"] and there["validated"] is True
+
+
 WALL_CLOCK_FIELDS = ("seconds", "peak_rss_mb", "trace_file")
 """What a replay may change: how long it took, its memory, where its trace went."""

@@ -1,7 +1,8 @@
 """The soak subcommand: a long serving run with device faults, checked on data.
 
     ttmirror soak [--steps N] [--fault-rate F] [--seed S] [--model M] [--traced] [--logprobs N]
-                  [--timeout SECONDS] [--clock simulated|threaded] [--trace FILE] [--json]
+                  [--timeout SECONDS] [--clock simulated|threaded] [--device host|process]
+                  [--trace FILE] [--json]
 
 Exit codes: 0 every check held, 1 a check failed (the seed and the trace file are printed) or
 the serving loop stopped making progress (one line), 2 bad input (one line, no traceback).
@@ -53,6 +54,11 @@ def register(add_parser: AddParser) -> None:
                         "in the host's thread, so --seed replays the run exactly; threaded: a "
                         "worker thread per command queue, real concurrency, not replayable "
                         "(default %(default)s)")
+    s.add_argument("--device", choices=("host", "process"), default="host",
+                   help="where the emulated device's queues and kernels run: the host's process, "
+                        "or a device process of their own (simulated clock: each command run "
+                        "there when the clock completes it, so --seed still replays) (default "
+                        "%(default)s)")
     s.add_argument("--logprobs", type=int, default=3,
                    help="top logprobs a request may ask for: about half the requests ask, and "
                         "every delivered token's logprobs are checked against the sync replay; "
@@ -72,7 +78,7 @@ def cmd_soak(ns: argparse.Namespace) -> int:
     try:
         cfg = SoakConfig(steps=ns.steps, fault_rate=ns.fault_rate, seed=ns.seed, model=ns.model,
                          trace=ns.traced, readback_timeout_s=ns.timeout, logprobs=ns.logprobs,
-                         clock=ns.clock)
+                         clock=ns.clock, device=ns.device)
     except ValueError as e:
         raise UsageError(str(e)) from None
     writable(ns.trace)  # before any work: a bad path must not cost the run
