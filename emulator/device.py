@@ -36,6 +36,7 @@ from .commands import (
 from .hazards import Hazard, HazardKind, HazardLog, HazardMode
 from .injection import FaultInjector
 from .ordering import OrderingTracker
+from .process import ProcessScheduler
 from .schedulers import Executor, ManualScheduler, Scheduler
 from .signatures import introspect_method
 from .tensors import (
@@ -651,13 +652,19 @@ class EmulatedMeshDevice:
     def __getstate__(self) -> dict[str, Any]:
         """The device as data: the lock and the close hooks are not state (restore makes its own),
         and the pending readbacks, registered outside the device, travel with it."""
-        if not isinstance(self.scheduler, ManualScheduler) or self.closed:
+        policy = getattr(self.scheduler, "policy", self.scheduler)  # a gated device's: its own
+        if not isinstance(policy, ManualScheduler) or self.closed:
             raise pickle.PicklingError(
                 f"cannot snapshot a {'closed ' if self.closed else ''}device under "
                 f"{type(self.scheduler).__name__}: only an open device that advances when told "
-                "(ManualScheduler and its seeded subclasses) has a state to copy")
+                "(ManualScheduler and its seeded subclasses, in the host's process or gating a "
+                "device process) has a state to copy")
         state = self.__dict__.copy()
         del state["condition"]
+        # A gated device process is not state: the copy starts its own, gated by a copy of the
+        # policy, on a copy of DRAM (`__setstate__`).
+        state["scheduler"], state["executor"] = policy, None
+        state["_device_process"] = policy is not self.scheduler
         state["_views"] = {}  # views of this device's DRAM: a copy makes its own
         state["on_close"] = []
         state["_pending_readbacks"] = [(r.command, r.host()) for r in readbacks.pending_for(self)]
@@ -665,8 +672,14 @@ class EmulatedMeshDevice:
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         pending = state.pop("_pending_readbacks")
+        gated = state.pop("_device_process", False)
         self.__dict__.update(state)
         self.condition = threading.Condition(threading.RLock())
+        if gated:  # the copy's own device process, from its DRAM and its queues as they are
+            policy = self.scheduler
+            assert isinstance(policy, ManualScheduler)
+            self.scheduler = ProcessScheduler(policy=policy)
+            self.scheduler.attach(self)
         for command, host in pending:
             if host is not None:
                 on_drop = self._readback_dropped if isinstance(host, HostReadback) else None
@@ -682,6 +695,7 @@ class EmulatedMeshDevice:
             self.closed = True
             self.queues = [deque() for _ in self.queues]  # never to complete: nothing may
             self._views.clear()  # they view DRAM the allocator hands on
+        self.scheduler.close()  # a gated copy's device process stops with it
         readbacks.forget_all(self)
         self.allocator.recycle()
         for hook in self.on_close:

@@ -322,6 +322,12 @@ class ProcessScheduler:
             args=(child, device.allocator.memory, self._control, self._staging, queues,
                   self.cpus, self.policy is not None),
             name="emulated-device", daemon=True)
+        # A restored copy's queues hold commands its own process has not seen: they are sent
+        # from the first on, and what completed before them is what the counters start at.
+        for cq, queue in enumerate(device.queues):
+            done = queue[0].index - 1 if queue else device.ordering.enqueued[cq]
+            self._sent[cq] = done
+            self._counters[cq, 0] = done
         self._process.start()
         child.close()
         self._conn = host

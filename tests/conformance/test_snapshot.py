@@ -65,14 +65,18 @@ def random_moves(ls: Lockstep, rng: random.Random, count: int,
     return done
 
 
-@pytest.mark.parametrize(("backend", "config"), [
-    ("tt", "eager-2cq"), ("tt", "eager-1cq"), ("tt", "traced"), ("cpu", "host"),
-])
+@pytest.mark.parametrize(("backend", "config", "process"), [
+    ("tt", "eager-2cq", False), ("tt", "eager-1cq", False), ("tt", "traced", False),
+    ("cpu", "host", False), ("tt", "eager-2cq", True), ("tt", "traced", True),
+], ids=["eager-2cq", "eager-1cq", "traced", "cpu", "eager-2cq-device-process",
+        "traced-device-process"])
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_restoring_and_walking_on_sees_what_the_original_saw(backend: str, config: str,
-                                                             seed: int) -> None:
+                                                             process: bool, seed: int) -> None:
+    """`process`: the device's queues in a gated device process; each restored copy starts its
+    own, from the saved DRAM and queues."""
     rng = random.Random(seed)
-    ls = Lockstep(BOUNDS, backend, config=config, refused=set())
+    ls = Lockstep(BOUNDS, backend, config=config, refused=set(), device_process=process)
     saved: list[tuple[int, bytes]] = []
     moves: list[Move] = []
     views: list[tuple[Any, ...]] = []
@@ -86,6 +90,8 @@ def test_restoring_and_walking_on_sees_what_the_original_saw(backend: str, confi
             copy = Lockstep.restore(data, set())
             try:
                 assert copy.moves == ls.moves[: len(copy.moves)]
+                if process and copy.device is not None:
+                    assert copy.device.executor is copy.device.scheduler  # a process of its own
                 for i in range(at, len(moves)):
                     copy.perform(moves[i])
                     assert seen(copy) == views[i], f"move {i} ({moves[i].label()}) differs"
@@ -93,6 +99,23 @@ def test_restoring_and_walking_on_sees_what_the_original_saw(backend: str, confi
                 copy.close()
     finally:
         ls.close()
+
+
+@pytest.mark.parametrize("config", ["eager-2cq", "traced"])
+def test_a_walk_in_a_device_process_sees_what_it_sees_in_the_hosts(config: str) -> None:
+    """The same seeded walk with the device's queues in the host's process and in a gated device
+    process: the same moves, and after each the same abstraction, model state and device data."""
+    runs = []
+    for process in (False, True):
+        ls = Lockstep(BOUNDS, "tt", config=config, refused=set(), device_process=process)
+        views: list[tuple[Any, ...]] = []
+        try:
+            moves = random_moves(ls, random.Random(3), 40, views)
+        finally:
+            ls.close()
+        runs.append((moves, views))
+    assert runs[0] == runs[1]
+    assert sum(m.kind == "device" for m in runs[1][0]) >= 5
 
 
 def test_copies_are_independent() -> None:

@@ -18,6 +18,7 @@ from ttmirror.emulator import (
     ProcessScheduler,
     SeededScheduler,
     ThreadedScheduler,
+    snapshot,
 )
 from ttmirror.emulator.commands import Command, Kernel, Program, register_kernel
 from ttmirror.impl.probe import ProbeSpec
@@ -208,14 +209,52 @@ def test_a_seeded_order_is_the_same_in_the_device_process() -> None:
     assert len(queues) > 100 and switches > 10, (len(queues), switches)
 
 
-def test_a_gated_device_cannot_be_snapshot() -> None:
-    """Its DRAM is the device process's: a copy would be a device without one (refused)."""
+def test_a_gated_device_snapshot_restores_into_a_device_process_of_its_own() -> None:
+    """Snapshot with commands still queued on both CQs (one awaiting the other's event), then
+    restore: the copy has its own device process, started from a copy of DRAM and of the
+    queues; stepped alike, original and copy compute the same data, independently; a free-
+    running device process has no state to copy (refused); nothing is left behind."""
+    before = {p.pid for p in multiprocessing.active_children()}
     dev = open_emulated(process=True)
+    copy = None
+    try:
+        a, b = on_device(dev, [1, 2]), on_device(dev, [10, 20])
+        ttnn.synchronize_device(dev)
+        ttnn.plus_one(a)  # CQ0, queued
+        ttnn.plus_one(a)
+        event = ttnn.record_event(dev, 0)
+        ttnn.wait_for_event(1, event)
+        ttnn.copy_host_to_device_tensor(host_ids([7, 8]), b, cq_id=1)  # after the event
+        dev.step(0)  # one plus_one done, one queued: the copy must not redo the first
+        pending = dev.pending()
+        copy = snapshot.restore(snapshot.snapshot(dev))
+        assert isinstance(copy.scheduler, ProcessScheduler) and copy.executor is copy.scheduler
+        assert copy.scheduler._process.pid != dev.scheduler._process.pid
+        assert copy.pending() == pending == 4
+        assert values_of_view(copy, a) == [2, 3]
+        for device in (dev, copy):
+            with pytest.raises(RuntimeError, match="waits for"):
+                device.step(1)  # the barrier: CQ0's event first
+            device.step(0)
+            device.step(0)  # the event
+            device.step(1)
+            device.step(1)
+        assert values_of_view(dev, a) == values_of_view(copy, a) == [3, 4]
+        assert values_of_view(dev, b) == values_of_view(copy, b) == [7, 8]
+        ttnn.plus_one(a)  # the original goes on alone
+        ttnn.synchronize_device(dev)
+        assert values_of_view(dev, a) == [4, 5] and values_of_view(copy, a) == [3, 4]
+    finally:
+        if copy is not None:
+            copy.discard()
+        ttnn.close_mesh_device(dev)
+    assert {p.pid for p in multiprocessing.active_children()} <= before
+    free = open_emulated(scheduler=ProcessScheduler)
     try:
         with pytest.raises(pickle.PicklingError, match=r"cannot snapshot .*ProcessScheduler"):
-            pickle.dumps(dev)
+            snapshot.snapshot(free)
     finally:
-        ttnn.close_mesh_device(dev)
+        ttnn.close_mesh_device(free)
 
 
 def test_a_policy_must_complete_when_told() -> None:
