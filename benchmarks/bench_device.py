@@ -15,6 +15,7 @@ Usage: python benchmarks/bench_device.py [--ops N] [--rounds R]
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import time
 
@@ -115,15 +116,25 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--ops", type=int, default=6000)
     parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--pin", action=argparse.BooleanOptionalAction, default=None,
+                        help="this process on one core, the device process on the others, for "
+                             "every side alike (default: where there are two cores or more)")
     args = parser.parse_args()
+    cores = sorted(os.sched_getaffinity(0))
+    pin = len(cores) >= 2 if args.pin is None else args.pin
+    if pin and len(cores) < 2:
+        parser.error(f"--pin needs two cores or more; this process may run on {cores}")
+    device_cores = frozenset(cores[1:]) if pin else None
+    if pin:  # before the first device process starts: its threads stay off this core
+        os.sched_setaffinity(0, cores[:1])
 
     device = open_device(
         num_command_queues=2, emulator=Emulator(hazard_mode="count"), emulated=True
     )
     # The same device with its queues in a device process of their own (ProcessScheduler).
     apart = open_device(
-        num_command_queues=2, emulator=Emulator(scheduler=ProcessScheduler, hazard_mode="count"),
-        emulated=True,
+        num_command_queues=2, emulated=True, emulator=Emulator(
+            scheduler=lambda: ProcessScheduler(cpus=device_cores), hazard_mode="count"),
     )
     assert isinstance(device, EmulatedMeshDevice) and isinstance(apart, EmulatedMeshDevice)
     emulated_round(device, 300)  # warm: program cache, torch kernels
@@ -148,6 +159,8 @@ def main() -> None:
 
     emulated = statistics.median(emulated_rates)
     golden = statistics.median(golden_rates)
+    if pin:
+        print(f"host on core {cores[0]}, the device process on {cores[1:]}")
     print(
         f"tensors: logits [1,1,{ROWS},{VOCAB}] bf16 TILE, tokens [1,1,{ROWS}] uint32, "
         f"positions [1,{ROWS}] int32"

@@ -56,7 +56,7 @@ from ..emulator import (
 from ..emulator.decoder import dram_bytes
 from ..impl.backend import TokenLogprobs
 from ..impl.events import Event
-from ..impl.runner import Status
+from ..impl.runner import CLOSED, Status
 from ..impl.tt_backend import TtBackend
 from ..serving.backend import ServingBackend
 from ..serving.batching import ServingConfig, ServingEngine
@@ -273,14 +273,27 @@ class _Run:
             ttnn.close_mesh_device(device)
 
 
-def _sync_replay(cfg: SoakConfig, model: DecoderModel, plan: list[RequestPlan]) -> tuple[
+def _sync_replay(cfg: SoakConfig, model: DecoderModel, plan: list[RequestPlan],
+                 say: Callable[[str], None]) -> tuple[
         dict[int, list[int]], dict[int, list[TokenLogprobs]]]:
     """The same requests at depth 1, fault-free: what each was owed, tokens and ring entries."""
     device = _open(model, ManualScheduler, "raise")
+    began = time.monotonic()
+
+    said = [0]
+
+    def note(engine: ServingEngine) -> None:  # a long replay says how far it is
+        steps = engine.runner.steps
+        if steps >= said[0] + 10_000:
+            said[0] = steps
+            done = sum(1 for r in engine.runner.requests.values() if r.status in CLOSED)
+            say(f"soak: replay at step {steps:,}, {done:,} of {len(plan):,} requests done "
+                f"({time.monotonic() - began:,.0f} s)")
+
     try:
         engine = _engine(device, model, cfg, depth2=False)
         engine.runner.events.enabled = False
-        out = run_workload(engine, plan, max_iterations=50 * len(plan) + 10_000)
+        out = run_workload(engine, plan, on_step=note, max_iterations=50 * len(plan) + 10_000)
         logprobs = {req: list(r.logprobs) for req, r in engine.runner.requests.items()}
         engine.close()
     finally:
@@ -327,7 +340,7 @@ def run_soak(cfg: SoakConfig, trace_file: Path,
     run = _Run(cfg, model, report, stepped)
     report.events = write_events(run.events(), trace_file)
     say(f"soak: replaying {len(run.plan):,} requests at depth 1")
-    owed, owed_logprobs = _sync_replay(cfg, model, run.plan)
+    owed, owed_logprobs = _sync_replay(cfg, model, run.plan, say)
     _count(run, owed, owed_logprobs, report)
     report.delivered = hashlib.sha256(repr(sorted(run.tokens.items())).encode()).hexdigest()
     report.requests = len(run.plan)
