@@ -556,6 +556,14 @@ def main() -> None:
         print("short of the ideal at d/h " + ", ".join(
             f"{p.ratio:g} (the device's CPU w is {p.work_s / p.host_s:.0%} of h)" for p in short)
             + why)
+    above = [p for p in points if p.speedup > p.ideal]
+    if above:
+        # The ideal takes h from depth 1: where depth 2's host does less per step, it beats it.
+        print("above the ideal at d/h " + ", ".join(
+            f"{p.ratio:g} (the host's CPU per step {p.host_cpu[0] * 1e3:.2f} ms at depth 1, "
+            f"{p.host_cpu[1] * 1e3:.2f} ms at depth 2)" for p in above)
+            + ": the ideal assumes depth 2's host does depth 1's host work per step, and here "
+            "it does less")
     if args.json:
         Path(args.json).write_text(json.dumps({
             "rounds": args.rounds, "device": args.device,

@@ -64,6 +64,8 @@ BACKLOG = 0
 measured no better than 0 in `make bench-engine`'s sweep, within its round-to-round spread)."""
 STATS = 3
 """Per queue in the control block: commands completed, busy nanoseconds, CPU nanoseconds."""
+VIEWS_KEPT = 4096
+"""Distinct operands whose DRAM views the device process keeps."""
 PRELOAD = ["ttmirror.emulator", "ttmirror.emulator.decoder"]
 """Imported once by the fork server, so a device process starts in milliseconds with every
 kernel registered."""
@@ -145,25 +147,36 @@ def _serve(conn: Connection, memory: torch.Tensor, control: torch.Tensor, stage:
             waiters.remove(w)
             conn.send(("reached", w[2]))
 
+    views: dict[Operand, torch.Tensor] = {}
+
+    def view(operand: Operand) -> torch.Tensor:
+        """A typed view of DRAM, kept per operand (as the device's own `_view`: the same few
+        regions every step, and building one costs more than most kernels on it)."""
+        found = views.get(operand)
+        if found is None:
+            if len(views) >= VIEWS_KEPT:
+                views.clear()
+            found = views[operand] = region_view(memory, operand)
+        return found
+
     def run(record: tuple[Any, ...]) -> None:
         kind = record[0]
         if kind == "kernel":
             _, name, args, outputs, params = record
             KERNELS[name](
-                [region_view(memory, a) if type(a) is Operand else _resolve(a, objects)
-                 for a in args],
-                [region_view(memory, o) for o in outputs],
+                [view(a) if type(a) is Operand else _resolve(a, objects) for a in args],
+                [view(o) for o in outputs],
                 {k: _resolve(v, objects) for k, v in params.items()})
         elif kind == "write":
             _, destination, raw, dtype, shape = record
             if raw:
                 values = torch.frombuffer(bytearray(raw), dtype=torch.uint8).view(dtype)
-                region_view(memory, destination).copy_(values.view(shape))
+                view(destination).copy_(values.view(shape))
         elif kind == "read":
             _, source, offset = record
-            view = region_view(memory, source)
-            nbytes = view.numel() * view.element_size()
-            stage[offset:offset + nbytes].view(view.dtype).view(view.shape).copy_(view)
+            data = view(source)
+            nbytes = data.numel() * data.element_size()
+            stage[offset:offset + nbytes].view(data.dtype).view(data.shape).copy_(data)
 
     def work(cq: int) -> None:
         queue = pending[cq]
