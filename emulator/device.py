@@ -44,8 +44,8 @@ from .tensors import (
     HostReadback,
     host_bytes,
     host_operand,
+    kept_view,
     new_host_tensor,
-    region_view,
     storage_bytes,
 )
 from .traces import Trace
@@ -57,7 +57,6 @@ DEFAULT_DRAM_SIZE = 64 << 20
 # Nominal trace-buffer bytes per captured command: real sizes depend on the program, but a
 # device opened without a trace region must fail to capture, as on the chip.
 TRACE_BYTES_PER_COMMAND = 4096
-_VIEWS_KEPT = 4096  # distinct operands whose DRAM views are kept (a step reads a few dozen)
 GARBAGE_BYTE = 0xCD  # what a non-blocking readback's host tensor holds until the read completes
 
 READS_IN_CAPTURE = "Reads are not supported during trace capture"
@@ -191,14 +190,8 @@ class EmulatedMeshDevice:
                 host_operand(host, effect.source).copy_(view(effect.source))
 
     def _view(self, operand: Operand) -> torch.Tensor:
-        """`operand`'s elements in DRAM, a view kept per operand: the same few regions are read
-        every step, and building a typed view costs more than most kernels on it."""
-        found = self._views.get(operand)
-        if found is None:
-            if len(self._views) >= _VIEWS_KEPT:
-                self._views.clear()
-            found = self._views[operand] = region_view(self.allocator.memory, operand)
-        return found
+        """`operand`'s elements in DRAM, a view kept per operand (`kept_view`)."""
+        return kept_view(self._views, self.allocator.memory, operand)
 
     def ready_commands(self) -> list[Command]:
         """The head command of each queue that can complete now."""

@@ -47,7 +47,7 @@ import torch
 from .allocator import Buffer, DramAllocator
 from .commands import KERNELS, Command, HostRead, HostWrite, Kernel
 from .schedulers import ManualScheduler
-from .tensors import Operand, Region, host_operand, region_view
+from .tensors import Operand, Region, host_operand, kept_view
 
 if TYPE_CHECKING:
     from .device import EmulatedMeshDevice
@@ -64,8 +64,6 @@ BACKLOG = 0
 measured no better than 0 in `make bench-engine`'s sweep, within its round-to-round spread)."""
 STATS = 3
 """Per queue in the control block: commands completed, busy nanoseconds, CPU nanoseconds."""
-VIEWS_KEPT = 4096
-"""Distinct operands whose DRAM views the device process keeps."""
 PRELOAD = ["ttmirror.emulator", "ttmirror.emulator.decoder"]
 """Imported once by the fork server, so a device process starts in milliseconds with every
 kernel registered."""
@@ -150,14 +148,7 @@ def _serve(conn: Connection, memory: torch.Tensor, control: torch.Tensor, stage:
     views: dict[Operand, torch.Tensor] = {}
 
     def view(operand: Operand) -> torch.Tensor:
-        """A typed view of DRAM, kept per operand (as the device's own `_view`: the same few
-        regions every step, and building one costs more than most kernels on it)."""
-        found = views.get(operand)
-        if found is None:
-            if len(views) >= VIEWS_KEPT:
-                views.clear()
-            found = views[operand] = region_view(memory, operand)
-        return found
+        return kept_view(views, memory, operand)
 
     def run(record: tuple[Any, ...]) -> None:
         kind = record[0]

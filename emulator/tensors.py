@@ -263,3 +263,19 @@ def new_host_tensor(
 
 def as_shape(shape: Any) -> tuple[int, ...]:
     return tuple(int(d) for d in shape)
+
+
+VIEWS_KEPT = 4096
+"""Distinct operands whose DRAM views a device keeps (a step reads a few dozen)."""
+
+
+def kept_view(views: dict[Operand, torch.Tensor], memory: torch.Tensor,
+              operand: Operand) -> torch.Tensor:
+    """`operand`'s elements in `memory`, a view kept in `views`: the same few regions are read
+    every step, and building a typed view costs more than most kernels on it."""
+    found = views.get(operand)
+    if found is None:
+        if len(views) >= VIEWS_KEPT:
+            views.clear()
+        found = views[operand] = region_view(memory, operand)
+    return found
