@@ -21,6 +21,7 @@ import time
 
 import torch
 import ttnn
+from pinning import add_pin, split_cores
 
 from ttmirror.emulator import EmulatedMeshDevice, Emulator, ProcessScheduler, open_device
 from ttmirror.emulator.calls import step_calls
@@ -116,18 +117,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--ops", type=int, default=6000)
     parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--pin", action=argparse.BooleanOptionalAction, default=False,
-                        help="this process on one core, the device process on the others, for "
-                             "every side alike (default: off; here pinned runs measured no "
-                             "higher ratio and a lower host-process rate)")
+    add_pin(parser, default=False, why="every side alike; default: off, here pinned runs "
+                                       "measured no higher ratio and a lower host-process rate")
     args = parser.parse_args()
-    cores = sorted(os.sched_getaffinity(0))
-    pin = args.pin
-    if pin and len(cores) < 2:
-        parser.error(f"--pin needs two cores or more; this process may run on {cores}")
-    device_cores = frozenset(cores[1:]) if pin else None
-    if pin:  # before the first device process starts: its threads stay off this core
-        os.sched_setaffinity(0, cores[:1])
+    cores = split_cores(parser, args.pin)
+    device_cores = cores[1] if cores else None
+    if cores:  # before the first device process starts: its threads stay off this core
+        os.sched_setaffinity(0, cores[0])
 
     device = open_device(
         num_command_queues=2, emulator=Emulator(hazard_mode="count"), emulated=True
@@ -160,8 +156,8 @@ def main() -> None:
 
     emulated = statistics.median(emulated_rates)
     golden = statistics.median(golden_rates)
-    if pin:
-        print(f"host on core {cores[0]}, the device process on {cores[1:]}")
+    if cores:
+        print(f"host on core {sorted(cores[0])}, the device process on {sorted(cores[1])}")
     print(
         f"tensors: logits [1,1,{ROWS},{VOCAB}] bf16 TILE, tokens [1,1,{ROWS}] uint32, "
         f"positions [1,{ROWS}] int32"

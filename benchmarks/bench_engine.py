@@ -63,6 +63,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 import ttnn
+from pinning import add_pin, split_cores
 
 from ttmirror.conformance.validate import bounds_of, validate
 from ttmirror.emulator import Emulator, ProcessScheduler, ThreadedScheduler, open_device
@@ -471,9 +472,7 @@ def main() -> None:
     parser.add_argument("--json", metavar="FILE",
                         help="also write the sweep's figures there (`ttmirror report "
                              "--bench-engine FILE` plots them)")
-    parser.add_argument("--pin", action=argparse.BooleanOptionalAction, default=None,
-                        help="the host on one core, the device process on the others (default: "
-                             "where this process may run on two cores or more)")
+    add_pin(parser, default=None, why="default: where this process may run on two cores or more")
     args = parser.parse_args()
     try:
         ratios = [float(r) for r in args.ratios.split(",")]
@@ -486,13 +485,7 @@ def main() -> None:
     sys.setswitchinterval(args.switch_interval)
 
     DEVICE[0] = args.device
-    cores = sorted(os.sched_getaffinity(0))
-    if args.pin is None:
-        args.pin = len(cores) >= 2
-    if args.pin:
-        if len(cores) < 2:
-            parser.error(f"--pin needs two cores or more; this process may run on {cores}")
-        PIN[:] = [frozenset(cores[:1]), frozenset(cores[1:])]
+    PIN[:] = split_cores(parser, args.pin) or []
     other = next(k for k in DEVICES if k != args.device)
     host_step, floor = calibrate(args.rounds)
     where = ("a device process of its own" if args.device == "process"

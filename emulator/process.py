@@ -46,7 +46,7 @@ import torch
 
 from .allocator import Buffer, DramAllocator
 from .commands import KERNELS, Command, HostRead, HostWrite, Kernel
-from .schedulers import ManualScheduler
+from .schedulers import ManualScheduler, Scheduler
 from .tensors import Operand, Region, host_operand, kept_view
 
 if TYPE_CHECKING:
@@ -274,15 +274,16 @@ class ProcessScheduler:
 
     def __init__(self, costs: Mapping[str, float] | None = None, *,
                  cpus: frozenset[int] | None = None,
-                 policy: ManualScheduler | None = None) -> None:
+                 policy: Scheduler | None = None) -> None:
         self.costs: Mapping[str, float] = costs or {}
         if policy is not None and not isinstance(policy, ManualScheduler):
-            raise ValueError("ProcessScheduler: a policy completes commands when told (a "
-                             f"ManualScheduler or a subclass), not a {type(policy).__name__}")
+            raise ValueError("the device process runs commands as a ManualScheduler (or a "
+                             "subclass) completes them, or on its own (ProcessScheduler), not "
+                             f"as a {type(policy).__name__} does")
         if policy is not None and costs:
             raise ValueError("ProcessScheduler: with a policy, the policy says when commands "
                              "complete: give it the command times, not `costs`")
-        self.policy = policy
+        self.policy = policy if isinstance(policy, ManualScheduler) else None
         if cpus is not None and (not cpus or not cpus <= set(range(os.cpu_count() or 1))):
             raise ValueError(f"ProcessScheduler: cpus {sorted(cpus)} must be a non-empty set of "
                              f"this machine's cores 0 to {(os.cpu_count() or 1) - 1}")
