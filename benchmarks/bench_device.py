@@ -122,7 +122,7 @@ def main() -> None:
     args = parser.parse_args()
     cores = split_cores(parser, args.pin)
     device_cores = cores[1] if cores else None
-    if cores:  # before the first device process starts: its threads stay off this core
+    if cores:  # before the first device process starts: it stays off this core
         os.sched_setaffinity(0, cores[0])
 
     device = open_device(
