@@ -228,6 +228,20 @@ def _serve(conn: Connection, memory: torch.Tensor, control: torch.Tensor, stage:
             answer_waiters()
         return kind != "close"
 
+    def incoming(timeout: float) -> bool:
+        """Take the host's messages, waiting up to `timeout` for the first, then all that came
+        meanwhile; False: the host said to stop, or is gone (so is the device)."""
+        try:
+            if conn.poll(timeout):
+                if not take(_get(conn)):
+                    return False
+                while conn.poll(0):
+                    if not take(_get(conn)):
+                        return False
+        except (EOFError, OSError):
+            return False
+        return True
+
     loop_cpu = time.thread_time_ns()
     try:
         while True:
@@ -235,25 +249,18 @@ def _serve(conn: Connection, memory: torch.Tensor, control: torch.Tensor, stage:
             for cq in range(queues):
                 ran = run_ready(cq) or ran
             if ran:  # a completion may unblock another queue: pass again, after the host's news
-                timeout: float | None = 0.0
+                timeout = 0.0
             else:  # idle until a message or the first held queue's due time
                 dues = [d for d in due if d is not None]
                 timeout = max(0.0, min(dues) - time.perf_counter()) if dues else 0.5
-            if conn.poll(timeout):
-                if not take(_get(conn)):
-                    break
-                while conn.poll(0):  # everything the host sent meanwhile, in one go
-                    if not take(_get(conn)):
-                        return
-    except (EOFError, OSError):
-        pass  # the host is gone: so is the device
-    except BaseException as error:  # the host learns of it: the process ends
+            if not incoming(timeout):
+                break
+    except BaseException as error:  # a kernel's error, say: the host learns of it, we end
         with contextlib.suppress(OSError):
             _put(conn, ("failed", f"{type(error).__name__}: {error}"))
         os._exit(3)
-    finally:
-        # Queue 0's CPU also holds the loop's own (messages, passes): the process's in all.
-        counters[0, 2] += time.thread_time_ns() - loop_cpu - int(counters[:, 2].sum())
+    # Queue 0's CPU also holds the loop's own (messages, passes): the process's in all.
+    counters[0, 2] += time.thread_time_ns() - loop_cpu - int(counters[:, 2].sum())
 
 
 # --- the host side --------------------------------------------------------------------------------
