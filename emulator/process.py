@@ -148,8 +148,7 @@ def _serve(conn: Connection, memory: torch.Tensor, control: torch.Tensor, stage:
     pending: list[deque[tuple[Any, ...]]] = [deque() for _ in range(queues)]
     waiters: list[tuple[int, int, int]] = []  # (queue, index, tag) the host blocks on
     allowed = [-1 if gated else math.inf] * queues  # per queue: the last index it may run
-    due: list[float | None] = [None] * queues  # when a held queue's head completes
-    held = [0.0] * queues  # the head's stall: the time it is held that is not busy time
+    since: list[float | None] = [None] * queues  # when a held queue's head began to be held
     objects: dict[int, Any] = {}
     views: dict[Operand, torch.Tensor] = {}
 
@@ -187,24 +186,18 @@ def _serve(conn: Connection, memory: torch.Tensor, control: torch.Tensor, stage:
             index, waits, cost, stall, record = queue[0]
             if index > allowed[cq] or (waits is not None and counters[waits[0], 0] < waits[1]):
                 break
-            now = time.perf_counter()
-            if cost or stall:
-                until = due[cq]
-                if until is None:  # held from now on: its stall, then its configured time
-                    until = due[cq] = now + stall + cost
-                    held[cq] = stall
-                if now < until:
+            began = now = time.perf_counter()
+            if cost or stall:  # held from its first turn: its stall, then its configured time
+                held = since[cq]
+                began = since[cq] = now if held is None else held
+                if now < began + stall + cost:
                     break
+                since[cq] = None
             cpu = time.thread_time_ns()
             run(record)
             queue.popleft()
             counters[cq, 2] += time.thread_time_ns() - cpu
-            finished = time.perf_counter()
-            if due[cq] is not None:  # busy from when it was held, less its stall
-                began, due[cq] = due[cq] - cost - held[cq], None
-                counters[cq, 1] += int((finished - began - held[cq]) * 1e9)
-            else:
-                counters[cq, 1] += int((finished - now) * 1e9)
+            counters[cq, 1] += int((time.perf_counter() - began - stall) * 1e9)  # stall: not busy
             counters[cq, 0] = index  # published last: the host reads it unlocked
             ran = True
             if waiters:
@@ -251,7 +244,8 @@ def _serve(conn: Connection, memory: torch.Tensor, control: torch.Tensor, stage:
             if ran:  # a completion may unblock another queue: pass again, after the host's news
                 timeout = 0.0
             else:  # idle until a message or the first held queue's due time
-                dues = [d for d in due if d is not None]
+                dues = [t + pending[cq][0][3] + pending[cq][0][2]
+                        for cq, t in enumerate(since) if t is not None]
                 timeout = max(0.0, min(dues) - time.perf_counter()) if dues else 0.5
             if not incoming(timeout):
                 break

@@ -85,6 +85,37 @@ def test_a_late_read_lands_after_its_stall() -> None:
         ttnn.close_mesh_device(dev)
 
 
+def test_a_held_queue_holds_only_itself() -> None:
+    # plus_one holds CQ0 for 30 s, far longer than anything here waits: a read on CQ1 completes
+    # meanwhile, with the plus_one still queued.
+    scheduler = ProcessScheduler({"plus_one": 30.0})
+    dev = open_emulated(scheduler=lambda: scheduler)
+    try:
+        a, b = on_device(dev, [1, 2]), on_device(dev, [7, 8])
+        ttnn.synchronize_device(dev)
+        ttnn.plus_one(a)
+        assert values_of(b.cpu(blocking=True, cq_id=1)) == [7, 8]
+        assert dev.pending(0) == 1
+        scheduler.kill()  # instead of the 30 s a close would wait for
+    finally:
+        ttnn.close_mesh_device(dev)
+
+
+def test_a_queue_is_busy_for_its_configured_time_in_the_device_process() -> None:
+    # Ten plus_ones of 20 ms each keep CQ0 busy 0.2 s or more (a bound the machine's speed only
+    # adds to), and the device process reports the CPU its commands took.
+    scheduler = ProcessScheduler({"plus_one": 0.02})
+    dev = open_emulated(scheduler=lambda: scheduler)
+    try:
+        work = on_device(dev, [0, 0, 0, 0])
+        for _ in range(10):
+            ttnn.plus_one(work)
+        assert values_of(work.cpu(blocking=True, cq_id=0)) == [10] * 4
+    finally:
+        ttnn.close_mesh_device(dev)
+    assert scheduler.busy_s[0] >= 10 * 0.02 and scheduler.cpu_s[0] > 0
+
+
 def test_a_dead_device_process_is_a_device_fault_and_nothing_is_left() -> None:
     before = {p.pid for p in multiprocessing.active_children()}
     dev = open_emulated(scheduler=ProcessScheduler)
