@@ -270,6 +270,11 @@ def validate(events: Iterable[Event], bounds: Bounds,
             if why is not None:
                 return Divergence(i, event, s, why, ())
             continue
+        if event.action == "refuse":  # refused before it arrived: no model transition
+            if event.args[0] in ids.index:
+                return Divergence(i, event, s, f"request {event.args[0]} is refused after it "
+                                  "arrived (an arrived request is aborted)", ())
+            continue
         if event.action == "allocate":
             copies.required = bool(event.get("device_waits"))
         try:

@@ -371,10 +371,13 @@ class Runner:
                            device_waits=self.backend.reports_device_waits, **spec)
 
     def arrive(self, req: int, prompt: int, *, max_tokens: int | None = None,
-               host_sync: bool = False, prefill_chunks: int | None = None) -> None:
+               host_sync: bool = False, prefill_chunks: int | None = None,
+               seed: int | None = None) -> None:
         """Request `req` arrives with the last prompt token `prompt`; it waits for a step.
         `host_sync`: it needs its newest token on the host before each next step;
-        `prefill_chunks`: steps its first prefill takes (default: the config's)."""
+        `prefill_chunks`: steps its first prefill takes (default: the config's); `seed`: the
+        seed the engine drew for it (a sampled request without one of its own), recorded so
+        that the run's events say what it drew with."""
         self._need_allocated("arrive")
         if req in self.requests:
             status = self.requests[req].status.name
@@ -392,8 +395,9 @@ class Runner:
         self.requests[req] = _Request(prompt=prompt, max_tokens=budget,
                                       prefill_left=chunks - 1, host_sync=host_sync)
         self._open.add(req)
+        drawn = {} if seed is None else {"seed": seed}
         self.events.record("arrive", (req,), prompt=prompt, max_tokens=budget,
-                           host_sync=host_sync, prefill_chunks=chunks)
+                           host_sync=host_sync, prefill_chunks=chunks, **drawn)
 
     def _device_event(self, what: str, slot: int) -> None:
         """The mirror waited on a device completion or read a host copy (`MirrorSpec.report`)."""
@@ -423,14 +427,23 @@ class Runner:
         r.status, r.closed_at, r.unchecked = Status.FINISHED, len(r.delivered), False
         self.events.record("finish", (req,))
 
-    def abort(self, req: int) -> None:
-        """The user aborts: nothing more is delivered, in-flight rows are dropped."""
+    def abort(self, req: int, reason: str | None = None) -> None:
+        """The user aborts, or the engine refuses to go on with it (`reason`, recorded): nothing
+        more is delivered, in-flight rows are dropped."""
         r = self._request("abort", req)
         if r.status not in (Status.WAITING, Status.RUNNING, Status.PREEMPTED):
             raise PhaseError(f"abort(r{req}): it is already {r.status.name}")
         self._drop(req, "abort_in_flight")
         r.status, r.closed_at, r.unchecked = Status.ABORTED, len(r.delivered), False
-        self.events.record("abort", (req,))
+        r.error = reason
+        self.events.record("abort", (req,), **({} if reason is None else {"reason": reason}))
+
+    def refuse(self, req: int, reason: str) -> None:
+        """The engine refused request `req` before it arrived (nothing of it ran): recorded, so
+        that a run's events account for every request its scheduler sent."""
+        if req in self.requests:
+            raise PhaseError(f"refuse(r{req}): it arrived; abort it instead")
+        self.events.record("refuse", (req,), reason=reason)
 
     def preempt(self, req: int) -> None:
         """Preempted: its in-flight tokens are delivered when applied (keep) or never read from

@@ -179,19 +179,29 @@ class Engine:
                 self._before_schedule(rows)
                 q = r.schedule(rows)
                 self._layout = tuple(rows)
-                try:
-                    with r.device_call("stage", q):
-                        self._scheduled(q)
-                    r.combine(q)
-                    r.launch(q)
-                    r.readback_issue(q)
+                fault = self._issue(q)
+                if fault is None:
                     launched = True
-                except DeviceFault as fault:
+                else:
                     self._fail(fault)
         retired = bool(r.queue) and (len(r.queue) >= r.depth or not launched)
         if retired:
             self._retire_oldest()
         return launched or retired
+
+    def _issue(self, q: int) -> DeviceFault | None:
+        """Stage, combine, launch and issue the readback of the scheduled step q; the device
+        fault that stopped it, if one did (the runner is left as the failed phase found it)."""
+        r = self.runner
+        try:
+            with r.device_call("stage", q):
+                self._scheduled(q)
+            r.combine(q)
+            r.launch(q)
+            r.readback_issue(q)
+        except DeviceFault as fault:
+            return fault
+        return None
 
     def _retire_oldest(self) -> None:
         """Complete the oldest step's readback, apply it, stop-check, release what can be."""

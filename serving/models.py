@@ -228,11 +228,14 @@ MODEL_DIR_FILE = "ttmirror.json"
 
 def write_model_dir(name: str, path: str, seed: int = 0) -> None:
     """A local model directory for a serving engine that loads models by path (vLLM): the
-    `transformers` config (architecture, vocabulary, context) and, for a tiny architecture, its
-    weights; `MODEL_DIR_FILE` names the model so that `load_model_dir` serves the same one."""
+    `transformers` config (architecture, vocabulary, context, end-of-text id), for a tiny
+    architecture its weights, and a character tokenizer (`serving.tokenizer`) with a chat
+    template; `MODEL_DIR_FILE` names the model so that `load_model_dir` serves the same one."""
     import json
 
     import transformers
+
+    from .tokenizer import EOS_ID, write_tokenizer
 
     os.makedirs(path, exist_ok=True)
     if name == "probe":
@@ -242,15 +245,20 @@ def write_model_dir(name: str, path: str, seed: int = 0) -> None:
         config = transformers.Qwen3Config(
             vocab_size=spec.vocab, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
             num_attention_heads=4, num_key_value_heads=2, head_dim=16,
-            max_position_embeddings=spec.max_positions, tie_word_embeddings=False)
+            max_position_embeddings=spec.max_positions, tie_word_embeddings=False,
+            eos_token_id=EOS_ID)
         config.architectures = ["Qwen3ForCausalLM"]
         config.save_pretrained(path)
+        vocab, context = spec.vocab, spec.max_positions
     elif name in TINY:
         model = build_tiny(name, seed)
         model.model.config.architectures = [TINY[name][1]]
+        model.model.config.eos_token_id = EOS_ID
         model.model.save_pretrained(path)
+        vocab, context = model.vocab, model.max_context
     else:
         raise ValueError(f"write_model_dir: {name!r} is not the probe or a tiny architecture")
+    write_tokenizer(path, vocab, context)
     with open(os.path.join(path, MODEL_DIR_FILE), "w") as f:
         json.dump({"model": name, "seed": seed}, f)
 

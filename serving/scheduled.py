@@ -13,21 +13,35 @@ supplies the newest tokens of requests whose previous step is still in flight); 
 completes the oldest step's readback and returns its tokens. Between the two, the scheduler
 plans the next step without those tokens.
 
-Whatever the plan asks that the model does not allow is refused by the runner (`PhaseError`)
-or here (`Disagreement`), in one line naming the request and what differed: the runner never
-executes a schedule the model forbids.
+Whatever the plan asks that the model does not allow is refused, in one line naming the
+request and what differed, and the runner never executes a schedule the model forbids. A
+refusal is the request's own: the request is aborted (`Runner.abort` with the reason, or
+`Runner.refuse` if it never arrived), its rows leave the step, and the step goes on with the
+others. So does a device fault: the requests of the failed step fail, the rest go on. Each
+launch and collect says which requests it refused or failed (`refused`), so that the
+scheduler can end them with an error of their own.
+
+A sampled request without a seed of its own (`NewRequest.draw_seed`) gets one at arrival from
+the engine's seeded stream (`Random(engine seed)`, one draw per such arrival, in arrival
+order), recorded in its `arrive` event: the run replays exactly, and async equals sync for the
+same arrivals.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import dataclasses
+import random
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from ..impl.backend import TokenLogprobs
-from ..impl.runner import CLOSED, DeviceFault, Status
+from ..impl.runner import CLOSED, DeviceFault, PhaseError, Status
 from .backend import ServingBackend
-from .batching import ServingConfig, ServingEngine
+from .batching import InvalidRequest, ServingConfig, ServingEngine
 from .context import SamplingParams
+
+SEED_RANGE = 1 << 31
+"""Drawn seeds are below this (an event's integers are at most 2**31 - 1)."""
 
 
 class Disagreement(RuntimeError):
@@ -41,6 +55,11 @@ class NewRequest:
     max_tokens: int
     stop_ids: frozenset[int] = frozenset()
     sampling: SamplingParams | None = None
+    draw_seed: bool = False
+    """Sampled with no seed of its own: the engine draws one at arrival (`sampling` holds
+    the rest of its parameters)."""
+    refuse: str | None = None
+    """Why the engine must refuse it at arrival (a parameter the mirror does not serve)."""
 
 
 @dataclass(frozen=True)
@@ -72,59 +91,79 @@ class Collected:
     step: int
     tokens: dict[int, list[int]]
     logprobs: dict[int, list[TokenLogprobs]] = field(default_factory=dict)
+    refused: dict[int, str] = field(default_factory=dict)
+    """Requests that failed with this step (a device fault), each with its reason."""
 
 
 class ScheduledEngine(ServingEngine):
     def __init__(self, backend: ServingBackend, config: ServingConfig | None = None) -> None:
         super().__init__(backend, config)
         self.closed_as: dict[int, str] = {}
-        """How each request the plans finished was closed here: finish or abort."""
+        """How each request the plans finished was closed here: finish, abort or refused."""
+        self.refused: dict[int, str] = {}
+        """Every request refused or failed here, with its reason; a later plan that still
+        names one (its scheduler has not heard yet) leaves it out."""
+        self.seeds = random.Random(self.sampling.seed or 0)
+        """The engine's seeded stream: one seed per sampled arrival without one of its own."""
+        self._refused_now: dict[int, str] = {}
 
     # --- one step --------------------------------------------------------------------------------
     def launch(self, plan: Plan) -> int:
         """Apply the plan's closes, preemptions, arrivals and resumes, then schedule, stage,
         combine, launch and issue the readback of its step; returns the step's index (-1 for
-        a plan that schedules nothing: its closes and preemptions are applied all the same)."""
+        a plan that schedules nothing: its closes and preemptions are applied all the same).
+        What it refused or failed: `take_refused()`."""
+        plan = self._without_refused(plan)
         for req in sorted(plan.finished):
             self._close(req)
         self._reclaim()  # the blocks of requests closed since (at their length, too)
         for req in sorted(plan.preempted):
-            self.preempt(req)
+            self._refusing(req, self.preempt, req)
         for new in plan.new:
             self._arrive(new)
         for req in sorted(plan.resumed):
-            self._resume(req)
+            self._refusing(req, self._resume, req)
         r = self.runner
-        rows = list(plan.rows)
+        for req in plan.rows:
+            if req not in self.refused:
+                self._refusing(req, self._check_row, plan, req)
+        rows = [req for req in plan.rows if req not in self.refused]
         eligible = r.eligible()
-        if sorted(rows) != eligible:
-            raise Disagreement(
-                f"the plan's step holds requests {sorted(rows)}; the model's step holds every "
-                f"eligible request: {eligible}")
+        for req in sorted(set(eligible) - set(rows)):
+            self._refuse(req, f"the scheduler left request {req} out of a step while it was "
+                         f"eligible (the plan's step holds {sorted(rows)}); the mirror's step "
+                         "holds every eligible request")
+        for req in sorted(set(rows) - set(eligible)):
+            self._refuse(req, f"request {req} is in the plan's step but not eligible in the "
+                         f"model's ({r.status(req).name})")
+        rows = [req for req in rows if req not in self.refused]
         if not rows:
-            return -1  # a plan of closes only: no step
-        for req in rows:
-            self._check_position(plan, req)
+            return -1  # a plan of closes only, or of refused rows: no step
         self._plan_chunks(plan, rows)
         q = r.schedule(rows)
-        step = r.queue[q].index
-        with r.device_call("stage", q):
-            self._scheduled(q)
-        r.combine(q)
-        r.launch(q)
-        r.readback_issue(q)
+        step: int = r.queue[q].index
+        fault = self._issue(q)
+        if fault is not None:
+            self._fail_alone(fault)
+            return -1
         return step
 
+    def take_refused(self) -> dict[int, str]:
+        """The requests refused or failed since the last call, each with its reason."""
+        out, self._refused_now = self._refused_now, {}
+        return out
+
     def collect(self) -> Collected:
-        """Complete the oldest step's readback and apply it; release what can be."""
+        """Complete the oldest step's readback and apply it; release what can be. A device
+        fault fails the step's requests alone (`Collected.refused`)."""
         r = self.runner
         step = r.queue[0].index
         rows = [row.req for row in r.queue[0].rows if row.live and not row.partial]
         try:
             r.readback_complete(0)
         except DeviceFault as fault:
-            self._fail(fault)
-            raise
+            self._fail_alone(fault)
+            return Collected(step, {req: [] for req in rows}, refused=self.take_refused())
         before = {req: len(r.requests[req].delivered) for req in rows}
         r.apply()
         self._release_free_slots()
@@ -135,6 +174,54 @@ class ScheduledEngine(ServingEngine):
             if r.requests[req].logprobs and got:
                 out.logprobs[req] = list(r.requests[req].logprobs[-len(got):])
         return out
+
+    # --- refusals --------------------------------------------------------------------------------
+    def _without_refused(self, plan: Plan) -> Plan:
+        """The plan less the requests refused earlier (its scheduler plans them until it hears)."""
+        gone = dict(self.refused)
+        if not gone:
+            return plan
+        for req in plan.finished & gone.keys():
+            del self.refused[req]  # its scheduler has ended it: no later plan names it
+        return dataclasses.replace(
+            plan, rows=tuple(q for q in plan.rows if q not in gone),
+            new=tuple(n for n in plan.new if n.req not in gone),
+            resumed=plan.resumed - gone.keys(), preempted=plan.preempted - gone.keys(),
+            finished=plan.finished - gone.keys())
+
+    def _refusing(self, req: int, call: Callable[..., object], *args: object) -> None:
+        """`call(*args)`, refusing `req` alone if the model does not allow what it asks."""
+        try:
+            call(*args)
+        except (Disagreement, PhaseError, InvalidRequest) as e:
+            self._refuse(req, str(e))
+
+    def _refuse(self, req: int, reason: str) -> None:
+        """End `req` alone with `reason`: aborted if it arrived (its rows leave the steps in
+        flight), else recorded as refused; its scheduler is told (`take_refused`)."""
+        r = self.runner
+        if req in r.requests:
+            if r.status(req) not in CLOSED:
+                r.abort(req, reason)
+                self._reclaim()
+        elif req in self.queued:
+            self.abort(req)
+            r.refuse(req, reason)
+        else:
+            self.requests.pop(req, None)
+            r.refuse(req, reason)
+        self.closed_as[req] = "refused"
+        self.refused[req] = self._refused_now[req] = reason
+
+    def _fail_alone(self, fault: DeviceFault) -> None:
+        """A device fault: the failed step's requests fail with it, the others go on."""
+        failed = [q for q, x in self.runner.requests.items() if x.status != Status.FAILED]
+        self._fail(fault)
+        for req in failed:
+            if self.runner.status(req) == Status.FAILED:
+                reason = f"device fault: {fault}"
+                self.closed_as[req] = "failed"
+                self.refused[req] = self._refused_now[req] = reason
 
     # --- the plan's decisions --------------------------------------------------------------------
     def _close(self, req: int) -> None:
@@ -161,13 +248,31 @@ class ScheduledEngine(ServingEngine):
         self._reclaim()
 
     def _arrive(self, new: NewRequest) -> None:
-        self.submit(new.req, new.prompt, max_tokens=new.max_tokens, stop_ids=new.stop_ids,
-                    sampling=new.sampling)
-        self.queued.remove(new.req)
+        """Admit `new`, or refuse it alone (a parameter the mirror does not serve, a request
+        the engine can never serve, no row for it)."""
+        if new.refuse is not None:
+            self._refuse(new.req, new.refuse)
+            return
+        sampling, seed = new.sampling, None
+        if new.draw_seed:
+            if self.sampling.greedy:
+                self._refuse(new.req, f"request {new.req} is sampled; this engine was loaded "
+                             "greedy (the argmax path): load it with a seeded sampler")
+                return
+            seed = self.seeds.randrange(SEED_RANGE)
+            sampling = dataclasses.replace(sampling or SamplingParams(), seed=seed)
+        try:
+            self.submit(new.req, new.prompt, max_tokens=new.max_tokens, stop_ids=new.stop_ids,
+                        sampling=sampling)
+        except InvalidRequest as e:
+            self._refuse(new.req, str(e))
+            return
         if not self.free_blocks:
-            raise Disagreement(f"request {new.req} arrives with every one of the "
-                               f"{self.serving.rows} rows taken")
-        self.runner.arrive(new.req, new.prompt[-1], max_tokens=new.max_tokens)
+            self._refuse(new.req, f"request {new.req} arrives with every one of the "
+                         f"{self.serving.rows} rows taken")
+            return
+        self.queued.remove(new.req)
+        self.runner.arrive(new.req, new.prompt[-1], max_tokens=new.max_tokens, seed=seed)
         self._take_block(new.req)
 
     def _resume(self, req: int) -> None:
@@ -196,30 +301,40 @@ class ScheduledEngine(ServingEngine):
                                f"{len(r.requests[req].delivered)} delivered, "
                                f"{r.live_rows(req)} row(s) in flight)")
 
+    def _check_row(self, plan: Plan, req: int) -> None:
+        """Disagreement unless the plan's row of `req` is one the model allows: its position,
+        its drafts (rule 13), its prefill chunk. Changes nothing."""
+        self._check_position(plan, req)
+        r = self.runner
+        if req not in self.needs_prefill:
+            drafts, due = plan.spec.get(req, ()), r.spec_due(req)
+            if len(drafts) != due or plan.tokens[req] != 1 + due:
+                raise Disagreement(f"request {req} decodes {plan.tokens[req]} tokens with "
+                                   f"{len(drafts)} draft(s) in the plan; the runner's row "
+                                   f"carries {due} draft(s) (rule 13)")
+            known = tuple(d for d in drafts if d >= 0)
+            held = r.requests[req].host_drafts[:due]
+            if known and (len(known) != due or known != held):
+                raise Disagreement(f"request {req}: the plan's drafts {list(drafts)} are not "
+                                   f"the ones read back with its last step {list(held)}")
+            return
+        remaining = self._prefill_tokens(req) - self.prefilled.get(req, 0)
+        give = plan.tokens[req]
+        if not 1 <= give <= remaining:
+            raise Disagreement(f"request {req}: a prefill chunk of {give} tokens with "
+                               f"{remaining} left to prefill")
+
     def _plan_chunks(self, plan: Plan, rows: Sequence[int]) -> None:
-        """The plan's prefill chunks: a chunk short of the context is a partial row."""
+        """The plan's prefill chunks (checked by `_check_row`): a chunk short of the context is
+        a partial row."""
         r = self.runner
         self.chunk = {}
         for req in rows:
-            if req not in self.needs_prefill:
-                drafts, due = plan.spec.get(req, ()), r.spec_due(req)
-                if len(drafts) != due or plan.tokens[req] != 1 + due:
-                    raise Disagreement(f"request {req} decodes {plan.tokens[req]} tokens with "
-                                       f"{len(drafts)} draft(s) in the plan; the runner's row "
-                                       f"carries {due} draft(s) (rule 13)")
-                known = tuple(d for d in drafts if d >= 0)
-                held = r.requests[req].host_drafts[:due]
-                if known and (len(known) != due or known != held):
-                    raise Disagreement(f"request {req}: the plan's drafts {list(drafts)} are not "
-                                       f"the ones read back with its last step {list(held)}")
-                continue
-            remaining = self._prefill_tokens(req) - self.prefilled.get(req, 0)
-            give = plan.tokens[req]
-            if not 1 <= give <= remaining:
-                raise Disagreement(f"request {req}: a prefill chunk of {give} tokens with "
-                                   f"{remaining} left to prefill")
-            r.chunk_prefill(req, partial=give < remaining)
-            self.chunk[req] = give
+            if req in self.needs_prefill:
+                give = plan.tokens[req]
+                remaining = self._prefill_tokens(req) - self.prefilled.get(req, 0)
+                r.chunk_prefill(req, partial=give < remaining)
+                self.chunk[req] = give
 
     def host_drafts(self) -> dict[int, tuple[int, ...]]:
         """Open requests whose next row carries drafts, with the drafts read back for it."""

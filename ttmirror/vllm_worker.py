@@ -5,15 +5,19 @@ vLLM runs in its own environment (it needs numpy >= 2, ttnn < 2), so its executo
 it over one socket (`--fd`), in plain Python values only: no class of either environment crosses.
 
     ("init", options)  -> ("ready", facts)        load the model, open the device, the engine
-    ("launch", plan)   -> ("launched", step)      one step of vLLM's, launched (not waited for)
-    ("collect",)       -> ("collected", result)   the oldest step's tokens, read back
+    ("launch", plan)   -> ("launched", result)    one step of vLLM's, launched (not waited for):
+                                                  its index (-1: none) and the requests refused
+    ("collect",)       -> ("collected", result)   the oldest step's tokens, read back, and the
+                                                  requests a device fault failed
     ("drafts",)        -> ("drafts", {req: ids})  drafts read back (depth 1 with drafts)
     ("close",)         -> ("closed", summary)     write the events' trace, close the device
 
-Every reply to a request that failed is ("error", one line); the worker then only answers
-("close",). It exits when the socket closes, whatever state it is in (writing the events it
-has first), so a vLLM that dies leaves no worker behind; it ignores Ctrl-C, which vLLM
-handles.
+A request the mirror cannot serve (a parameter it does not implement, a decision of vLLM's the
+model forbids, a device fault in its step) is refused alone: the reply names it with its reason
+and the other requests go on. Every reply to a message that failed otherwise is ("error", one
+line); the worker then only answers ("close",). It exits when the socket closes, whatever
+state it is in (writing the events it has first), so a vLLM that dies leaves no worker behind;
+it ignores Ctrl-C, which vLLM handles.
 """
 
 from __future__ import annotations
@@ -30,32 +34,40 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
-PROTOCOL = 1
+PROTOCOL = 2
 """Bumped whenever a message changes: the executor refuses a worker of another protocol."""
 
 
-def _plan(message: dict[str, Any], vocab: int) -> Any:
+def _new(n: dict[str, Any], vocab: int) -> Any:
+    """An arrival of the plan: its sampling as the engine's `SamplingParams`; a sampled request
+    without a seed draws one from the engine's stream; one that asks what the mirror does not
+    serve (`unsupported`, as the bridge read it) is refused at arrival, naming it."""
     from .serving.context import SamplingParams
-    from .serving.scheduled import NewRequest, Plan
+    from .serving.scheduled import NewRequest
 
-    def sampling(d: dict[str, Any] | None) -> SamplingParams | None:
-        if d is None:
-            return None
+    d: dict[str, Any] | None = n.get("sampling")
+    draw = False
+    if d is not None:
+        d = dict(d)
         if "temperature" in d:
-            if d.get("seed") is None:
-                raise ValueError("a sampled request needs its own seed on the mirror (draws "
-                                 "are keyed by seed and position): give SamplingParams.seed")
+            draw = d.get("seed") is None
             if d.get("top_k") is None:
-                d = {**d, "top_k": vocab}  # vLLM's "no top-k": the whole vocabulary
-        return SamplingParams(**d)
+                d["top_k"] = vocab  # vLLM's "no top-k": the whole vocabulary
+    unsupported = n.get("unsupported") or []
+    refuse = (f"request {n['req']}: the TT mirror does not serve {', '.join(unsupported)}"
+              if unsupported else None)
+    return NewRequest(n["req"], tuple(n["prompt"]), n["max_tokens"], frozenset(n["stop_ids"]),
+                      None if d is None else SamplingParams(**d), draw_seed=draw, refuse=refuse)
+
+
+def _plan(message: dict[str, Any], vocab: int) -> Any:
+    from .serving.scheduled import Plan
 
     return Plan(
         rows=tuple(message["rows"]),
         tokens={int(k): v for k, v in message["tokens"].items()},
         computed={int(k): v for k, v in message["computed"].items()},
-        new=tuple(NewRequest(n["req"], tuple(n["prompt"]), n["max_tokens"],
-                             frozenset(n["stop_ids"]), sampling(n.get("sampling")))
-                  for n in message["new"]),
+        new=tuple(_new(n, vocab) for n in message["new"]),
         resumed=frozenset(message["resumed"]),
         spec={int(k): tuple(v) for k, v in message.get("spec", {}).items()},
         preempted=frozenset(message["preempted"]),
@@ -91,13 +103,18 @@ class Worker:
 
                 backend_options["provider"] = Emulator(
                     dram_size=DEFAULT_DRAM_SIZE + dram_bytes(model, padded_rows(rows), rows))
-        seed = options.get("seed")
-        sampling = SamplingParams() if seed is None else SamplingParams(seed=int(seed))
+        # The seeded sampler unless told greedy-only: requests may sample (vLLM's default is
+        # temperature 1.0), and a greedy one draws with top-k 1 there. Its seed is vLLM's own
+        # (`--seed`), which also seeds the stream unseeded requests draw their seeds from.
+        seed = int(options.get("seed") or 0)
+        sampling = SamplingParams(seed=seed) if options.get("sampler", True) else SamplingParams()
         self.backend = ServingBackend(get_backend(options.get("backend", "tt"),
                                                   **backend_options), model, sampling)
         config = ServingConfig(
             async_scheduling="on" if options["async_scheduling"] else "off", rows=rows,
-            max_logprobs=int(options.get("max_logprobs", 0)),
+            # vLLM's -1 is the whole vocabulary; the ring holds at most the vocabulary.
+            max_logprobs=min(model.vocab if int(options.get("max_logprobs", 0)) < 0
+                             else int(options.get("max_logprobs", 0)), model.vocab),
             spec_tokens=int(options.get("spec_tokens", 0)))
         self.engine = ScheduledEngine(self.backend, config)
         self.trace = Path(options["trace"]) if options.get("trace") else None
@@ -109,9 +126,10 @@ class Worker:
             "max_concurrent_batches": self.engine.max_concurrent_batches(),
         }
 
-    def launch(self, plan: dict[str, Any]) -> int:
+    def launch(self, plan: dict[str, Any]) -> dict[str, Any]:
         step: int = self.engine.launch(_plan(plan, self.engine.model.vocab))
-        return step
+        refused = self.engine.take_refused()
+        return {"step": step, "refused": {str(k): v for k, v in refused.items()}}
 
     def collect(self) -> dict[str, Any]:
         got = self.engine.collect()
@@ -120,6 +138,7 @@ class Worker:
             "tokens": {str(k): v for k, v in got.tokens.items()},
             "logprobs": {str(k): [(lp.sampled, list(lp.top)) for lp in v]
                          for k, v in got.logprobs.items()},
+            "refused": {str(k): v for k, v in got.refused.items()},
         }
 
     def drafts(self) -> dict[str, list[int]]:

@@ -1,15 +1,18 @@
-"""`ScheduledEngine` refuses a foreign plan the model does not allow, in one line, and serves
-one it does."""
+"""`ScheduledEngine` serves a foreign plan the model allows; what it does not allow fails the
+request it concerns alone, in one line, and the others go on."""
 
 from __future__ import annotations
 
 import pytest
 
+from ttmirror.conformance.validate import bounds_of, validate
 from ttmirror.impl.cpu_backend import CpuBackend
+from ttmirror.impl.runner import Status
 from ttmirror.serving.backend import ServingBackend
 from ttmirror.serving.batching import ServingConfig
+from ttmirror.serving.context import SamplingParams
 from ttmirror.serving.models import ProbeDecoder
-from ttmirror.serving.scheduled import Disagreement, NewRequest, Plan, ScheduledEngine
+from ttmirror.serving.scheduled import NewRequest, Plan, ScheduledEngine
 
 
 def _engine() -> ScheduledEngine:
@@ -31,15 +34,96 @@ def test_a_plan_the_model_allows_is_served() -> None:
     assert {k: len(v) for k, v in engine.collect().tokens.items()} == {0: 1, 1: 1}
 
 
-@pytest.mark.parametrize(("plan", "why"), [
-    (Plan(rows=(0,), tokens={0: 1}, computed={0: 3}), "the model's step holds every eligible"),
-    (Plan(rows=(0, 1), tokens={0: 1, 1: 1}, computed={0: 4, 1: 2}), "the plan says 4 tokens"),
-    (Plan(rows=(0, 1), tokens={0: 2, 1: 1}, computed={0: 3, 1: 2}), "decodes 2 tokens"),
-    (Plan(rows=(0, 1), tokens={0: 1, 1: 1}, computed={0: 3, 1: 2}, spec={0: (-1,)}),
+@pytest.mark.parametrize(("plan", "refused", "why"), [
+    (Plan(rows=(0,), tokens={0: 1}, computed={0: 3}), 1, "left request 1 out of a step"),
+    (Plan(rows=(0, 1), tokens={0: 1, 1: 1}, computed={0: 4, 1: 2}), 0, "the plan says 4 tokens"),
+    (Plan(rows=(0, 1), tokens={0: 2, 1: 1}, computed={0: 3, 1: 2}), 0, "decodes 2 tokens"),
+    (Plan(rows=(0, 1), tokens={0: 1, 1: 1}, computed={0: 3, 1: 2}, spec={0: (-1,)}), 0,
      "carries 0 draft(s)"),
 ])
-def test_a_plan_the_model_forbids_is_refused(plan: Plan, why: str) -> None:
+def test_a_plan_the_model_forbids_fails_that_request_alone(plan: Plan, refused: int,
+                                                          why: str) -> None:
+    """The request the plan gets wrong is aborted with the reason (recorded in its abort
+    event); the step goes on with the other, which is delivered its token; a later plan that
+    still names the refused request (its scheduler has not heard yet) leaves it out; the run's
+    events validate."""
     engine = _engine()
     _two_arrive(engine)
-    with pytest.raises(Disagreement, match=why.replace("(", r"\(").replace(")", r"\)")):
-        engine.launch(plan)
+    other = 1 - refused
+    step = engine.launch(plan)
+    assert step >= 0
+    got = engine.take_refused()
+    assert list(got) == [refused] and why in got[refused]
+    assert engine.runner.status(refused) == Status.ABORTED
+    (abort,) = [e for e in engine.runner.events.events if e.action == "abort"]
+    assert abort.args == (refused,) and why in abort.get("reason")
+    assert {k: len(v) for k, v in engine.collect().tokens.items()} == {other: 1}
+    # The scheduler plans the refused request once more before it hears: left out.
+    computed = 3 if other == 0 else 2
+    engine.launch(Plan(rows=(0, 1), tokens={0: 1, 1: 1},
+                       computed={other: computed + 1, refused: 99}))
+    assert engine.take_refused() == {}
+    assert {k: len(v) for k, v in engine.collect().tokens.items()} == {other: 1}
+    events = engine.runner.events.events
+    assert validate(events, bounds_of(events)) is None
+
+
+def test_an_arrival_the_engine_cannot_serve_is_refused_alone() -> None:
+    """A request asking for what the mirror does not serve never arrives: it is recorded as
+    refused, with the reason, and the other arrival of the same step is served."""
+    engine = _engine()
+    engine.launch(Plan(rows=(0, 1), tokens={0: 3, 1: 2}, computed={0: 0, 1: 0},
+                       new=(NewRequest(0, (1, 2, 3), 4),
+                            NewRequest(1, (4, 5), 4, refuse="request 1: no min_p here"))))
+    assert engine.take_refused() == {1: "request 1: no min_p here"}
+    assert {k: len(v) for k, v in engine.collect().tokens.items()} == {0: 1}
+    refuse = [e for e in engine.runner.events.events if e.action == "refuse"]
+    assert [(e.args, e.get("reason")) for e in refuse] == [((1,), "request 1: no min_p here")]
+    assert 1 not in engine.runner.requests
+    events = engine.runner.events.events
+    assert validate(events, bounds_of(events)) is None
+
+
+def _sampled_engine(seed: int) -> ScheduledEngine:
+    return ScheduledEngine(ServingBackend(CpuBackend(), ProbeDecoder(), SamplingParams(seed=seed)),
+                           ServingConfig(async_scheduling="off", rows=4))
+
+
+def _serve_unseeded(seed: int) -> tuple[list[int], dict[int, list[int]]]:
+    """Two sampled requests without seeds of their own, served for 6 tokens: the seeds their
+    arrive events record, and their tokens."""
+    engine = _sampled_engine(seed)
+    sampled = SamplingParams(top_k=64, top_p=1.0, temperature=1.0)
+    engine.launch(Plan(rows=(0, 1), tokens={0: 3, 1: 2}, computed={0: 0, 1: 0},
+                       new=(NewRequest(0, (1, 2, 3), 8, sampling=sampled, draw_seed=True),
+                            NewRequest(1, (4, 5), 8, sampling=sampled, draw_seed=True))))
+    tokens = {q: list(t) for q, t in engine.collect().tokens.items()}
+    for n in range(5):
+        engine.launch(Plan(rows=(0, 1), tokens={0: 1, 1: 1}, computed={0: 3 + n, 1: 2 + n}))
+        for q, t in engine.collect().tokens.items():
+            tokens[q] += t
+    events = engine.runner.events.events
+    assert validate(events, bounds_of(events)) is None
+    return [e.get("seed") for e in events if e.action == "arrive"], tokens
+
+
+def test_an_unseeded_sampled_request_draws_its_seed_from_the_engines_stream() -> None:
+    """Each gets a seed of its own from the engine's seeded stream, in arrival order, recorded
+    in its arrive event: the same engine seed replays the same seeds and tokens; another engine
+    seed draws others."""
+    seeds, tokens = _serve_unseeded(0)
+    assert len(set(seeds)) == 2 and all(isinstance(s, int) for s in seeds)
+    assert all(len(t) == 6 for t in tokens.values())
+    assert _serve_unseeded(0) == (seeds, tokens)
+    other_seeds, _ = _serve_unseeded(1)
+    assert other_seeds != seeds
+
+
+def test_a_greedy_engine_refuses_a_sampled_request_alone() -> None:
+    engine = _engine()
+    engine.launch(Plan(rows=(0, 1), tokens={0: 3, 1: 2}, computed={0: 0, 1: 0},
+                       new=(NewRequest(0, (1, 2, 3), 4),
+                            NewRequest(1, (4, 5), 4, sampling=SamplingParams(), draw_seed=True))))
+    got = engine.take_refused()
+    assert list(got) == [1] and "loaded greedy" in got[1]
+    assert {k: len(v) for k, v in engine.collect().tokens.items()} == {0: 1}

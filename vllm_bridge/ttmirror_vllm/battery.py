@@ -50,6 +50,12 @@ def run(cell: dict[str, Any], summary_path: str) -> dict[str, Any]:
             os.environ[env] = str(cell[key])
         else:
             os.environ.pop(env, None)
+    # Without a sampler seed the worker loads the argmax path: greedy cells compare with the
+    # model's own float32 argmax (the sampler draws from bfloat16 logits, as ttnn.sampling).
+    if cell.get("sampler_seed") is None:
+        os.environ["TTMIRROR_SAMPLER"] = "greedy"
+    else:
+        os.environ.pop("TTMIRROR_SAMPLER", None)
     from vllm import EngineArgs
     from vllm.inputs import TokensPrompt
     from vllm.v1.engine.llm_engine import LLMEngine

@@ -4,6 +4,10 @@
 does not wait for the device. `sample_tokens` returns a future that asks the worker for the
 oldest step's tokens only when vLLM waits on it, so with async scheduling vLLM schedules and
 launches step N+1 before step N's tokens are read back, as on any device.
+
+A request the worker refused or failed (at launch or at readback) is named on its step's
+output (`scheduler.FAILED`), for vLLM's scheduler to end it alone; only a worker that failed
+as a whole (or died) raises here, which ends vLLM's engine.
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ import socket
 import subprocess
 from collections import deque
 from concurrent.futures import Future
+from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 from typing import Any
 
@@ -23,18 +28,22 @@ from vllm.v1.kv_cache_interface import FullAttentionSpec
 from vllm.v1.outputs import DraftTokenIds, ModelRunnerOutput
 
 from . import check_version, wire
+from .scheduler import FAILED
 
 PYTHON = "TTMIRROR_PYTHON"
 """ttmirror's Python (its environment's interpreter): the worker runs there."""
 TRACE = "TTMIRROR_TRACE"
 """Where the worker writes the run's events (an ITF trace for `ttmirror validate`)."""
 SEED = "TTMIRROR_SAMPLER_SEED"
-"""Set: the worker loads the seeded sampler (requests then draw by their own seeds)."""
+"""The worker's sampler seed, where set; else vLLM's own (`--seed`, default 0)."""
+SAMPLER = "TTMIRROR_SAMPLER"
+"""`greedy`: the worker loads the argmax path (sampled requests are then refused alone); by
+default it loads the seeded sampler, as vLLM's default sampling (temperature 1.0) needs."""
 MAX_LOGPROBS = "TTMIRROR_MAX_LOGPROBS"
 SUMMARY = "TTMIRROR_SUMMARY"
 """Where the executor writes the worker's closing summary (JSON: its counters, how it closed
 each request), at shutdown."""
-PROTOCOL = 1
+PROTOCOL = 2
 BLOCK_SIZE = 16
 
 
@@ -46,6 +55,17 @@ encoder caches, no compilation)."""
 
 class WorkerError(RuntimeError):
     """The worker refused or failed a request (its one line), or died."""
+
+
+@dataclass
+class _Step:
+    """A step vLLM scheduled: whether the worker launched one for it, what it refused at
+    launch (worker ids -> reason), and the future of its output once vLLM asked for it."""
+
+    so: SchedulerOutput
+    launched: bool
+    refused: dict[str, str] = field(default_factory=dict)
+    future: _Collect | None = None
 
 
 class _Collect(Future):  # type: ignore[type-arg]
@@ -76,11 +96,12 @@ class MirrorExecutor(Executor):
         theirs.close()
         self.conn = Connection(ours.detach())
         self.ids = wire.Ids()
-        self.in_flight: deque[tuple[SchedulerOutput, _Collect | None]] = deque()
+        self.in_flight: deque[_Step] = deque()
         self.closed: dict[str, Any] | None = None
         self.decisions = wire.Decisions()
         sched = self.vllm_config.scheduler_config
         spec = self.vllm_config.speculative_config
+        self.spec_tokens = spec.num_speculative_tokens if spec is not None else 0
         seed = os.environ.get(SEED)
         self.facts = self._ask("init", {
             "model_dir": self.model_config.model,
@@ -88,8 +109,12 @@ class MirrorExecutor(Executor):
             "rows": sched.max_num_seqs,
             "spec_tokens": spec.num_speculative_tokens if spec is not None else 0,
             "trace": os.environ.get(TRACE),
-            "seed": None if seed is None else int(seed),
-            "max_logprobs": int(os.environ.get(MAX_LOGPROBS, "0")),
+            "seed": int(seed) if seed is not None else int(self.model_config.seed or 0),
+            "sampler": os.environ.get(SAMPLER) != "greedy",
+            # The logprob ring's width: vLLM's own limit (`--max-logprobs`, default 20) unless
+            # a test narrows it.
+            "max_logprobs": int(os.environ.get(MAX_LOGPROBS)
+                                or self.model_config.max_logprobs),
         })
         if self.facts.get("protocol") != PROTOCOL:
             raise WorkerError(f"the worker speaks protocol {self.facts.get('protocol')}, this "
@@ -113,15 +138,25 @@ class MirrorExecutor(Executor):
 
     def in_flight_rows(self) -> set[int]:
         """The worker's ids of the requests with a row in a step not collected yet."""
-        return {self.ids.of[rid] for so, _ in self.in_flight for rid in so.num_scheduled_tokens}
+        return {self.ids.of[rid] for step in self.in_flight
+                for rid in step.so.num_scheduled_tokens}
+
+    def _output(self, step: _Step) -> ModelRunnerOutput:
+        """The step's output: its tokens read back (none where the worker launched nothing),
+        marked with every request the worker refused or failed with it."""
+        got = self._ask("collect") if step.launched else {"tokens": {}, "logprobs": {}}
+        out = wire.output(step.so, got, self.ids)
+        refused = step.refused | got.get("refused", {})
+        setattr(out, FAILED, {self.ids.name[int(k)]: why for k, why in refused.items()})
+        return out
 
     def _collect_until(self, target: _Collect) -> None:
         """Collect the oldest steps, in order, until `target` holds its output."""
         while not target.done():
-            so, future = self.in_flight.popleft()
+            step = self.in_flight.popleft()
+            future = step.future
             try:
-                got = self._ask("collect")
-                out = wire.output(so, got, self.ids)
+                out = self._output(step)
             except Exception as e:
                 if future is not None:
                     future.set_exception(e)
@@ -138,25 +173,29 @@ class MirrorExecutor(Executor):
                       non_block: bool = False) -> Any:
         # A refusal is raised here, where vLLM's own executors surface a failed launch.
         so = scheduler_output
+        launched = {"step": -1, "refused": {}}
         # A step of no tokens still carries closes and preemptions: the worker applies them.
         if so.total_num_scheduled_tokens > 0 or so.finished_req_ids or so.preempted_req_ids:
-            plan = wire.plan(scheduler_output, self.ids)
+            plan = wire.plan(scheduler_output, self.ids, self.spec_tokens)
             self.decisions.count(plan, self.in_flight_rows())
-            self._ask("launch", plan)
+            launched = self._ask("launch", plan)
+        step = _Step(so, launched["step"] >= 0, launched["refused"])
         future: Future[ModelRunnerOutput | None] = Future()
         if so.total_num_scheduled_tokens == 0:
             # vLLM samples nothing for an empty step: its output is this one, empty.
-            future.set_result(ModelRunnerOutput(req_ids=[], req_id_to_index={}))
+            empty = ModelRunnerOutput(req_ids=[], req_id_to_index={})
+            setattr(empty, FAILED, {self.ids.name[int(k)]: why
+                                    for k, why in step.refused.items()})
+            future.set_result(empty)
             return future if non_block else future.result()
-        self.in_flight.append((so, None))
+        self.in_flight.append(step)
         future.set_result(None)
         return future if non_block else None
 
     def sample_tokens(self, grammar_output: GrammarOutput | None,  # type: ignore[override]
                       non_block: bool = False) -> Any:
-        so, _ = self.in_flight.pop()  # the step execute_model launched last
-        future = _Collect(self)
-        self.in_flight.append((so, future))
+        step = self.in_flight[-1]  # the step execute_model launched last
+        step.future = future = _Collect(self)
         return future if non_block else future.result()
 
     def take_draft_token_ids(self) -> DraftTokenIds | None:

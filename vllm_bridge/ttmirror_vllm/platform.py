@@ -18,10 +18,31 @@ class MirrorPlatform(Platform):
     @classmethod
     def check_and_update_config(cls, vllm_config: Any) -> None:
         from .executor import MirrorExecutor
+        from .scheduler import MirrorAsyncScheduler, MirrorScheduler
 
         vllm_config.parallel_config.distributed_executor_backend = MirrorExecutor
+        # vLLM's own schedulers, which end a request the mirror refused with an error of its
+        # own (scheduler.py): the platform hook runs after async scheduling is resolved.
+        sched = vllm_config.scheduler_config
+        if sched.scheduler_cls is None:
+            sched.scheduler_cls = (MirrorAsyncScheduler if sched.async_scheduling
+                                   else MirrorScheduler)
         # Prefix caching would let vLLM skip prompt tokens the worker never computed.
         vllm_config.cache_config.enable_prefix_caching = False
+
+    @classmethod
+    def validate_request(cls, processed_inputs: Any, params: Any) -> None:
+        """Refuse at admission (vLLM's API answers HTTP 400 with this line) a request asking
+        for a sampling parameter the mirror does not serve: never ignored silently."""
+        from vllm.exceptions import VLLMValidationError  # a client's error: HTTP 400
+
+        from .wire import unsupported
+
+        names = unsupported(params)
+        if names:
+            raise VLLMValidationError(
+                f"the TT mirror does not serve {', '.join(names)} (ttmirror-vllm)",
+                parameter=names[0])
 
     @classmethod
     def get_device_total_memory(cls, device_id: int = 0) -> int:

@@ -49,10 +49,36 @@ class Decisions:
         return dict(vars(self))
 
 
+def unsupported(params: Any) -> list[str]:
+    """The sampling parameters of `params` (vLLM's) that the mirror does not serve, by their
+    API names; [] for pooling parameters or a request it serves whole."""
+    if not isinstance(params, SamplingParams):
+        return []
+    asked = {
+        "min_p": params.min_p > 0.0,
+        "logit_bias": bool(params.logit_bias),
+        "allowed_token_ids": params.allowed_token_ids is not None,
+        "bad_words": bool(params.bad_words) or bool(params._bad_words_token_ids),
+        "structured_outputs": params.structured_outputs is not None,
+        "prompt_logprobs": params.prompt_logprobs is not None,
+        "prompt_logprob_token_ids": params.prompt_logprob_token_ids is not None,
+        "logprob_token_ids": params.logprob_token_ids is not None,
+        "watermarking": bool(params.watermarking),
+        "thinking_token_budget": params.thinking_token_budget is not None,
+        "repetition_detection": params.repetition_detection is not None,
+    }
+    return [name for name, yes in asked.items() if yes]
+
+
+GREEDY_BELOW = 1e-5
+"""A temperature below this is greedy (vLLM's `_SAMPLING_EPS`)."""
+
+
 def sampling(params: SamplingParams | None) -> dict[str, Any] | None:
-    """The request's sampling as the worker's `SamplingParams` fields (greedy: no seed); None:
-    plain greedy, the engine's own. vLLM's top_k of 0 or -1 (the whole vocabulary) is left out:
-    the worker takes its vocabulary."""
+    """The request's sampling as the worker's `SamplingParams` fields (greedy: no seed; sampled
+    without a seed: seed None, drawn by the worker at arrival); None only without parameters.
+    vLLM's top_k of 0 or -1 (the whole vocabulary) is sent as None: the worker takes its
+    vocabulary."""
     if params is None:
         return None
     out: dict[str, Any] = {
@@ -62,28 +88,27 @@ def sampling(params: SamplingParams | None) -> dict[str, Any] | None:
         "min_tokens": params.min_tokens,
         "logprobs": params.logprobs,
     }
-    if params.temperature != 0.0:
-        out.update(seed=params.seed, top_p=params.top_p, temperature=params.temperature)
-        if params.top_k is not None and params.top_k > 0:
-            out["top_k"] = params.top_k
-        else:
-            out["top_k"] = None
-    plain = {"presence_penalty": 0.0, "frequency_penalty": 0.0, "repetition_penalty": 1.0,
-             "min_tokens": 0, "logprobs": None}
-    return None if out == plain else out
+    if params.temperature >= GREEDY_BELOW:
+        out.update(seed=params.seed, top_p=params.top_p, temperature=params.temperature,
+                   top_k=params.top_k if params.top_k is not None and params.top_k > 0 else None)
+    return out
 
 
-def plan(so: SchedulerOutput, ids: Ids) -> dict[str, Any]:
-    """The step `so` describes, as `ttmirror.serving.scheduled.Plan`'s fields."""
+def plan(so: SchedulerOutput, ids: Ids, spec_tokens: int = 0) -> dict[str, Any]:
+    """The step `so` describes, as `ttmirror.serving.scheduled.Plan`'s fields (with the
+    parameters of each arrival the mirror does not serve, for the worker to refuse it)."""
     new, computed = [], {}
     for n in so.scheduled_new_reqs:
         req = ids.new(n.req_id)
         params = n.sampling_params
         assert params is not None and n.prompt_token_ids is not None
+        refuse = unsupported(params)
+        if spec_tokens and params.logprobs is not None:
+            refuse.append("logprobs with speculative decoding")
         new.append({"req": req, "prompt": list(n.prompt_token_ids),
                     "max_tokens": params.max_tokens,
                     "stop_ids": sorted(params.all_stop_token_ids),
-                    "sampling": sampling(params)})
+                    "sampling": sampling(params), "unsupported": refuse})
         computed[req] = n.num_computed_tokens
     cached = so.scheduled_cached_reqs
     short = 0  # prefill chunks that stop short of the context: new and resumed requests
