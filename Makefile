@@ -15,7 +15,7 @@ STAMP_VLLM := $(VENV_VLLM)/.installed
 PYTHON312 ?= $(shell for c in python3.12 "$$HOME/.pyenv/versions/3.12.1/bin/python3.12" /usr/local/bin/python3.12 /usr/bin/python3.12; do \
 	if "$$c" -c 'import sys; assert sys.version_info[:2] == (3, 12)' >/dev/null 2>&1; then echo "$$c"; break; fi; done)
 
-.PHONY: help demo test lint bench-check prove bench-device spec setup setup-vllm serve-vllm system-deps clean bench-engine bench-validate soak
+.PHONY: help demo test lint bench-check prove bench-device spec setup setup-vllm serve-vllm system-deps clean bench-engine bench-validate soak bench-serve
 
 help:
 	@echo "make demo         check the model, write graphs and the review report to out/, serve a tiny Qwen3 at depth 2"
@@ -28,6 +28,7 @@ help:
 	@echo "make soak         100,000 serving steps with device faults, replayable from the seed"
 	@echo "make spec         regenerate the generated parts of specs/"
 	@echo "make serve-vllm   vLLM's own engine and scheduler serving through the TT mirror"
+	@echo "make bench-serve  vllm serve on the TT mirror under vLLM's own client (vllm bench serve): async vs sync"
 	@echo "make lint         ruff + mypy"
 
 setup: $(STAMP) system-deps
@@ -86,6 +87,12 @@ test: setup setup-vllm
 
 serve-vllm: setup setup-vllm
 	$(PY) -m ttmirror serve-vllm --model tiny-qwen3
+
+# `vllm serve` on the mirror under vLLM's own load client, async and sync, without and with
+# drafts; vLLM's figures and async/sync ratios; every run's events validated.
+bench-serve: setup setup-vllm
+	@mkdir -p out
+	$(PY) benchmarks/bench_serve.py --json out/bench-serve.json
 
 lint: setup
 	$(VENV)/bin/ruff check .

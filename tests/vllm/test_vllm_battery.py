@@ -52,9 +52,15 @@ MODES = {"async": True, "sync": False}
 GREEDY_SCENARIOS = ("plain", "preempt-chunked", "drafts", "drafts-preempt-chunked")
 
 
+UNSEEDED = 1
+"""Requests i % 4 == UNSEEDED of the sampling scenario reach vLLM without a seed (its default):
+the worker draws theirs from the engine's seeded stream."""
+
+
 def _sampled(p: RequestPlan) -> RequestPlan:
-    """Request i of the sampling scenario: greedy with 2 logprobs (i % 4 == 0), seeded draws
-    (1), seeded draws with 3 logprobs (2), greedy under penalties and min_tokens (3)."""
+    """Request i of the sampling scenario: greedy with 2 logprobs (i % 4 == 0), draws without a
+    seed of their own (1, `UNSEEDED`), seeded draws with 3 logprobs (2), greedy under penalties
+    and min_tokens (3)."""
     kind = p.req % 4
     draws = {"seed": 100 + p.req, "top_k": 8, "top_p": 0.9, "temperature": 0.8}
     own = [SamplingParams(logprobs=2), SamplingParams(**draws),
@@ -81,8 +87,13 @@ def served(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFact
     for scenario, sizes in SCENARIOS.items():
         for mode, on in MODES.items():
             engine = {k: v for k, v in sizes.items() if k != "scale"}
-            cells.append(Cell(model_dir=model_dir, async_scheduling=on,
-                              requests=requests_of(plans[scenario]), **engine,
+            requests = requests_of(plans[scenario])
+            if scenario == "sampling":
+                for r in requests:
+                    if int(r["id"]) % 4 == UNSEEDED:
+                        del r["seed"]
+            cells.append(Cell(model_dir=model_dir, async_scheduling=on, requests=requests,
+                              **engine,
                               trace=str(root / f"{scenario}-{mode}.itf.json")))
             keys.append((scenario, mode))
     results = serve(cells, root)
@@ -185,6 +196,18 @@ def test_sampling_penalties_and_logprobs_really_occurred(served: dict[str, Any])
             assert got == _greedy(model, p, len(got))
     penalised = [p for p in plan if p.sampling is not None and p.sampling.constrained()]
     assert penalised and all(len(run["tokens"][str(p.req)]) >= 1 for p in penalised)
+    # Each request without a seed drew one at arrival, recorded, the same in async and sync
+    # (whose tokens are equal: test_async_equals_sync_through_vllm); the draws really sampled.
+    drawn_seeds = {}
+    for mode in MODES:
+        events = read_events(Path(served["traces"]["sampling", mode]))
+        drawn_seeds[mode] = [e.get("seed") for e in events if e.action == "arrive"
+                             and e.get("seed") is not None]
+    unseeded = [p for p in plan if p.req % 4 == UNSEEDED]
+    assert len(drawn_seeds["async"]) == len(unseeded) == len(set(drawn_seeds["async"]))
+    assert drawn_seeds["async"] == drawn_seeds["sync"]
+    assert any(run["tokens"][str(p.req)] != _greedy(model, p, len(run["tokens"][str(p.req)]))
+               for p in unseeded)
 
 
 def test_drafts_really_occurred(served: dict[str, Any]) -> None:

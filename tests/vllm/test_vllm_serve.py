@@ -1,112 +1,173 @@
-"""`vllm serve` on localhost, served by the TT mirror: vLLM's OpenAI-compatible server (its API
-process and its engine-core process) answers a completion request, asked with a real HTTP client;
-greedy tokens are the probe's own; Ctrl-C shuts it down, the worker's events are written and
-validate, and no process is left."""
+"""`vllm serve` on the TT mirror, asked as people ask it: vLLM's OpenAI-compatible server (its
+API process and its engine-core process) on localhost, a real HTTP client, vLLM's default
+sampling (temperature 1.0, no seed), text in and out through the model directory's tokenizer,
+chat, n > 1, stop strings, logprobs, token-id prompts, and load from vLLM's own client (`vllm
+bench serve`). A parameter the mirror does not serve is
+refused with HTTP 400 naming it while a concurrent request completes; a request the mirror
+refuses at run time fails alone with its reason and the server goes on. Ctrl-C shuts it down,
+no process is left, and the worker's events validate, refusals and drawn seeds included."""
 
 from __future__ import annotations
 
-import json
-import os
-import signal
-import socket
-import subprocess
-import sys
-import time
-import urllib.error
-import urllib.request
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from ttmirror.conformance.itf import read_events
 from ttmirror.conformance.validate import bounds_of, validate
 from ttmirror.impl.probe import ProbeReference
 from ttmirror.serving.models import ProbeDecoder, load_model_dir, write_model_dir
-from ttmirror.vllm_client import ROOT, vllm_python
+from ttmirror.vllm_serve import Server
+
+COMPLETIONS, CHAT = "/v1/completions", "/v1/chat/completions"
 
 
-def _group(pgid: int) -> list[int]:
-    """Live processes of process group `pgid` (vllm serve's session: API server, engine core,
-    the worker)."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-            except OSError:
-                continue
-            if fields[0] != "Z" and int(fields[2]) == pgid:
-                found.append(int(entry.name))
-    return found
-
-STARTUP_S = 600.0
-"""How long vLLM may take to import and start (slow, not wrong: no verdict depends on it)."""
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
-
-
-def _post(port: int, body: dict[str, object]) -> dict[str, object]:
-    request = urllib.request.Request(
-        f"http://127.0.0.1:{port}/v1/completions", data=json.dumps(body).encode(),
-        headers={"Content-Type": "application/json"})
-    with urllib.request.urlopen(request, timeout=120) as reply:
-        answer: dict[str, object] = json.loads(reply.read())
-        return answer
-
-
-def test_vllm_serve_answers_a_completion_from_the_mirror(tmp_path: Path) -> None:
+def _probe(tmp_path: Path) -> tuple[str, ProbeDecoder]:
     model_dir = str(tmp_path / "model")
     write_model_dir("probe", model_dir)
     model = load_model_dir(model_dir)
     assert isinstance(model, ProbeDecoder)
-    trace = tmp_path / "events.itf.json"
-    port = _free_port()
-    vllm = str(Path(vllm_python()).parent / "vllm")
-    env = dict(os.environ, TTMIRROR_VLLM="1", TTMIRROR_PYTHON=sys.executable,
-               TTMIRROR_TRACE=str(trace), OMP_NUM_THREADS="1", VLLM_LOGGING_LEVEL="WARNING")
-    server = subprocess.Popen(
-        [vllm, "serve", model_dir, "--skip-tokenizer-init", "--dtype", "float32",
-         "--max-model-len", "128", "--max-num-seqs", "4", "--async-scheduling",
-         "--enforce-eager", "--no-enable-prefix-caching", "--host", "127.0.0.1",
-         "--port", str(port),
-         # vLLM drains at shutdown and its engine core closes the worker, which writes its
-         # events (with vLLM's default of 0 it force-kills the engine core's subprocesses).
-         "--shutdown-timeout", "30"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT,
-        start_new_session=True)
+    return model_dir, model
+
+
+def test_vllm_serve_answers_requests_as_people_send_them(tmp_path: Path) -> None:
+    model_dir, model = _probe(tmp_path)
+    # vLLM's own defaults but for the sizes: async scheduling on, its seed 0, max_logprobs 20
+    # raised to 100 so that vLLM admits a request for more logprobs than the mirror's ring
+    # holds (the probe's vocabulary, 64): the mirror refuses that one at run time.
+    server = Server(model_dir, tmp_path / "events.itf.json", "--async-scheduling",
+                    "--max-model-len", "128", "--max-num-seqs", "4", "--max-logprobs", "100")
+    unseeded = 0
     try:
-        deadline = time.monotonic() + STARTUP_S
-        while True:
-            assert server.poll() is None, server.communicate()[1][-3000:]
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=5):
-                    break
-            except (urllib.error.URLError, ConnectionError, TimeoutError):
-                assert time.monotonic() < deadline, "vllm serve did not start"
-                time.sleep(1.0)
-        prompts = [[1, 2, 3], [9, 4], [30]]
-        for prompt in prompts:
-            answer = _post(port, {"model": model_dir, "prompt": prompt, "max_tokens": 6,
-                                  "temperature": 0, "return_token_ids": True})
-            (choice,) = answer["choices"]  # type: ignore[misc]
+        # Only model, prompt (text) and max_tokens: vLLM samples at temperature 1.0, no seed.
+        status, answer = server.post(COMPLETIONS, {"prompt": "hello world", "max_tokens": 8})
+        unseeded += 1
+        assert status == 200, answer
+        (choice,) = answer["choices"]
+        assert isinstance(choice["text"], str) and choice["finish_reason"] in ("length", "stop")
+        assert 1 <= answer["usage"]["completion_tokens"] <= 8
+
+        # Twenty at once, each with default sampling: every one answered.
+        with ThreadPoolExecutor(8) as pool:
+            many = list(pool.map(lambda i: server.post(
+                COMPLETIONS, {"prompt": f"request {i}", "max_tokens": 12}), range(20)))
+        unseeded += 20
+        assert [s for s, _ in many] == [200] * 20, [a for s, a in many if s != 200]
+
+        # Token ids in and out, greedy: the probe's own continuation.
+        for prompt in ([1, 2, 3], [9, 4], [30]):
+            status, answer = server.post(COMPLETIONS, {
+                "prompt": prompt, "max_tokens": 6, "temperature": 0, "return_token_ids": True,
+                "ignore_eos": True})
+            assert status == 200, answer
+            (choice,) = answer["choices"]
             assert choice["finish_reason"] == "length"
             assert choice["token_ids"] == ProbeReference(model.spec).sequence(prompt[-1], 6)
+
+        # A parameter the mirror does not serve: 400 naming it, while a greedy request sent
+        # just before it completes.
+        with ThreadPoolExecutor(2) as pool:
+            greedy = pool.submit(server.post, COMPLETIONS, {
+                "prompt": "a long greedy request", "max_tokens": 48, "temperature": 0,
+                "ignore_eos": True})
+            refused = pool.submit(server.post, COMPLETIONS, {
+                "prompt": "hello", "max_tokens": 8, "logit_bias": {"5": 10.0}})
+            status, answer = refused.result()
+            assert status == 400, answer
+            assert "logit_bias" in answer["error"]["message"], answer
+            assert answer["error"]["param"] == "logit_bias"
+            status, answer = greedy.result()
+            assert status == 200 and answer["usage"]["completion_tokens"] == 48, answer
+
+        # vLLM admits 80 logprobs (its limit is 100 here); the mirror's ring holds 64: that
+        # request fails alone with the mirror's reason, and the next one is served.
+        status, answer = server.post(COMPLETIONS, {"prompt": "hi", "max_tokens": 4,
+                                                   "logprobs": 80})
+        unseeded += 1
+        assert status == 500, answer
+        assert "logprobs=80" in answer["error"]["message"], answer
+        assert server.healthy()
+        status, answer = server.post(COMPLETIONS, {"prompt": "hi", "max_tokens": 4,
+                                                   "logprobs": 2})
+        unseeded += 1
+        assert status == 200, answer
+        lp = answer["choices"][0]["logprobs"]
+        assert len(lp["tokens"]) == answer["usage"]["completion_tokens"] == len(lp["top_logprobs"])
+        assert all(1 <= len(top) <= 3 for top in lp["top_logprobs"])
+
+        # n = 2: vLLM fans out two requests, each drawing its own seed.
+        status, answer = server.post(COMPLETIONS, {"prompt": "two", "max_tokens": 10, "n": 2,
+                                                   "ignore_eos": True})
+        unseeded += 2
+        assert status == 200 and len(answer["choices"]) == 2, answer
+        assert answer["choices"][0]["text"] != answer["choices"][1]["text"]
+
+        # A request's own seed: the same text twice.
+        seeded = [server.post(COMPLETIONS, {"prompt": "seeded", "max_tokens": 10, "seed": 7,
+                                            "ignore_eos": True})[1]["choices"][0]["text"]
+                  for _ in range(2)]
+        assert seeded[0] == seeded[1]
+
+        # A stop string cuts the text before it (vLLM's detokenizer, through the tokenizer).
+        body = {"prompt": "stop here", "max_tokens": 16, "temperature": 0, "ignore_eos": True}
+        full = server.post(COMPLETIONS, body)[1]["choices"][0]["text"]
+        assert len(full) > 5  # the special ids (end of text, unknown) are not text
+        stop = full[5]
+        status, answer = server.post(COMPLETIONS, {**body, "stop": [stop]})
+        (choice,) = answer["choices"]
+        assert (choice["text"], choice["finish_reason"], choice["stop_reason"]) == (
+            full[:full.index(stop)], "stop", stop)
+
+        # Chat: the model directory's template renders the messages.
+        status, answer = server.post(CHAT, {"messages": [{"role": "user", "content": "hi"}],
+                                            "max_tokens": 8})
+        unseeded += 1
+        assert status == 200, answer
+        assert answer["choices"][0]["message"]["role"] == "assistant"
+        assert isinstance(answer["choices"][0]["message"]["content"], str)
+        assert answer["usage"]["prompt_tokens"] == len("user: hi\nassistant: ")
+
+        # Load from vLLM's own client: `vllm bench serve`, random prompts, its defaults
+        # (temperature from the server: 1.0), four at a time: every request completes.
+        prompts = 24
+        result = server.bench(tmp_path / "bench.json", "--dataset-name", "random",
+                              "--num-prompts", str(prompts), "--random-input-len", "16",
+                              "--random-output-len", "24", "--max-concurrency", "4",
+                              "--seed", "0")
+        unseeded += prompts
+        assert (result["completed"], result.get("failed", 0)) == (prompts, 0), result
+        assert result["total_output_tokens"] == prompts * 24  # vLLM's random set ignores eos
     finally:
-        os.killpg(server.pid, signal.SIGINT)  # Ctrl-C, as a user stops it
-        try:
-            server.communicate(timeout=120)
-        except subprocess.TimeoutExpired:
-            os.killpg(server.pid, signal.SIGKILL)
-            server.communicate()
-            raise
-    deadline = time.monotonic() + 60
-    while _group(server.pid) and time.monotonic() < deadline:
-        time.sleep(0.5)  # the engine core and the worker exit after the API server
-    assert _group(server.pid) == [], "a process of vllm serve outlived it"
-    events = list(read_events(trace))
-    assert sum(e.action == "arrive" for e in events) == len(prompts)
+        events = server.stop()
     d = validate(events, bounds_of(events))
     assert d is None, d.line()
+    # Every sampled request without a seed drew one from the engine's stream, recorded.
+    seeds = [e.get("seed") for e in events if e.action == "arrive" and e.get("seed") is not None]
+    assert len(seeds) == unseeded - 1  # the refused one never arrived
+    refusals = [e for e in events if e.action == "refuse"]
+    assert len(refusals) == 1 and "logprobs=80" in refusals[0].get("reason")
+
+
+def test_a_request_the_runner_refuses_fails_alone(tmp_path: Path) -> None:
+    """With drafts, vLLM trims a row's drafts near max_model_len; the runner's row carries K
+    (rule 13), so it refuses that plan: the request fails alone with the runner's line (HTTP
+    500, vLLM's finish reason `error`), the abort and its reason are in the events, and the
+    next request is served. (Issue "Every schedule vLLM makes" serves such rows.)"""
+    model_dir, _ = _probe(tmp_path)
+    server = Server(model_dir, tmp_path / "events.itf.json", "--async-scheduling",
+                    "--max-model-len", "16", "--max-num-seqs", "4", "--speculative-config",
+                    f'{{"method": "draft_model", "model": "{model_dir}", '
+                    '"num_speculative_tokens": 2}')
+    try:
+        status, answer = server.post(COMPLETIONS, {"prompt": "ab", "max_tokens": 14,
+                                                   "temperature": 0, "ignore_eos": True})
+        assert status == 500, answer
+        assert "(rule 13)" in answer["error"]["message"], answer
+        assert server.healthy()
+        status, answer = server.post(COMPLETIONS, {"prompt": "ab", "max_tokens": 3,
+                                                   "temperature": 0, "ignore_eos": True})
+        assert status == 200 and answer["usage"]["completion_tokens"] == 3, answer
+    finally:
+        events = server.stop()
+    d = validate(events, bounds_of(events))
+    assert d is None, d.line()
+    aborts = [e for e in events if e.action == "abort"]
+    assert len(aborts) == 1 and "(rule 13)" in aborts[0].get("reason")
