@@ -47,8 +47,7 @@ def serve_and_load(model_dir: str, work: Path, async_on: bool, drafts: int, prom
     the events' verdict and how long the server took to start."""
     name = f"{'async' if async_on else 'sync'}-k{drafts}"
     args = ["--async-scheduling" if async_on else "--no-async-scheduling",
-            "--max-model-len", str(MAX_MODEL_LEN), "--max-num-seqs", "8",
-            "--no-enable-prefix-caching"]
+            "--max-model-len", str(MAX_MODEL_LEN), "--max-num-seqs", "8"]
     if drafts:
         args += ["--speculative-config", json.dumps(
             {"method": "draft_model", "model": model_dir, "num_speculative_tokens": drafts})]

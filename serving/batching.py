@@ -110,6 +110,10 @@ class KvStats:
     """Prefill chunks the step's token budget cut shorter than they would have been."""
     peak_step_tokens: int = 0
     """Most tokens one step computed (decodes plus prefill chunks)."""
+    prefix_hits: int = 0
+    """(Re)entries whose scheduler had their first tokens cached (a foreign prefix cache)."""
+    prefix_tokens: int = 0
+    """Context tokens those entries did not compute again (the cached prefixes)."""
     preempted: set[int] = field(default_factory=set)
     resumed_at: dict[int, int] = field(default_factory=dict)
     """Tokens each resumed request had at its last resume."""

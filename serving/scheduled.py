@@ -123,6 +123,9 @@ class ScheduledEngine(ServingEngine):
             self._arrive(new)
         for req in sorted(plan.resumed):
             self._refusing(req, self._resume, req)
+        for req in (*(n.req for n in plan.new), *sorted(plan.resumed)):
+            if req not in self.refused:
+                self._refusing(req, self._cached_prefix, plan, req)
         r = self.runner
         for req in plan.rows:
             if req not in self.refused:
@@ -282,6 +285,22 @@ class ScheduledEngine(ServingEngine):
         self._take_block(req)
         self.kv.resumes += 1
         self.kv.resumed_at[req] = len(self.runner.requests[req].delivered)
+
+    def _cached_prefix(self, plan: Plan, req: int) -> None:
+        """A request (re)entering with tokens its scheduler had cached (vLLM's prefix cache: the
+        plan's computed count above 0) prefills only the rest: its block is written from the
+        host's tokens all the same, the cached prefix included (the history is the recompute
+        form of a KV cache), so nothing computed is skipped, only scheduled apart."""
+        cached = plan.computed.get(req, 0)
+        if not cached:
+            return
+        whole = self._prefill_tokens(req)
+        if not 0 < cached < whole:
+            raise Disagreement(f"request {req}: {cached} of its {whole} context tokens cached; "
+                               "a cached prefix leaves at least one token to compute")
+        self.prefilled[req] = cached
+        self.kv.prefix_hits += 1
+        self.kv.prefix_tokens += cached
 
     def _check_position(self, plan: Plan, req: int) -> None:
         """The scheduler's count of computed tokens is the runner's: prefilled context tokens

@@ -152,7 +152,8 @@ class Worker:
         if engine is not None:
             summary["stats"] = dict(engine.runner.stats) | {
                 "preemptions": engine.kv.preemptions, "resumes": engine.kv.resumes,
-                "partial_chunks": engine.kv.partial_chunks, "prefills": engine.kv.prefills}
+                "partial_chunks": engine.kv.partial_chunks, "prefills": engine.kv.prefills,
+                "prefix_hits": engine.kv.prefix_hits, "prefix_tokens": engine.kv.prefix_tokens}
             summary["closed_as"] = {str(k): v for k, v in engine.closed_as.items()}
             if self.trace is not None:
                 from .conformance.itf import write_events

@@ -127,3 +127,32 @@ def test_a_greedy_engine_refuses_a_sampled_request_alone() -> None:
     got = engine.take_refused()
     assert list(got) == [1] and "loaded greedy" in got[1]
     assert {k: len(v) for k, v in engine.collect().tokens.items()} == {0: 1}
+
+
+def test_an_arrival_with_a_cached_prefix_prefills_only_the_rest() -> None:
+    """vLLM's prefix cache: a request enters with 2 of its 3 prompt tokens computed and a
+    1-token chunk; it is served, and its tokens are those of the same request computed whole."""
+    def serve(cached: int) -> list[int]:
+        engine = _engine()
+        engine.launch(Plan(rows=(0,), tokens={0: 3 - cached}, computed={0: cached},
+                           new=(NewRequest(0, (1, 2, 3), 4),)))
+        assert engine.take_refused() == {}
+        tokens = list(engine.collect().tokens[0])
+        for n in range(3):
+            engine.launch(Plan(rows=(0,), tokens={0: 1}, computed={0: 3 + n}))
+            tokens += engine.collect().tokens[0]
+        assert engine.kv.prefix_hits == (cached > 0)
+        events = engine.runner.events.events
+        assert validate(events, bounds_of(events)) is None
+        return tokens
+
+    assert serve(2) == serve(0) and len(serve(0)) == 4
+
+
+def test_a_cached_prefix_covering_the_whole_context_is_refused_alone() -> None:
+    engine = _engine()
+    engine.launch(Plan(rows=(0, 1), tokens={0: 1, 1: 2}, computed={0: 3, 1: 0},
+                       new=(NewRequest(0, (1, 2, 3), 4), NewRequest(1, (4, 5), 4))))
+    got = engine.take_refused()
+    assert list(got) == [0] and "leaves at least one token" in got[0]
+    assert {k: len(v) for k, v in engine.collect().tokens.items()} == {1: 1}

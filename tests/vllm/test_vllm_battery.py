@@ -43,7 +43,8 @@ SCENARIOS: dict[str, dict[str, Any]] = {
     # Speculative decoding: vLLM schedules K drafts per decoding row (placeholders under async
     # scheduling), the worker drafts and verifies on the device; the plain workload with K = 2,
     # and the tight one with K = 1 (preemptions with drafts in flight, chunks beside drafts).
-    "drafts": {"max_num_seqs": 8, "max_num_batched_tokens": 256, "scale": 1, "spec_tokens": 2},
+    "drafts": {"max_num_seqs": 8, "max_num_batched_tokens": 256, "scale": 1, "spec_tokens": 2,
+               "max_logprobs": 2},
     "drafts-preempt-chunked": {"max_num_seqs": 4, "max_num_batched_tokens": 12,
                                "num_gpu_blocks": 4, "max_model_len": 48, "scale": 2,
                                "spec_tokens": 1},
@@ -52,6 +53,9 @@ MODES = {"async": True, "sync": False}
 GREEDY_SCENARIOS = ("plain", "preempt-chunked", "drafts", "drafts-preempt-chunked")
 
 
+DRAFT_LOGPROBS = 3
+"""Requests i % 3 == 0 of the drafts scenario ask for 2 logprobs: one entry per token, with rows
+that deliver several tokens at once."""
 UNSEEDED = 1
 """Requests i % 4 == UNSEEDED of the sampling scenario reach vLLM without a seed (its default):
 the worker draws theirs from the engine's seeded stream."""
@@ -88,10 +92,11 @@ def served(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFact
         for mode, on in MODES.items():
             engine = {k: v for k, v in sizes.items() if k != "scale"}
             requests = requests_of(plans[scenario])
-            if scenario == "sampling":
-                for r in requests:
-                    if int(r["id"]) % 4 == UNSEEDED:
-                        del r["seed"]
+            for r in requests:
+                if scenario == "sampling" and int(r["id"]) % 4 == UNSEEDED:
+                    del r["seed"]
+                if scenario == "drafts" and int(r["id"]) % DRAFT_LOGPROBS == 0:
+                    r["logprobs"] = 2
             cells.append(Cell(model_dir=model_dir, async_scheduling=on, requests=requests,
                               **engine,
                               trace=str(root / f"{scenario}-{mode}.itf.json")))
@@ -225,3 +230,21 @@ def test_drafts_really_occurred(served: dict[str, Any]) -> None:
     tight = runs["drafts-preempt-chunked", "async"]["worker"]
     assert tight["vllm"]["preemptions"] > 0 and tight["vllm"]["partial_chunks"] > 0
     assert tight["stats"].get("preempt_with_drafts_in_flight", 0) > 0, tight["stats"]
+
+
+def test_logprobs_with_drafts_are_one_entry_per_token(served: dict[str, Any]) -> None:
+    """Rows that accepted drafts deliver several tokens in one step; vLLM slices their logprobs
+    per token: each request that asked has one entry per token, the token itself among them at
+    rank 1 (greedy), and async's are sync's (test_async_equals_sync_through_vllm)."""
+    run = served["runs"]["drafts", "async"]
+    asked = [p for p in served["plans"]["drafts"] if p.req % DRAFT_LOGPROBS == 0]
+    assert asked
+    for p in asked:
+        got, rows = run["tokens"][str(p.req)], run["logprobs"][str(p.req)]
+        assert len(rows) == len(got) > 0
+        for token, row in zip(got, rows, strict=True):
+            assert min(rank for t, _, rank in row if t == token) == 1
+            assert len(row) <= 3  # the sampled id and the top 2
+    others = {str(p.req) for p in served["plans"]["drafts"]} - {str(p.req) for p in asked}
+    assert not others & set(run["logprobs"])
+    assert all(run["worker"]["stats"].get(f"accepted_{a}", 0) > 0 for a in (1, 2))

@@ -34,7 +34,8 @@ def test_vllm_serve_answers_requests_as_people_send_them(tmp_path: Path) -> None
     # raised to 100 so that vLLM admits a request for more logprobs than the mirror's ring
     # holds (the probe's vocabulary, 64): the mirror refuses that one at run time.
     server = Server(model_dir, tmp_path / "events.itf.json", "--async-scheduling",
-                    "--max-model-len", "128", "--max-num-seqs", "4", "--max-logprobs", "100")
+                    "--max-model-len", "128", "--max-num-seqs", "4", "--max-logprobs", "100",
+                    "--enable-prompt-tokens-details")
     unseeded = 0
     try:
         # Only model, prompt (text) and max_tokens: vLLM samples at temperature 1.0, no seed.
@@ -115,6 +116,14 @@ def test_vllm_serve_answers_requests_as_people_send_them(tmp_path: Path) -> None
         (choice,) = answer["choices"]
         assert (choice["text"], choice["finish_reason"], choice["stop_reason"]) == (
             full[:full.index(stop)], "stop", stop)
+
+        # Prefix caching (vLLM's default): the same long prompt again finds its first blocks
+        # cached, computes only the rest, and gives the same greedy text.
+        body = {"prompt": "a prompt long enough to fill two blocks of sixteen tokens",
+                "max_tokens": 12, "temperature": 0, "ignore_eos": True}
+        first, again = (server.post(COMPLETIONS, body)[1] for _ in range(2))
+        assert again["usage"]["prompt_tokens_details"]["cached_tokens"] >= 32, again["usage"]
+        assert again["choices"][0]["text"] == first["choices"][0]["text"]
 
         # Chat: the model directory's template renders the messages.
         status, answer = server.post(CHAT, {"messages": [{"role": "user", "content": "hi"}],

@@ -69,7 +69,8 @@ def run(cell: dict[str, Any], summary_path: str) -> dict[str, Any]:
         max_num_batched_tokens=cell["max_num_batched_tokens"],
         num_gpu_blocks_override=cell.get("num_gpu_blocks"),
         async_scheduling=cell["async_scheduling"], enforce_eager=True,
-        enable_prefix_caching=False, disable_log_stats=True,
+        # vLLM's default (on): a resumed request may re-enter with its prefix cached.
+        enable_prefix_caching=cell.get("prefix_caching", True), disable_log_stats=True,
         # Drafts: vLLM is told of a draft model, the target's own directory; the worker drafts
         # on the device with that model's drafter (the probe's table, or its first layers).
         speculative_config=None if not cell.get("spec_tokens") else {

@@ -101,7 +101,6 @@ class MirrorExecutor(Executor):
         self.decisions = wire.Decisions()
         sched = self.vllm_config.scheduler_config
         spec = self.vllm_config.speculative_config
-        self.spec_tokens = spec.num_speculative_tokens if spec is not None else 0
         seed = os.environ.get(SEED)
         self.facts = self._ask("init", {
             "model_dir": self.model_config.model,
@@ -176,7 +175,7 @@ class MirrorExecutor(Executor):
         launched = {"step": -1, "refused": {}}
         # A step of no tokens still carries closes and preemptions: the worker applies them.
         if so.total_num_scheduled_tokens > 0 or so.finished_req_ids or so.preempted_req_ids:
-            plan = wire.plan(scheduler_output, self.ids, self.spec_tokens)
+            plan = wire.plan(scheduler_output, self.ids)
             self.decisions.count(plan, self.in_flight_rows())
             launched = self._ask("launch", plan)
         step = _Step(so, launched["step"] >= 0, launched["refused"])

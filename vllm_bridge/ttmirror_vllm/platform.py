@@ -27,8 +27,6 @@ class MirrorPlatform(Platform):
         if sched.scheduler_cls is None:
             sched.scheduler_cls = (MirrorAsyncScheduler if sched.async_scheduling
                                    else MirrorScheduler)
-        # Prefix caching would let vLLM skip prompt tokens the worker never computed.
-        vllm_config.cache_config.enable_prefix_caching = False
 
     @classmethod
     def validate_request(cls, processed_inputs: Any, params: Any) -> None:

@@ -27,13 +27,14 @@ class Ids:
 
 class Decisions:
     """What vLLM's scheduler decided, counted from its outputs: steps, arrivals, prefill chunks
-    that stopped short of the prompt, preemptions, resumes, closes, and rows scheduled while the
+    that stopped short of the prompt, preemptions, resumes, closes, rows scheduled while the
     request's previous step was still in flight (each one a placeholder in vLLM's books, filled
-    on the device by the mirror)."""
+    on the device by the mirror), and (re)entries whose prefix vLLM's cache held."""
 
     def __init__(self) -> None:
         self.steps = self.arrivals = self.partial_chunks = self.preemptions = 0
         self.resumes = self.finished = self.rows_over_placeholders = self.max_rows = 0
+        self.prefix_hits = 0
 
     def count(self, plan: dict[str, Any], in_flight: set[int]) -> None:
         self.steps += bool(plan["rows"])  # a plan of closes only is no step
@@ -44,6 +45,9 @@ class Decisions:
         self.max_rows = max(self.max_rows, len(plan["rows"]))
         self.partial_chunks += plan["short_chunks"]
         self.rows_over_placeholders += sum(1 for req in plan["rows"] if req in in_flight)
+        # (Re)entries with tokens already computed: vLLM's prefix cache had their first blocks.
+        entering = [n["req"] for n in plan["new"]] + plan["resumed"]
+        self.prefix_hits += sum(1 for req in entering if plan["computed"].get(str(req), 0) > 0)
 
     def as_dict(self) -> dict[str, int]:
         return dict(vars(self))
@@ -94,7 +98,7 @@ def sampling(params: SamplingParams | None) -> dict[str, Any] | None:
     return out
 
 
-def plan(so: SchedulerOutput, ids: Ids, spec_tokens: int = 0) -> dict[str, Any]:
+def plan(so: SchedulerOutput, ids: Ids) -> dict[str, Any]:
     """The step `so` describes, as `ttmirror.serving.scheduled.Plan`'s fields (with the
     parameters of each arrival the mirror does not serve, for the worker to refuse it)."""
     new, computed = [], {}
@@ -102,13 +106,10 @@ def plan(so: SchedulerOutput, ids: Ids, spec_tokens: int = 0) -> dict[str, Any]:
         req = ids.new(n.req_id)
         params = n.sampling_params
         assert params is not None and n.prompt_token_ids is not None
-        refuse = unsupported(params)
-        if spec_tokens and params.logprobs is not None:
-            refuse.append("logprobs with speculative decoding")
         new.append({"req": req, "prompt": list(n.prompt_token_ids),
                     "max_tokens": params.max_tokens,
                     "stop_ids": sorted(params.all_stop_token_ids),
-                    "sampling": sampling(params), "unsupported": refuse})
+                    "sampling": sampling(params), "unsupported": unsupported(params)})
         computed[req] = n.num_computed_tokens
     cached = so.scheduled_cached_reqs
     short = 0  # prefill chunks that stop short of the context: new and resumed requests
@@ -137,35 +138,45 @@ def plan(so: SchedulerOutput, ids: Ids, spec_tokens: int = 0) -> dict[str, Any]:
 def output(so: SchedulerOutput, collected: dict[str, Any], ids: Ids) -> ModelRunnerOutput:
     """The worker's tokens of the step `so` as vLLM's model runner output: every scheduled
     request in the step's order, with no token where the worker delivered none (a partial
-    prefill chunk, a row dropped by an abort), and the logprobs of those that asked: one row
-    per request, the sampled id first, then the top ones. A sampled id outside the top n has
-    rank n + 1 here (the ring holds the top n, not the whole vocabulary's order)."""
+    prefill chunk, a row dropped by an abort), and logprobs laid out as vLLM slices them: one
+    row per delivered token, request after request (with drafts a row may deliver several;
+    `cu_num_generated_tokens` holds where each request's rows start), the sampled id first,
+    then the top ones. A request that asked for none has rows of no use to anyone (vLLM reads
+    only the rows of requests that asked). A sampled id outside the top n has rank n + 1 here
+    (the ring holds the top n, not the whole vocabulary's order)."""
     req_ids = list(so.num_scheduled_tokens)
     tokens = collected["tokens"]
+    got = [list(tokens.get(str(ids.of[rid]), [])) for rid in req_ids]
     logprobs = collected.get("logprobs") or {}
     lists = None
     if logprobs:
         import numpy as np
 
-        width = 1 + max(len(rows[0][1]) for rows in logprobs.values() if rows)
-        ids_a = np.zeros((len(req_ids), width), dtype=np.int64)
-        lps = np.full((len(req_ids), width), float("-inf"), dtype=np.float32)
-        ranks = np.ones(len(req_ids), dtype=np.int64)
-        for i, rid in enumerate(req_ids):
-            key = str(ids.of[rid])
-            rows, got = logprobs.get(key), tokens.get(key, [])
-            if not rows or not got:
-                continue
-            sampled, top = rows[-1]
-            ids_a[i, 0], lps[i, 0] = got[-1], sampled
-            for j, (token, value) in enumerate(top):
-                ids_a[i, 1 + j], lps[i, 1 + j] = token, value
-            ranks[i] = next((j + 1 for j, (token, _) in enumerate(top) if token == got[-1]),
-                            len(top) + 1)
-        lists = LogprobsLists(ids_a, lps, ranks)
+        width = 1 + max((len(entries[0][1]) for entries in logprobs.values() if entries),
+                        default=0)
+        rows = sum(len(g) for g in got)
+        ids_a = np.zeros((rows, width), dtype=np.int64)
+        lps = np.full((rows, width), float("-inf"), dtype=np.float32)
+        ranks = np.ones(rows, dtype=np.int64)
+        starts, row = [], 0
+        for rid, delivered in zip(req_ids, got, strict=True):
+            starts.append(row)
+            entries = logprobs.get(str(ids.of[rid])) or []
+            if entries and len(entries) != len(delivered):
+                raise RuntimeError(f"request {rid}: {len(entries)} logprob entries for "
+                                   f"{len(delivered)} tokens")
+            for at, (token, (sampled, top)) in enumerate(zip(delivered, entries, strict=False),
+                                                         start=row):
+                ids_a[at, 0], lps[at, 0] = token, sampled
+                for j, (candidate, value) in enumerate(top):
+                    ids_a[at, 1 + j], lps[at, 1 + j] = candidate, value
+                ranks[at] = next((j + 1 for j, (candidate, _) in enumerate(top)
+                                  if candidate == token), len(top) + 1)
+            row += len(delivered)
+        lists = LogprobsLists(ids_a, lps, ranks, starts)
     return ModelRunnerOutput(
         req_ids=req_ids,
         req_id_to_index={rid: i for i, rid in enumerate(req_ids)},
-        sampled_token_ids=[list(tokens.get(str(ids.of[rid]), [])) for rid in req_ids],
+        sampled_token_ids=got,
         logprobs=lists,
     )
