@@ -47,11 +47,15 @@ import ttnn
 
 from ..impl.ring import LogprobSlot
 from ..serving.context import (
+    BAD_WORD_IDS,
+    BAD_WORDS,
     BANNED,
     NO_ROWS,
+    PARAMS,
     SamplingParams,
     StepContext,
     allowed_table,
+    bias_tables,
     constraint_tables,
     decode_lane,
     decode_rows,
@@ -97,7 +101,8 @@ def dram_bytes(model: DecoderModel, width: int, blocks: int, lanes: int = 1) -> 
     to size an emulated device for large vocabularies."""
     padded = padded_vocab(model.vocab)
     logits = width * (model.vocab * 4 + padded * (4 + 2 + 4))
-    constraints = width * (4 + BANNED + lanes * model.vocab) * 4
+    constraints = width * (PARAMS + BANNED + (lanes + 1) * model.vocab
+                           + BAD_WORDS * BAD_WORD_IDS) * 4
     return logits + (blocks + width) * model.max_context * 4 + constraints
 
 
@@ -128,10 +133,10 @@ def _decoder_lane(args: list[Any], outputs: list[torch.Tensor], params: Mapping[
     destination = outputs[0]
     model, lane, width = params["model"], params["lane"], params["width"]
     history, ids, positions, spec, active, block, offset, prefill, prefill_ids, constraints, \
-        banned, allowed = args
+        banned, allowed, bias, bad = args
     logits = decode_lane(model, history, lane, spec, ids, positions, active, block, offset,
                          prefill, prefill_ids, constraints, banned,
-                         allowed[lane * width:(lane + 1) * width])
+                         allowed[lane * width:(lane + 1) * width], bias, bad)
     _write_logits(destination, logits, model.vocab, params["greedy"])
     params["clock"].seconds += time.perf_counter() - started
 
@@ -236,9 +241,12 @@ class DeviceDecoder:
         self.prefill_ids = _allocate(self.device, [width, length], ttnn.uint32)
         # Per-row penalties and min_tokens (float32), the ids min_tokens masks, and the allowed
         # ids of constrained requests: written neutral here, then only when they change.
-        self.params = _allocate(self.device, [width, 4], ttnn.float32)
+        self.params = _allocate(self.device, [width, PARAMS], ttnn.float32)
         self.banned = _allocate(self.device, [width, BANNED], ttnn.int32)
         self.allowed = _allocate(self.device, [self.lanes * width, self.model.vocab], ttnn.int32)
+        # Logit biases and bad words (vLLM's logit_bias, bad_words), neutral until a row has one.
+        self.bias = _allocate(self.device, [width, self.model.vocab], ttnn.float32)
+        self.bad = _allocate(self.device, [width, BAD_WORDS * BAD_WORD_IDS], ttnn.int32)
         self._written: dict[str, Hashable] = {}
         self._stage_constraints(NO_ROWS)
         if self.sampling.greedy:  # one column per row: argmax over dimension 2 gives the slot
@@ -333,6 +341,11 @@ class DeviceDecoder:
         self._write_when_changed("allowed", masks, lambda: [
             (allowed_table(rows, self.width, self.model.vocab, self.lanes), ttnn.int32,
              self.allowed)])
+        bias, bad = bias_tables(rows, self.width, self.model.vocab)
+        self._write_when_changed(
+            "bias", (rows.biases, rows.bad_words), lambda: [
+                (bias, ttnn.float32, self.bias),
+                (bad.reshape(self.width, -1), ttnn.int32, self.bad)])
 
     def _write_when_changed(
         self, name: str, key: Hashable,
@@ -431,6 +444,8 @@ class DeviceDecoder:
             self.params,
             self.banned,
             self.allowed,
+            self.bias,
+            self.bad,
         ]
         # Operands at fixed addresses, as every emulated op: a trace replays the same bytes.
         name = "decoder_forward" if lane is None else "decoder_lane"

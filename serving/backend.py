@@ -30,6 +30,7 @@ from .context import (
     SamplingParams,
     StepContext,
     allowed_table,
+    bias_tables,
     constraint_tables,
     decode_lane,
     decode_rows,
@@ -81,7 +82,8 @@ class CpuDecoder:
                 table[i, : len(ids)] = torch.tensor(ids)
         return [self._column(r.active), self._column(r.block), self._column(r.write_at),
                 self._column(r.prefill), table, *constraint_tables(r, self.width),
-                allowed_table(r, self.width, self.model.vocab, lane + 1)[lane * self.width:]]
+                allowed_table(r, self.width, self.model.vocab, lane + 1)[lane * self.width:],
+                *bias_tables(r, self.width, self.model.vocab)]
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         self.logits = decode_rows(self.model, self.history, input_ids, positions,

@@ -27,7 +27,16 @@ from ..impl.probe import ProbeSpec
 from ..impl.rows import Row
 from ..impl.runner import CLOSED, PhaseError, Status
 from .backend import ServingBackend
-from .context import BANNED, REQUEST_IDS, ContextRow, SamplingParams, StepContext, draw_key
+from .context import (
+    BAD_WORD_IDS,
+    BAD_WORDS,
+    BANNED,
+    REQUEST_IDS,
+    ContextRow,
+    SamplingParams,
+    StepContext,
+    draw_key,
+)
 from .engine import Engine, EngineConfig, Order, Watchdog
 from .grammar import GRAMMARS
 from .models import DecoderModel
@@ -215,10 +224,31 @@ class ServingEngine(Engine):
                                  f"{self.serving.max_logprobs} (ServingConfig.max_logprobs)")
         if sampling is not None and sampling.min_tokens and len(stops) > BANNED:
             raise InvalidRequest(f"request {req}: min_tokens masks at most {BANNED} stop ids")
+        if sampling is not None:
+            self._check_masks(req, sampling)
         self.requests[req] = _Request(ids, max_tokens, stops, self._arrivals,
                                       host_sync or constraint is not None, sampling, constraint)
         self._arrivals += 1
         self.queued.append(req)
+
+    def _check_masks(self, req: int, s: SamplingParams) -> None:
+        """InvalidRequest unless its bias, allowed ids, bad words and min_p fit the device's
+        tables and the vocabulary."""
+        vocab = self.model.vocab
+        ids = [t for t, _ in s.logit_bias] + sorted(s.allowed_ids or ()) + [
+            t for w in s.bad_words for t in w]
+        outside = [t for t in ids if not 0 <= t < vocab]
+        if outside:
+            raise InvalidRequest(f"request {req}: token id {outside[0]} is outside the "
+                                 f"vocabulary [0, {vocab}) of {self.model.name}")
+        if s.allowed_ids is not None and not s.allowed_ids:
+            raise InvalidRequest(f"request {req}: allowed_token_ids is empty")
+        if len(s.bad_words) > BAD_WORDS or any(not 1 <= len(w) <= BAD_WORD_IDS
+                                               for w in s.bad_words):
+            raise InvalidRequest(f"request {req}: the device holds {BAD_WORDS} bad words of 1 "
+                                 f"to {BAD_WORD_IDS} ids each")
+        if not 0 <= s.min_p <= 1:
+            raise InvalidRequest(f"request {req}: min_p must be in [0, 1], got {s.min_p}")
 
     def abort(self, req: int) -> None:
         if req in self.queued:
@@ -350,6 +380,10 @@ class ServingEngine(Engine):
             grammar, known = GRAMMARS[w.constraint or ""], self._known(row.req)
             draft_allowed = tuple(grammar.allowed(known + row.drafts[:j], self.model.vocab)
                                   for j in range(1, row.spec + 1))
+        static = (w.sampling or self.sampling).allowed_ids
+        if static is not None and row.live:  # a fixed set, on every lane: no host sync needed
+            allowed = static if allowed is None else allowed & static
+            draft_allowed = tuple(a & static for a in draft_allowed) or (static,) * self.k
         prefill = None
         if fresh:
             # Re-entering: the block is rebuilt from the host's authoritative tokens.

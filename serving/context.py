@@ -22,6 +22,7 @@ After verification the drafter proposes K tokens from the accepted context (`dra
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cached_property
@@ -59,11 +60,24 @@ class SamplingParams:
     logprobs: int | None = None
     """Return, with each token, its logprob and the top `logprobs` (id, logprob) pairs (vLLM's
     `logprobs`); None: none. From the logprob ring, read back under the ids' event."""
+    min_p: float = 0.0
+    """Ids whose probability (after temperature) is below min_p times the most likely one's
+    are masked (vLLM's `min_p`); a greedy draw is unchanged by it."""
+    logit_bias: tuple[tuple[int, float], ...] = ()
+    """(id, bias) pairs added to the logits before anything else (vLLM's `logit_bias`)."""
+    allowed_ids: frozenset[int] | None = None
+    """Only these ids may be drawn (vLLM's `allowed_token_ids`); None: every id."""
+    bad_words: tuple[tuple[int, ...], ...] = ()
+    """Token sequences never to complete (vLLM's `bad_words`, as ids): the last id of each is
+    masked when the tokens generated so far end with the ones before it."""
 
     def constrained(self) -> bool:
-        """Any penalty or min_tokens: the decoder op applies them on the device."""
+        """Any penalty, min_tokens, min_p, bias or mask: the decoder op applies them on the
+        device."""
         return (self.presence_penalty != 0 or self.frequency_penalty != 0
-                or self.repetition_penalty != 1 or self.min_tokens > 0)
+                or self.repetition_penalty != 1 or self.min_tokens > 0 or self.min_p > 0
+                or bool(self.logit_bias) or self.allowed_ids is not None
+                or bool(self.bad_words))
 
     @property
     def greedy(self) -> bool:
@@ -76,9 +90,13 @@ class SamplingParams:
             base += f" + logprobs({self.logprobs})"
         if not self.constrained():
             return base
+        extra = "".join(f", {name}={value!r}" for name, value in (
+            ("min_p", self.min_p), ("logit_bias", dict(self.logit_bias)),
+            ("allowed_ids", None if self.allowed_ids is None else sorted(self.allowed_ids)),
+            ("bad_words", [list(w) for w in self.bad_words])) if value)
         return (f"{base} + penalties(presence={self.presence_penalty}, "
                 f"frequency={self.frequency_penalty}, repetition={self.repetition_penalty}, "
-                f"min_tokens={self.min_tokens})")
+                f"min_tokens={self.min_tokens}{extra})")
 
 
 class ContextRow(NamedTuple):
@@ -153,11 +171,20 @@ class StepContext:
         return tuple(1.0 if r.sampling.greedy else r.sampling.temperature for r in self.rows)
 
     @cached_property
-    def constraints(self) -> tuple[tuple[float, float, float, float], ...]:
-        """Per row: (presence, frequency, repetition, min_tokens)."""
+    def constraints(self) -> tuple[tuple[float, ...], ...]:
+        """Per row: (presence, frequency, repetition, min_tokens, min_p, temperature)."""
         return tuple((r.sampling.presence_penalty, r.sampling.frequency_penalty,
-                      r.sampling.repetition_penalty, float(r.sampling.min_tokens))
-                     for r in self.rows)
+                      r.sampling.repetition_penalty, float(r.sampling.min_tokens),
+                      r.sampling.min_p, t) for r, t in zip(self.rows, self.temperature,
+                                                           strict=True))
+
+    @cached_property
+    def biases(self) -> tuple[tuple[tuple[int, float], ...], ...]:
+        return tuple(r.sampling.logit_bias for r in self.rows)
+
+    @cached_property
+    def bad_words(self) -> tuple[tuple[tuple[int, ...], ...], ...]:
+        return tuple(r.sampling.bad_words for r in self.rows)
 
     @cached_property
     def banned(self) -> tuple[tuple[int, ...], ...]:
@@ -209,13 +236,18 @@ def row_sampling(
 
 BANNED = 64
 """Stop ids per row that min_tokens can mask (the device table's width)."""
+BAD_WORDS, BAD_WORD_IDS = 16, 8
+"""Bad words per row, and ids per bad word, the device's bad-words table holds."""
+PARAMS = 6
+"""Columns of the parameter table: presence, frequency, repetition, min_tokens, min_p, T."""
+NEUTRAL = (0.0, 0.0, 1.0, 0.0, 0.0, 1.0)
 
 
 def constraint_tables(rows: StepContext, width: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """The per-row constraint tables the decoder op reads: [width, 4] float32 parameters
-    (presence, frequency, repetition, min_tokens; neutral on unstaged rows) and [width, BANNED]
-    int32 banned ids (-1 = none)."""
-    params = torch.tensor([[0.0, 0.0, 1.0, 0.0]] * width, dtype=torch.float32)
+    """The per-row constraint tables the decoder op reads: [width, PARAMS] float32 parameters
+    (presence, frequency, repetition, min_tokens, min_p, temperature; neutral on unstaged rows)
+    and [width, BANNED] int32 banned ids (-1 = none)."""
+    params = torch.tensor([NEUTRAL] * width, dtype=torch.float32)
     banned = torch.full((width, BANNED), -1, dtype=torch.int32)
     for i, c in enumerate(rows.constraints):
         params[i] = torch.tensor(c, dtype=torch.float32)
@@ -227,16 +259,56 @@ def constraint_tables(rows: StepContext, width: int) -> tuple[torch.Tensor, torc
     return params, banned
 
 
+def bias_tables(rows: StepContext, width: int, vocab: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The per-row logit biases, [width, vocab] float32 (0: none), and bad words, [width,
+    BAD_WORDS, BAD_WORD_IDS] int32 (each word's ids right-aligned, -1 before them and in unused
+    words), that the decoder op reads."""
+    bias = torch.zeros(width, vocab, dtype=torch.float32)
+    bad = torch.full((width, BAD_WORDS, BAD_WORD_IDS), -1, dtype=torch.int32)
+    for i, pairs in enumerate(rows.biases):
+        for token, value in pairs:
+            bias[i, token] += value
+    for i, words in enumerate(rows.bad_words):
+        if len(words) > BAD_WORDS or any(len(w) > BAD_WORD_IDS for w in words):
+            raise ValueError(f"row {i}: the device table holds {BAD_WORDS} bad words of at "
+                             f"most {BAD_WORD_IDS} ids")
+        for j, word in enumerate(words):
+            bad[i, j, BAD_WORD_IDS - len(word):] = torch.tensor(word, dtype=torch.int32)
+    return bias, bad
+
+
+def _bad_ids(bad: torch.Tensor, generated: torch.Tensor) -> list[int]:
+    """The ids one row's bad words mask now: each word's last id where the tokens generated so
+    far end with the word's other ids."""
+    out = []
+    for word in bad.reshape(BAD_WORDS, BAD_WORD_IDS).tolist():
+        ids = [t for t in word if t >= 0]
+        if not ids:
+            continue
+        before = ids[:-1]
+        if not before or (len(generated) >= len(before)
+                          and generated[len(generated) - len(before):].tolist() == before):
+            out.append(ids[-1])
+    return out
+
+
 def constrain(logits: torch.Tensor, context: torch.Tensor, generated: int,
-              params: Sequence[float], banned: torch.Tensor) -> torch.Tensor:
-    """One row's logits after penalties and the min_tokens mask, from the context on the device
-    (`generated`: the row's position, the tokens it has generated, the newest included; `params`
-    the row of the parameter table)."""
-    presence, frequency, repetition, min_tokens = (float(x) for x in params)
+              params: Sequence[float], banned: torch.Tensor, bias: torch.Tensor | None = None,
+              bad: torch.Tensor | None = None) -> torch.Tensor:
+    """One row's logits after, in vLLM's order, its logit bias, penalties, the min_tokens and
+    bad-words masks and min_p, from the context on the device (`generated`: the row's position,
+    the tokens it has generated, the newest included; `params` the row of the parameter
+    table)."""
+    presence, frequency, repetition, min_tokens, min_p, temperature = (float(x) for x in params)
+    words = bad is not None and bool((bad >= 0).any())
+    biased = bias is not None and bool(bias.any())
     if repetition == 1.0 and not (generated and (presence or frequency)) and (
-            generated >= min_tokens):
+            generated >= min_tokens) and not (min_p or words or biased):
         return logits  # neutral: nothing to apply (most rows, most steps)
     out = logits.clone()
+    if biased:
+        assert bias is not None
+        out += bias[: out.numel()]
     vocab = out.numel()
     seen = context.clamp(0, vocab - 1)
     if repetition != 1.0:
@@ -249,6 +321,12 @@ def constrain(logits: torch.Tensor, context: torch.Tensor, generated: int,
     if generated < min_tokens:
         ids = banned[banned >= 0].to(torch.int64)
         out[ids[ids < vocab]] = float("-inf")
+    if words:
+        assert bad is not None
+        masked = [t for t in _bad_ids(bad, context[len(context) - generated:]) if t < vocab]
+        out[masked] = float("-inf")
+    if min_p > 0:  # p < min_p * p_max after temperature: logit < max + T * ln(min_p)
+        out[out < out.max() + temperature * math.log(min_p)] = float("-inf")
     return out
 
 
@@ -294,9 +372,12 @@ def decode_rows(
     params: torch.Tensor | None = None,
     banned: torch.Tensor | None = None,
     allowed: torch.Tensor | None = None,
+    bias: torch.Tensor | None = None,
+    bad: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Apply one step to `history` in place and return [rows, V] float32 logits, penalised and
-    masked per row by `params` and `banned` (`constraint_tables`) when given.
+    """Apply one step to `history` in place and return [rows, V] float32 logits, biased,
+    penalised and masked per row by `params`, `banned` (`constraint_tables`), `bias` and `bad`
+    (`bias_tables`) when given, then by the `allowed` ids.
 
     Ids arrive as device integers: a -1 placeholder wraps to 2**32 - 1 and is clamped to the last
     vocabulary id (a wrong token, as on a device, not a crash).
@@ -318,10 +399,12 @@ def decode_rows(
         context = history[b, : at + 1].to(torch.int64)
         pos = int(poss[i])
         logits[i] = model.logits(context, pos)
-        if param_rows is not None and banned is not None:
-            logits[i] = constrain(logits[i], context, pos, param_rows[i], banned[i])
-        if allowed is not None:
+        if allowed is not None:  # first: min_p then weighs only what may be drawn
             logits[i][allowed[i] == 0] = float("-inf")
+        if param_rows is not None and banned is not None:
+            logits[i] = constrain(logits[i], context, pos, param_rows[i], banned[i],
+                                  None if bias is None else bias[i],
+                                  None if bad is None else bad[i])
     return logits
 
 

@@ -49,6 +49,11 @@ def _new(n: dict[str, Any], vocab: int) -> Any:
     draw = False
     if d is not None:
         d = dict(d)
+        # Plain values across the socket; the engine's hashable forms here.
+        d["logit_bias"] = tuple((int(t), float(b)) for t, b in d.get("logit_bias") or ())
+        d["bad_words"] = tuple(tuple(int(t) for t in w) for w in d.get("bad_words") or ())
+        if d.get("allowed_ids") is not None:
+            d["allowed_ids"] = frozenset(int(t) for t in d["allowed_ids"])
         if "temperature" in d:
             draw = d.get("seed") is None
             if d.get("top_k") is None:

@@ -384,6 +384,65 @@ def test_async_serving_parity_with_penalties_and_min_tokens(model: str, sampling
                for p in plan if not p.stop_ids)
 
 
+BIASED, BANNED_AFTER = 17, 2
+"""The id a request's logit bias pushes to every position, and how many free tokens a bad-words
+request's ban is built from."""
+
+
+def _masked(p: RequestPlan, sampling: str, free: list[int]) -> RequestPlan:
+    """vLLM's allowed_token_ids (req % 4 == 0), logit_bias (1), bad_words (2: the first token of
+    its free run, and its second and third as a two-id word) and min_p (3); stop requests keep
+    the engine's sampling (their stops are scenarios of the workload)."""
+    base = SAMPLINGS[sampling]
+    if p.stop_ids:
+        return p
+    kind = p.req % 4
+    if kind == 0:
+        return replace(p, sampling=replace(base, allowed_ids=frozenset(range(8, 16))))
+    if kind == 1:
+        return replace(p, sampling=replace(base, logit_bias=((BIASED, 100.0),)))
+    if kind == 2:
+        words = ((free[0],), tuple(free[1:1 + BANNED_AFTER]))
+        return replace(p, sampling=replace(base, bad_words=words))
+    return replace(p, sampling=replace(base, min_p=0.5))
+
+
+@pytest.mark.parametrize("sampling", sorted(SAMPLINGS))
+@pytest.mark.parametrize("model", ["probe", "tiny-qwen3"])
+def test_async_serving_parity_with_biases_and_masks(model: str, sampling: str) -> None:
+    # vLLM's logit_bias, allowed_token_ids, bad_words and min_p, applied by the decoder op on
+    # the device from per-row tables (bad words read the device-resident context): async
+    # equals sync, and each one really acted.
+    free = _outcome(Run(model, sampling, "off")).tokens
+    base = standard_plan(_model(model).vocab)
+    plan = [_masked(p, sampling, free[p.req]) for p in base]
+    order = _order(model, sampling, "masks")
+    depth2 = _serve(Run(model, sampling, row_order=order), plan)
+    depth1 = _serve(Run(model, sampling, "off", row_order=order), plan)
+    _require_async(depth2.stats["async_enabled"], depth2.stats["depth"])
+    _check_scenario(depth2, plan, depth=2, order=order)
+    _check_scenario(depth1, plan, depth=1, order=order)
+    assert depth2.tokens == depth1.tokens and depth2.statuses == depth1.statuses
+    for p in plan:
+        got, s = depth2.tokens[p.req], p.sampling
+        if s is None or not got:
+            continue
+        if s.allowed_ids is not None:
+            assert set(got) <= s.allowed_ids, p.req
+        if s.logit_bias:
+            assert set(got) == {BIASED}, p.req
+        if s.bad_words:
+            (single,), pair = s.bad_words
+            assert single not in got and pair not in list(itertools.pairwise(got)), p.req
+            assert got != free[p.req]
+    # min_p: a greedy draw is unchanged; a sampled one keeps only ids near the most likely.
+    tops = [p for p in plan if p.sampling is not None and p.sampling.min_p]
+    if sampling == "greedy":
+        assert all(depth2.tokens[p.req] == free[p.req] for p in tops)
+    else:
+        assert any(depth2.tokens[p.req] != free[p.req] for p in tops)
+
+
 @pytest.mark.parametrize("sampling", sorted(SAMPLINGS))
 @pytest.mark.parametrize("model", ["probe", *TINY])
 def test_async_serving_parity_with_a_constrained_request(model: str, sampling: str) -> None:

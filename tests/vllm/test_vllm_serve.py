@@ -28,6 +28,14 @@ def _probe(tmp_path: Path) -> tuple[str, ProbeDecoder]:
     return model_dir, model
 
 
+def model_tokenizer_id(model_dir: str, text: str) -> int:
+    """The one id the model directory's tokenizer gives `text`."""
+    from transformers import AutoTokenizer
+
+    (token,) = AutoTokenizer.from_pretrained(model_dir).encode(text)
+    return int(token)
+
+
 def test_vllm_serve_answers_requests_as_people_send_them(tmp_path: Path) -> None:
     model_dir, model = _probe(tmp_path)
     # vLLM's own defaults but for the sizes: async scheduling on, its seed 0, max_logprobs 20
@@ -70,11 +78,11 @@ def test_vllm_serve_answers_requests_as_people_send_them(tmp_path: Path) -> None
                 "prompt": "a long greedy request", "max_tokens": 48, "temperature": 0,
                 "ignore_eos": True})
             refused = pool.submit(server.post, COMPLETIONS, {
-                "prompt": "hello", "max_tokens": 8, "logit_bias": {"5": 10.0}})
+                "prompt": "hello", "max_tokens": 8, "prompt_logprobs": 1})
             status, answer = refused.result()
             assert status == 400, answer
-            assert "logit_bias" in answer["error"]["message"], answer
-            assert answer["error"]["param"] == "logit_bias"
+            assert "prompt_logprobs" in answer["error"]["message"], answer
+            assert answer["error"]["param"] == "prompt_logprobs"
             status, answer = greedy.result()
             assert status == 200 and answer["usage"]["completion_tokens"] == 48, answer
 
@@ -93,6 +101,27 @@ def test_vllm_serve_answers_requests_as_people_send_them(tmp_path: Path) -> None
         lp = answer["choices"][0]["logprobs"]
         assert len(lp["tokens"]) == answer["usage"]["completion_tokens"] == len(lp["top_logprobs"])
         assert all(1 <= len(top) <= 3 for top in lp["top_logprobs"])
+
+        # Biases and masks, on the device: logit_bias, allowed_token_ids, bad_words, min_p.
+        def ids(extra: dict[str, object]) -> list[int]:
+            status, answer = server.post(COMPLETIONS, {
+                "prompt": "masks", "max_tokens": 12, "ignore_eos": True,
+                "return_token_ids": True, **extra})
+            assert status == 200, answer
+            token_ids: list[int] = answer["choices"][0]["token_ids"]
+            assert len(token_ids) == 12
+            return token_ids
+
+        assert set(ids({"logit_bias": {"17": 100}})) == {17}
+        assert set(ids({"allowed_token_ids": list(range(10, 16))})) <= set(range(10, 16))
+        e = model_tokenizer_id(model_dir, "e")
+        assert e in ids({"temperature": 0, "logit_bias": {str(e): 100}})  # "e" would come...
+        assert e not in ids({"temperature": 0, "logit_bias": {str(e): 100},
+                             "bad_words": ["e"]})  # ...and a bad word keeps it out
+        # The probe's most likely id is 7.4 times as likely as any other: min_p 0.5 leaves
+        # only it, so sampling gives the greedy tokens.
+        assert ids({"min_p": 0.5}) == ids({"temperature": 0})
+        unseeded += 3  # the logit_bias, allowed_token_ids and min_p requests sample
 
         # n = 2: vLLM fans out two requests, each drawing its own seed.
         status, answer = server.post(COMPLETIONS, {"prompt": "two", "max_tokens": 10, "n": 2,

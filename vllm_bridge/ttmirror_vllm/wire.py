@@ -59,10 +59,6 @@ def unsupported(params: Any) -> list[str]:
     if not isinstance(params, SamplingParams):
         return []
     asked = {
-        "min_p": params.min_p > 0.0,
-        "logit_bias": bool(params.logit_bias),
-        "allowed_token_ids": params.allowed_token_ids is not None,
-        "bad_words": bool(params.bad_words) or bool(params._bad_words_token_ids),
         "structured_outputs": params.structured_outputs is not None,
         "prompt_logprobs": params.prompt_logprobs is not None,
         "prompt_logprob_token_ids": params.prompt_logprob_token_ids is not None,
@@ -91,6 +87,12 @@ def sampling(params: SamplingParams | None) -> dict[str, Any] | None:
         "repetition_penalty": params.repetition_penalty,
         "min_tokens": params.min_tokens,
         "logprobs": params.logprobs,
+        # vLLM's biases, allowed ids and bad words (as ids, from its tokenizer): the device's.
+        "logit_bias": sorted((int(t), float(b)) for t, b in (params.logit_bias or {}).items()),
+        "allowed_ids": (None if params.allowed_token_ids is None
+                        else sorted(params.allowed_token_ids)),
+        "bad_words": [list(w) for w in params.bad_words_token_ids or ()],
+        "min_p": params.min_p,
     }
     if params.temperature >= GREEDY_BELOW:
         out.update(seed=params.seed, top_p=params.top_p, temperature=params.temperature,
