@@ -307,14 +307,22 @@ def test_async_serving_parity_with_a_host_sync_request(model: str, sampling: str
     # Request 1 needs its newest token on the host before each step (as a structured-output
     # mask does): it takes no depth-2 step, while the others still overlap.
     plan = [replace(p, host_sync=p.req == 1) for p in standard_plan(_model(model).vocab)]
-    order = _order(model, sampling, "host-sync")
+    depth2, depth1 = _both_depths(model, sampling, plan, "host-sync")
+    assert depth2.stats["host_sync_held"] > 0, "the host-sync request was never held back"
+    assert depth2.tokens == depth1.tokens and depth2.statuses == depth1.statuses
+
+
+def _both_depths(model: str, sampling: str, plan: list[RequestPlan], case: str
+                 ) -> tuple[Outcome, Outcome]:
+    """`plan` served at depth 2 and at depth 1 with the case's row order; async really engaged
+    and every scenario of the workload occurred in both."""
+    order = _order(model, sampling, case)
     depth2 = _serve(Run(model, sampling, row_order=order), plan)
     depth1 = _serve(Run(model, sampling, "off", row_order=order), plan)
     _require_async(depth2.stats["async_enabled"], depth2.stats["depth"])
     _check_scenario(depth2, plan, depth=2, order=order)
     _check_scenario(depth1, plan, depth=1, order=order)
-    assert depth2.stats["host_sync_held"] > 0, "the host-sync request was never held back"
-    assert depth2.tokens == depth1.tokens and depth2.statuses == depth1.statuses
+    return depth2, depth1
 
 
 MIXED = (SamplingParams(), SamplingParams(seed=SEED + 11, top_k=4, temperature=0.7),
@@ -364,12 +372,7 @@ def test_async_serving_parity_with_penalties_and_min_tokens(model: str, sampling
     # included (it reached the context through the combine): no host read of the sampled ids.
     base = standard_plan(_model(model).vocab)
     plan = [_constrained(p, sampling) for p in base]
-    order = _order(model, sampling, "penalties")
-    depth2 = _serve(Run(model, sampling, row_order=order), plan)
-    depth1 = _serve(Run(model, sampling, "off", row_order=order), plan)
-    _require_async(depth2.stats["async_enabled"], depth2.stats["depth"])
-    _check_scenario(depth2, plan, depth=2, order=order)
-    _check_scenario(depth1, plan, depth=1, order=order)
+    depth2, depth1 = _both_depths(model, sampling, plan, "penalties")
     assert depth2.tokens == depth1.tokens and depth2.statuses == depth1.statuses
     free = _outcome(Run(model, sampling, "off")).tokens
     # min_tokens held: no stop id among a request's first MIN_TOKENS tokens, and without it some
@@ -416,12 +419,7 @@ def test_async_serving_parity_with_biases_and_masks(model: str, sampling: str) -
     free = _outcome(Run(model, sampling, "off")).tokens
     base = standard_plan(_model(model).vocab)
     plan = [_masked(p, sampling, free[p.req]) for p in base]
-    order = _order(model, sampling, "masks")
-    depth2 = _serve(Run(model, sampling, row_order=order), plan)
-    depth1 = _serve(Run(model, sampling, "off", row_order=order), plan)
-    _require_async(depth2.stats["async_enabled"], depth2.stats["depth"])
-    _check_scenario(depth2, plan, depth=2, order=order)
-    _check_scenario(depth1, plan, depth=1, order=order)
+    depth2, depth1 = _both_depths(model, sampling, plan, "masks")
     assert depth2.tokens == depth1.tokens and depth2.statuses == depth1.statuses
     for p in plan:
         got, s = depth2.tokens[p.req], p.sampling
@@ -450,12 +448,7 @@ def test_async_serving_parity_with_a_constrained_request(model: str, sampling: s
     # held back while a step of theirs is in flight, and every token obeys the grammar.
     plan = [replace(p, constraint="alternating-parity" if p.req in (1, 3) else None)
             for p in standard_plan(_model(model).vocab)]
-    order = _order(model, sampling, "constrained")
-    depth2 = _serve(Run(model, sampling, row_order=order), plan)
-    depth1 = _serve(Run(model, sampling, "off", row_order=order), plan)
-    _require_async(depth2.stats["async_enabled"], depth2.stats["depth"])
-    _check_scenario(depth2, plan, depth=2, order=order)
-    _check_scenario(depth1, plan, depth=1, order=order)
+    depth2, depth1 = _both_depths(model, sampling, plan, "constrained")
     assert depth2.stats["kv_constrained_rows"] > 0 and depth2.stats["host_sync_held"] > 0
     assert depth2.tokens == depth1.tokens and depth2.statuses == depth1.statuses
     for p in plan:
