@@ -180,6 +180,8 @@ class ServingEngine(Engine):
         self.queued: list[int] = []  # submitted, never admitted, in arrival order
         self.block_of: dict[int, int] = {}
         self.prefilled: dict[int, int] = {}  # context tokens prefilled by partial chunks so far
+        self.masks: dict[int, tuple[frozenset[int], ...]] = {}
+        """This step's masks from a foreign scheduler, per request and lane (`Plan.masks`)."""
         self.chunk: dict[int, int] = {}  # this step's prefill chunk per prefilling request
         self.free_blocks = list(range(c.rows))
         self.needs_prefill: set[int] = set()
@@ -380,6 +382,10 @@ class ServingEngine(Engine):
             grammar, known = GRAMMARS[w.constraint or ""], self._known(row.req)
             draft_allowed = tuple(grammar.allowed(known + row.drafts[:j], self.model.vocab)
                                   for j in range(1, row.spec + 1))
+        given = self.masks.get(row.req) if row.live else None
+        if given is not None:  # the scheduler's own mask (vLLM's grammar bitmask), per lane
+            allowed = given[0] if allowed is None else allowed & given[0]
+            draft_allowed = given[1:]
         static = (w.sampling or self.sampling).allowed_ids
         if static is not None and row.live:  # a fixed set, on every lane: no host sync needed
             allowed = static if allowed is None else allowed & static

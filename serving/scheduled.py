@@ -30,6 +30,7 @@ same arrivals.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import random
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -60,6 +61,9 @@ class NewRequest:
     the rest of its parameters)."""
     refuse: str | None = None
     """Why the engine must refuse it at arrival (a parameter the mirror does not serve)."""
+    host_sync: bool = False
+    """Its scheduler builds each step's mask from its tokens (structured output): it needs its
+    newest token on the host before each step."""
 
 
 @dataclass(frozen=True)
@@ -81,6 +85,9 @@ class Plan:
     spec: dict[int, tuple[int, ...]] = field(default_factory=dict)
     """Draft ids each decoding row carries: known ones (the host's, at depth 1) or
     placeholders (-1: on the device, under async scheduling)."""
+    masks: dict[int, tuple[frozenset[int], ...]] = field(default_factory=dict)
+    """The ids each structured-output row may draw, per query token (its next token, then the
+    token after each draft): the scheduler's grammar bitmask, applied on the device."""
 
 
 @dataclass
@@ -143,6 +150,7 @@ class ScheduledEngine(ServingEngine):
         if not rows:
             return -1  # a plan of closes only, or of refused rows: no step
         self._plan_chunks(plan, rows)
+        self.masks = plan.masks
         q = r.schedule(rows)
         step: int = r.queue[q].index
         fault = self._issue(q)
@@ -266,7 +274,7 @@ class ScheduledEngine(ServingEngine):
             sampling = dataclasses.replace(sampling or SamplingParams(), seed=seed)
         try:
             self.submit(new.req, new.prompt, max_tokens=new.max_tokens, stop_ids=new.stop_ids,
-                        sampling=sampling)
+                        sampling=sampling, host_sync=new.host_sync)
         except InvalidRequest as e:
             self._refuse(new.req, str(e))
             return
@@ -275,7 +283,8 @@ class ScheduledEngine(ServingEngine):
                          f"{self.serving.rows} rows taken")
             return
         self.queued.remove(new.req)
-        self.runner.arrive(new.req, new.prompt[-1], max_tokens=new.max_tokens, seed=seed)
+        self.runner.arrive(new.req, new.prompt[-1], max_tokens=new.max_tokens, seed=seed,
+                           host_sync=new.host_sync)
         self._take_block(new.req)
 
     def _resume(self, req: int) -> None:
@@ -331,9 +340,10 @@ class ScheduledEngine(ServingEngine):
                 raise Disagreement(f"request {req} decodes {plan.tokens[req]} tokens with "
                                    f"{len(drafts)} draft(s) in the plan; the runner's row "
                                    f"carries {due} draft(s) (rule 13)")
-            known = tuple(d for d in drafts if d >= 0)
+            # Known drafts lead (vLLM pads those its grammar rejected with -1 after them).
+            known = tuple(itertools.takewhile(lambda d: d >= 0, drafts))
             held = r.requests[req].host_drafts[:due]
-            if known and (len(known) != due or known != held):
+            if any(d >= 0 for d in drafts[len(known):]) or known != held[:len(known)]:
                 raise Disagreement(f"request {req}: the plan's drafts {list(drafts)} are not "
                                    f"the ones read back with its last step {list(held)}")
             return

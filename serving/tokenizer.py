@@ -25,7 +25,7 @@ UNK = "<unk>"
 SPECIALS = (EOS, UNK)
 """Ids 0 and 1."""
 EOS_ID = 0
-SMALL_ALPHABET = (" \n" + string.ascii_lowercase + string.digits + ".,!?'\"-:;()/_=+*#@&%<>[]")
+SMALL_ALPHABET = (" \n" + string.ascii_lowercase + string.digits + ".,!?'\"-:;()/_=+*#{}%<>[]")
 """The 62 characters of a 64-id vocabulary (its input is lowercased)."""
 ASCII_ALPHABET = string.printable[:95] + "\n\t"
 """Printable ASCII (space included), newline and tab: 97 characters."""

@@ -59,10 +59,13 @@ class Server:
     def __init__(self, model_dir: str, trace: Path, *args: str) -> None:
         self.model = model_dir
         self.trace = trace
+        self.summary_path = trace.with_name(trace.name + ".summary.json")
+        self.summary: dict[str, Any] = {}
+        """The worker's closing summary and vLLM's counted decisions, once stopped."""
         self.port = free_port()
         env = dict(os.environ, TTMIRROR_VLLM="1", TTMIRROR_PYTHON=sys.executable,
-                   TTMIRROR_TRACE=str(trace), OMP_NUM_THREADS="1",
-                   VLLM_LOGGING_LEVEL="WARNING")
+                   TTMIRROR_TRACE=str(trace), TTMIRROR_SUMMARY=str(self.summary_path),
+                   OMP_NUM_THREADS="1", VLLM_LOGGING_LEVEL="WARNING")
         vllm = str(Path(vllm_python()).parent / "vllm")
         self.proc = subprocess.Popen(
             [vllm, "serve", model_dir, "--host", "127.0.0.1", "--port", str(self.port),
@@ -122,6 +125,8 @@ class Server:
             time.sleep(0.5)  # the engine core and the worker exit after the API server
         if group(self.proc.pid):
             raise ServerFailed("a process of vllm serve outlived it")
+        if self.summary_path.exists():
+            self.summary = json.loads(self.summary_path.read_text())
         return list(read_events(self.trace))
 
     def bench(self, out: Path, *args: str, timeout: float = 3600.0) -> dict[str, Any]:

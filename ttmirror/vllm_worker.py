@@ -62,7 +62,8 @@ def _new(n: dict[str, Any], vocab: int) -> Any:
     refuse = (f"request {n['req']}: the TT mirror does not serve {', '.join(unsupported)}"
               if unsupported else None)
     return NewRequest(n["req"], tuple(n["prompt"]), n["max_tokens"], frozenset(n["stop_ids"]),
-                      None if d is None else SamplingParams(**d), draw_seed=draw, refuse=refuse)
+                      None if d is None else SamplingParams(**d), draw_seed=draw, refuse=refuse,
+                      host_sync=bool(n.get("host_sync")))
 
 
 def _plan(message: dict[str, Any], vocab: int) -> Any:
@@ -75,6 +76,8 @@ def _plan(message: dict[str, Any], vocab: int) -> Any:
         new=tuple(_new(n, vocab) for n in message["new"]),
         resumed=frozenset(message["resumed"]),
         spec={int(k): tuple(v) for k, v in message.get("spec", {}).items()},
+        masks={int(k): tuple(frozenset(lane) for lane in v)
+               for k, v in message.get("masks", {}).items()},
         preempted=frozenset(message["preempted"]),
         finished=frozenset(message["finished"]),
     )

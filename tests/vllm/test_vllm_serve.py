@@ -1,7 +1,8 @@
 """`vllm serve` on the TT mirror, asked as people ask it: vLLM's OpenAI-compatible server (its
 API process and its engine-core process) on localhost, a real HTTP client, vLLM's default
 sampling (temperature 1.0, no seed), text in and out through the model directory's tokenizer,
-chat, n > 1, stop strings, logprobs, token-id prompts, and load from vLLM's own client (`vllm
+chat, n > 1, stop strings, logprobs, biases and masks, prefix caching, structured outputs and
+drafts, token-id prompts, and load from vLLM's own client (`vllm
 bench serve`). A parameter the mirror does not serve is
 refused with HTTP 400 naming it while a concurrent request completes; a request the mirror
 refuses at run time fails alone with its reason and the server goes on. Ctrl-C shuts it down,
@@ -9,6 +10,7 @@ no process is left, and the worker's events validate, refusals and drawn seeds i
 
 from __future__ import annotations
 
+import re
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -162,6 +164,12 @@ def test_vllm_serve_answers_requests_as_people_send_them(tmp_path: Path) -> None
         assert answer["choices"][0]["message"]["role"] == "assistant"
         assert isinstance(answer["choices"][0]["message"]["content"], str)
         assert answer["usage"]["prompt_tokens"] == len("user: hi\nassistant: ")
+        # Structured output (vLLM's grammar bitmask, on the device): a JSON object.
+        status, answer = server.post(CHAT, {"messages": [{"role": "user", "content": "json"}],
+                                            "max_tokens": 24, "temperature": 0,
+                                            "response_format": {"type": "json_object"}})
+        assert status == 200, answer
+        assert answer["choices"][0]["message"]["content"].lstrip().startswith("{"), answer
 
         # Load from vLLM's own client: `vllm bench serve`, random prompts, its defaults
         # (temperature from the server: 1.0), four at a time: every request completes.
@@ -184,18 +192,44 @@ def test_vllm_serve_answers_requests_as_people_send_them(tmp_path: Path) -> None
     assert len(refusals) == 1 and "logprobs=80" in refusals[0].get("reason")
 
 
-def test_a_request_the_runner_refuses_fails_alone(tmp_path: Path) -> None:
-    """With drafts, vLLM trims a row's drafts near max_model_len; the runner's row carries K
-    (rule 13), so it refuses that plan: the request fails alone with the runner's line (HTTP
-    500, vLLM's finish reason `error`), the abort and its reason are in the events, and the
-    next request is served. (Issue "Every schedule vLLM makes" serves such rows.)"""
+def test_vllm_serve_with_drafts(tmp_path: Path) -> None:
+    """Drafts (K = 2, the probe's own drafter on the device) under vLLM's async scheduling:
+    - structured outputs: vLLM's grammar bitmask masks every query token of a constrained row
+      on the device (its next token and the token after each draft), so with drafts accepted
+      the text still matches the regex (a lane left unmasked would draw outside it, and vLLM's
+      grammar would end the request with an error);
+    - logprobs: one entry per generated token, rows that accepted drafts included;
+    - near max_model_len vLLM trims a row's drafts; the runner's row carries K (rule 13), so it
+      refuses that plan: the request fails alone with the runner's line (HTTP 500), the abort
+      and its reason are in the events, and the next request is served. (Issue "Every schedule
+      vLLM makes" serves such rows.)"""
     model_dir, _ = _probe(tmp_path)
     server = Server(model_dir, tmp_path / "events.itf.json", "--async-scheduling",
-                    "--max-model-len", "16", "--max-num-seqs", "4", "--speculative-config",
+                    "--max-model-len", "128", "--max-num-seqs", "4", "--speculative-config",
                     f'{{"method": "draft_model", "model": "{model_dir}", '
                     '"num_speculative_tokens": 2}')
     try:
-        status, answer = server.post(COMPLETIONS, {"prompt": "ab", "max_tokens": 14,
+        for regex, pattern in ((r"[a-z]{24}", r"[a-z]{24}"), (r"(ab|cd){5}z", r"(ab|cd){5}z"),
+                               (r"[0-9]{20}", r"[0-9]{20}")):
+            for temperature in (0.0, 1.0):
+                status, answer = server.post(COMPLETIONS, {
+                    "prompt": "answer:", "max_tokens": 40, "temperature": temperature,
+                    "structured_outputs": {"regex": regex}})
+                assert status == 200, answer
+                (choice,) = answer["choices"]
+                assert re.fullmatch(pattern, choice["text"]), (regex, choice["text"])
+                assert choice["finish_reason"] == "stop"
+
+        status, answer = server.post(COMPLETIONS, {"prompt": "logprobs", "max_tokens": 24,
+                                                   "temperature": 0, "logprobs": 2,
+                                                   "ignore_eos": True})
+        assert status == 200, answer
+        lp = answer["choices"][0]["logprobs"]
+        assert len(lp["tokens"]) == len(lp["top_logprobs"]) == 24
+        for token, top in zip(lp["tokens"], lp["top_logprobs"], strict=True):
+            assert max(top, key=top.get) == token  # greedy: the most likely one
+
+        status, answer = server.post(COMPLETIONS, {"prompt": "x" * 100, "max_tokens": 28,
                                                    "temperature": 0, "ignore_eos": True})
         assert status == 500, answer
         assert "(rule 13)" in answer["error"]["message"], answer
@@ -207,5 +241,11 @@ def test_a_request_the_runner_refuses_fails_alone(tmp_path: Path) -> None:
         events = server.stop()
     d = validate(events, bounds_of(events))
     assert d is None, d.line()
-    aborts = [e for e in events if e.action == "abort"]
-    assert len(aborts) == 1 and "(rule 13)" in aborts[0].get("reason")
+    # The refused request's abort holds the runner's line (the others: vLLM ended them when
+    # their grammar completed).
+    refused = [e for e in events if e.action == "abort" and e.get("reason")]
+    assert len(refused) == 1 and "(rule 13)" in refused[0].get("reason")
+    stats, decided = server.summary["stats"], server.summary["vllm"]
+    # Drafts were accepted, on constrained rows too: masked rows in steps with drafts.
+    assert decided["masked_rows"] > 0 and stats.get("accepted_1", 0) > 0, (decided, stats)
+    assert stats.get("accepted_2", 0) > 0, stats

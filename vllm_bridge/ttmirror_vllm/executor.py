@@ -66,6 +66,10 @@ class _Step:
     launched: bool
     refused: dict[str, str] = field(default_factory=dict)
     future: _Collect | None = None
+    deferred: dict[str, Any] | None = None
+    """The plan of a step with structured-output rows: launched only once vLLM hands its
+    grammar bitmask to `sample_tokens` (vLLM defers that until the tokens it is built from are
+    known)."""
 
 
 class _Collect(Future):  # type: ignore[type-arg]
@@ -97,10 +101,14 @@ class MirrorExecutor(Executor):
         self.conn = Connection(ours.detach())
         self.ids = wire.Ids()
         self.in_flight: deque[_Step] = deque()
+        self.rejected: dict[str, int] = {}
+        """Drafts the last collected step rejected, per vLLM request id."""
         self.closed: dict[str, Any] | None = None
         self.decisions = wire.Decisions()
         sched = self.vllm_config.scheduler_config
         spec = self.vllm_config.speculative_config
+        # Rows of vLLM's grammar bitmask each structured-output request owns: 1 + K.
+        self.mask_stride = 1 + (spec.num_speculative_tokens if spec is not None else 0)
         seed = os.environ.get(SEED)
         self.facts = self._ask("init", {
             "model_dir": self.model_config.model,
@@ -147,6 +155,11 @@ class MirrorExecutor(Executor):
         out = wire.output(step.so, got, self.ids)
         refused = step.refused | got.get("refused", {})
         setattr(out, FAILED, {self.ids.name[int(k)]: why for k, why in refused.items()})
+        # Drafts this step rejected, per request: vLLM counted them computed when it scheduled
+        # the next step, and takes them back only now.
+        self.rejected = {rid: len(d) + 1 - len(out.sampled_token_ids[out.req_id_to_index[rid]])
+                         for rid, d in step.so.scheduled_spec_decode_tokens.items()
+                         if out.sampled_token_ids[out.req_id_to_index[rid]]}
         return out
 
     def _collect_until(self, target: _Collect) -> None:
@@ -172,13 +185,17 @@ class MirrorExecutor(Executor):
                       non_block: bool = False) -> Any:
         # A refusal is raised here, where vLLM's own executors surface a failed launch.
         so = scheduler_output
-        launched = {"step": -1, "refused": {}}
+        launched: dict[str, Any] = {"step": -1, "refused": {}}
+        deferred = None
         # A step of no tokens still carries closes and preemptions: the worker applies them.
         if so.total_num_scheduled_tokens > 0 or so.finished_req_ids or so.preempted_req_ids:
             plan = wire.plan(scheduler_output, self.ids)
             self.decisions.count(plan, self.in_flight_rows())
-            launched = self._ask("launch", plan)
-        step = _Step(so, launched["step"] >= 0, launched["refused"])
+            if so.has_structured_output_requests and so.total_num_scheduled_tokens > 0:
+                deferred = plan  # launched with its masks, in sample_tokens
+            else:
+                launched = self._ask("launch", plan)
+        step = _Step(so, launched["step"] >= 0, launched["refused"], deferred=deferred)
         future: Future[ModelRunnerOutput | None] = Future()
         if so.total_num_scheduled_tokens == 0:
             # vLLM samples nothing for an empty step: its output is this one, empty.
@@ -193,7 +210,25 @@ class MirrorExecutor(Executor):
 
     def sample_tokens(self, grammar_output: GrammarOutput | None,  # type: ignore[override]
                       non_block: bool = False) -> Any:
-        step = self.in_flight[-1]  # the step execute_model launched last
+        step = self.in_flight[-1]  # the step execute_model launched (or deferred) last
+        if step.deferred is not None:
+            plan, step.deferred = step.deferred, None
+            so = step.so
+            plan["masks"] = wire.masks(grammar_output, self.ids, so, self.mask_stride,
+                                       self.facts["vocab"])
+            # vLLM planned this step before it read the last one's tokens: its computed counts
+            # still hold the drafts that step rejected (vLLM's own runner corrects them on the
+            # device), and its drafts are now the ones read back, those its grammar rejected
+            # padded with -1 (`update_draft_token_ids_in_output`).
+            for rid, n in self.rejected.items():
+                key = str(self.ids.of[rid])
+                if key in plan["computed"] and rid in so.num_scheduled_tokens:
+                    plan["computed"][key] -= n
+            plan["spec"] = {str(self.ids.of[rid]): list(d)
+                            for rid, d in so.scheduled_spec_decode_tokens.items()}
+            self.decisions.masked_rows += len(plan["masks"])
+            launched = self._ask("launch", plan)
+            step.launched, step.refused = launched["step"] >= 0, launched["refused"]
         step.future = future = _Collect(self)
         return future if non_block else future.result()
 

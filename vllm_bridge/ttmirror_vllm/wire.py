@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from vllm.sampling_params import SamplingParams
-from vllm.v1.core.sched.output import SchedulerOutput
+from vllm.v1.core.sched.output import GrammarOutput, SchedulerOutput
 from vllm.v1.outputs import LogprobsLists, ModelRunnerOutput
 
 
@@ -29,12 +29,13 @@ class Decisions:
     """What vLLM's scheduler decided, counted from its outputs: steps, arrivals, prefill chunks
     that stopped short of the prompt, preemptions, resumes, closes, rows scheduled while the
     request's previous step was still in flight (each one a placeholder in vLLM's books, filled
-    on the device by the mirror), and (re)entries whose prefix vLLM's cache held."""
+    on the device by the mirror), (re)entries whose prefix vLLM's cache held, and rows launched
+    with vLLM's grammar bitmask (`masked_rows`)."""
 
     def __init__(self) -> None:
         self.steps = self.arrivals = self.partial_chunks = self.preemptions = 0
         self.resumes = self.finished = self.rows_over_placeholders = self.max_rows = 0
-        self.prefix_hits = 0
+        self.prefix_hits = self.masked_rows = 0
 
     def count(self, plan: dict[str, Any], in_flight: set[int]) -> None:
         self.steps += bool(plan["rows"])  # a plan of closes only is no step
@@ -59,7 +60,6 @@ def unsupported(params: Any) -> list[str]:
     if not isinstance(params, SamplingParams):
         return []
     asked = {
-        "structured_outputs": params.structured_outputs is not None,
         "prompt_logprobs": params.prompt_logprobs is not None,
         "prompt_logprob_token_ids": params.prompt_logprob_token_ids is not None,
         "logprob_token_ids": params.logprob_token_ids is not None,
@@ -111,7 +111,10 @@ def plan(so: SchedulerOutput, ids: Ids) -> dict[str, Any]:
         new.append({"req": req, "prompt": list(n.prompt_token_ids),
                     "max_tokens": params.max_tokens,
                     "stop_ids": sorted(params.all_stop_token_ids),
-                    "sampling": sampling(params), "unsupported": unsupported(params)})
+                    "sampling": sampling(params), "unsupported": unsupported(params),
+                    # Structured output: vLLM builds each step's mask from the tokens it knows,
+                    # so the request needs its newest token on the host (host-sync).
+                    "host_sync": params.structured_outputs is not None})
         computed[req] = n.num_computed_tokens
     cached = so.scheduled_cached_reqs
     short = 0  # prefill chunks that stop short of the context: new and resumed requests
@@ -182,3 +185,22 @@ def output(so: SchedulerOutput, collected: dict[str, Any], ids: Ids) -> ModelRun
         sampled_token_ids=got,
         logprobs=lists,
     )
+
+
+def masks(grammar: GrammarOutput | None, ids: Ids, so: SchedulerOutput, stride: int,
+          vocab: int) -> dict[str, list[list[int]]]:
+    """vLLM's grammar bitmask as the ids each structured-output row may draw, per query token:
+    request i of `grammar` owns rows i * stride (its next token) to i * stride + d (the token
+    after each of its d scheduled drafts), a bit per id, 32 to a word."""
+    if grammar is None:
+        return {}
+    import numpy as np
+
+    words = np.ascontiguousarray(grammar.grammar_bitmask).view(np.uint32)
+    bits = np.unpackbits(words.view(np.uint8), axis=1, bitorder="little")[:, :vocab]
+    out = {}
+    for i, rid in enumerate(grammar.structured_output_request_ids):
+        lanes = 1 + len(so.scheduled_spec_decode_tokens.get(rid, ()))
+        out[str(ids.of[rid])] = [np.flatnonzero(bits[i * stride + j]).tolist()
+                                 for j in range(lanes)]
+    return out
