@@ -119,6 +119,8 @@ class KvStats:
     """Prefill chunks the step's token budget cut shorter than they would have been."""
     peak_step_tokens: int = 0
     """Most tokens one step computed (decodes plus prefill chunks)."""
+    drafts_on_prefill: int = 0
+    """Last prefill chunks a foreign scheduler gave drafts (left unverified: all rejected)."""
     prefix_hits: int = 0
     """(Re)entries whose scheduler had their first tokens cached (a foreign prefix cache)."""
     prefix_tokens: int = 0

@@ -113,6 +113,8 @@ class ScheduledEngine(ServingEngine):
         self.seeds = random.Random(self.sampling.seed or 0)
         """The engine's seeded stream: one seed per sampled arrival without one of its own."""
         self._refused_now: dict[int, str] = {}
+        self.unverified: dict[int, tuple[int, int]] = {}
+        """Per request, the step whose last prefill chunk carried drafts, and how many."""
 
     # --- one step --------------------------------------------------------------------------------
     def launch(self, plan: Plan) -> int:
@@ -321,7 +323,7 @@ class ScheduledEngine(ServingEngine):
             ours = self.prefilled.get(req, 0)
         else:
             ours = len(self.requests[req].prompt) - 1 + len(r.requests[req].delivered) \
-                + r.owed(req)
+                + r.owed(req) + self._unverified_in_flight(req)
         theirs = plan.computed[req]
         if theirs != ours:
             raise Disagreement(f"request {req}: the plan says {theirs} tokens computed, the "
@@ -348,22 +350,41 @@ class ScheduledEngine(ServingEngine):
                                    f"the ones read back with its last step {list(held)}")
             return
         remaining = self._prefill_tokens(req) - self.prefilled.get(req, 0)
-        give = plan.tokens[req]
-        if not 1 <= give <= remaining:
+        give, carried = plan.tokens[req], len(plan.spec.get(req, ()))
+        if carried and give - carried != remaining:
+            raise Disagreement(f"request {req}: {carried} draft(s) on a prefill chunk of "
+                               f"{give - carried} tokens with {remaining} left to prefill")
+        if not 1 <= give - carried <= remaining:
             raise Disagreement(f"request {req}: a prefill chunk of {give} tokens with "
                                f"{remaining} left to prefill")
 
     def _plan_chunks(self, plan: Plan, rows: Sequence[int]) -> None:
         """The plan's prefill chunks (checked by `_check_row`): a chunk short of the context is
-        a partial row."""
+        a partial row. A scheduler may put drafts on the chunk that ends a prefill (vLLM does,
+        for a request resumed with drafts it held): the row prefills and samples its next token
+        as any last chunk, and its drafts go unverified, as all rejected; the scheduler counted
+        them computed until it hears so (`_unverified_in_flight`)."""
         r = self.runner
         self.chunk = {}
         for req in rows:
             if req in self.needs_prefill:
-                give = plan.tokens[req]
+                drafts = len(plan.spec.get(req, ()))
+                give = plan.tokens[req] - drafts
                 remaining = self._prefill_tokens(req) - self.prefilled.get(req, 0)
                 r.chunk_prefill(req, partial=give < remaining)
                 self.chunk[req] = give
+                if drafts:
+                    self.unverified[req] = (r.steps, drafts)  # the step scheduled next
+                    self.kv.drafts_on_prefill += 1
+
+    def _unverified_in_flight(self, req: int) -> int:
+        """Drafts the scheduler put on a last prefill chunk of `req` still in flight: it counts
+        them computed (as placeholders) until that step's tokens reach it."""
+        step, drafts = self.unverified.get(req, (-1, 0))
+        if not any(s.index == step for s in self.runner.queue):
+            self.unverified.pop(req, None)
+            return 0
+        return drafts
 
     def host_drafts(self) -> dict[int, tuple[int, ...]]:
         """Open requests whose next row carries drafts, with the drafts read back for it."""
