@@ -6,8 +6,10 @@ For each configuration (async scheduling on and off; without drafts and with K d
 with vLLM's default sampling (temperature 1.0, no seed: each request draws its seed at arrival).
 It prints vLLM's own figures per point (completed and failed requests, request throughput,
 output tokens/s, median TTFT and TPOT), then async over sync as ratios, each measured in this
-one run. Every server's events are validated against the model afterwards; a failed request or
-a run that leaves the model fails the benchmark (exit 1).
+one run, and where each configuration's time went (vLLM's process, the socket, the worker's
+host work, the wait on the device's readbacks). Every server's events are validated against
+the model afterwards; a failed request or a run that leaves the model fails the benchmark
+(exit 1).
 
 Usage: python benchmarks/bench_serve.py [--model probe] [--prompts 48] [--quick] [--json F]
 """
@@ -65,11 +67,32 @@ def serve_and_load(model_dir: str, work: Path, async_on: bool, drafts: int, prom
                                   "--max-concurrency", str(concurrency), "--seed", "0")
             figures[rate, concurrency] = {m: result.get(m) for m in METRICS}
             figures[rate, concurrency]["failed"] = result.get("failed", 0)
+            figures[rate, concurrency]["duration"] = result["duration"]
     finally:
         events = server.stop()
     d = validate(events, bounds_of(events))
     return {"name": name, "figures": figures, "startup_s": startup, "events": len(events),
-            "valid": d is None, "divergence": None if d is None else d.line()}
+            "valid": d is None, "divergence": None if d is None else d.line(),
+            "time": where_time_goes(server.summary, sum(f["duration"]
+                                                        for f in figures.values()))}
+
+
+STEP_MESSAGES = ("launch", "collect", "drafts")
+"""The messages of serving (not the worker's start or close)."""
+
+
+def where_time_goes(summary: dict[str, Any], wall: float) -> dict[str, float]:
+    """Seconds of the load's wall time by where they went: vLLM's engine core not waiting on
+    the worker (its scheduler, detokenizer hand-off, the API process's share of the core),
+    the socket (round trips less the worker's handling: pickling, the two processes' wake-ups),
+    the worker's host work (planning, staging, launching, applying), and the host waiting on
+    the device's readbacks (the emulated device's kernels)."""
+    asked = sum(summary.get("asked_s", {}).get(k, 0.0) for k in STEP_MESSAGES)
+    seconds = summary.get("seconds", {})
+    handled = sum(seconds.get(k, 0.0) for k in STEP_MESSAGES)
+    device = seconds.get("readback_wait", 0.0)
+    return {"wall": wall, "vllm": wall - asked, "socket": asked - handled,
+            "worker": handled - device, "device": device}
 
 
 def main() -> int:
@@ -101,6 +124,10 @@ def main() -> int:
                       f"{f['output_throughput']:.1f} output tok/s, TTFT "
                       f"{f['median_ttft_ms']:.1f} ms, TPOT {f['median_tpot_ms']:.1f} ms "
                       "(medians)", flush=True)
+            t = run["time"]
+            print("  where the load's " + f"{t['wall']:.1f} s went: " + ", ".join(
+                f"{part} {t[part]:.1f} s ({t[part] / t['wall']:.0%})"
+                for part in ("vllm", "socket", "worker", "device")), flush=True)
             print(f"  events: {run['events']}, "
                   + ("every one a model transition" if run["valid"]
                      else f"LEFT THE MODEL: {run['divergence']}"), flush=True)

@@ -32,6 +32,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import random
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
@@ -113,6 +114,8 @@ class ScheduledEngine(ServingEngine):
         self.seeds = random.Random(self.sampling.seed or 0)
         """The engine's seeded stream: one seed per sampled arrival without one of its own."""
         self._refused_now: dict[int, str] = {}
+        self.readback_wait = 0.0
+        """Seconds the host waited in readbacks (the device's share of a collect)."""
         self.unverified: dict[int, tuple[int, int]] = {}
         """Per request, the step whose last prefill chunk carried drafts, and how many."""
 
@@ -172,11 +175,14 @@ class ScheduledEngine(ServingEngine):
         r = self.runner
         step = r.queue[0].index
         rows = [row.req for row in r.queue[0].rows if row.live and not row.partial]
+        started = time.perf_counter()
         try:
             r.readback_complete(0)
         except DeviceFault as fault:
             self._fail_alone(fault)
             return Collected(step, {req: [] for req in rows}, refused=self.take_refused())
+        finally:
+            self.readback_wait += time.perf_counter() - started
         before = {req: len(r.requests[req].delivered) for req in rows}
         r.apply()
         self._release_free_slots()

@@ -28,6 +28,7 @@ import os
 import signal
 import socket
 import sys
+import time
 import traceback
 from collections.abc import Callable
 from multiprocessing.connection import Connection
@@ -89,6 +90,8 @@ class Worker:
         self.backend: Any = None
         self.trace: Path | None = None
         self.failed: str | None = None
+        self.seconds: dict[str, float] = {}
+        """Wall seconds spent handling each kind of message (where the worker's time goes)."""
 
     def init(self, options: dict[str, Any]) -> dict[str, Any]:
         from .impl.backend import get_backend, padded_rows
@@ -163,6 +166,7 @@ class Worker:
                 "partial_chunks": engine.kv.partial_chunks, "prefills": engine.kv.prefills,
                 "prefix_hits": engine.kv.prefix_hits, "prefix_tokens": engine.kv.prefix_tokens}
             summary["closed_as"] = {str(k): v for k, v in engine.closed_as.items()}
+            summary["seconds"] = dict(self.seconds, readback_wait=engine.readback_wait)
             if self.trace is not None:
                 from .conformance.itf import write_events
 
@@ -200,6 +204,7 @@ def serve(conn: Connection) -> None:
         if worker.failed is not None:
             conn.send(("error", f"the worker failed earlier: {worker.failed}"))
             continue
+        started = time.perf_counter()
         try:
             result = handlers[kind](*args)
         except Exception as e:
@@ -208,6 +213,7 @@ def serve(conn: Connection) -> None:
                 traceback.print_exc()
             conn.send(("error", worker.failed))
             continue
+        worker.seconds[kind] = worker.seconds.get(kind, 0.0) + time.perf_counter() - started
         conn.send((replies[kind], result))
 
 

@@ -156,3 +156,28 @@ def test_a_cached_prefix_covering_the_whole_context_is_refused_alone() -> None:
     got = engine.take_refused()
     assert list(got) == [0] and "leaves at least one token" in got[0]
     assert {k: len(v) for k, v in engine.collect().tokens.items()} == {1: 1}
+
+
+@pytest.mark.parametrize("mode", ["on", "off"])
+def test_drafts_on_the_chunk_that_ends_a_prefill_go_unverified(mode: str) -> None:
+    """vLLM resumes a request with the drafts it held, on the chunk that ends its prefill: the
+    row prefills and samples its next token, the drafts count as rejected, and the next plans'
+    computed counts (vLLM's: optimistic while the step is in flight, then taken back) agree."""
+    engine = ScheduledEngine(ServingBackend(CpuBackend(), ProbeDecoder()),
+                             ServingConfig(async_scheduling=mode, rows=4, spec_tokens=1))
+    engine.launch(Plan(rows=(0,), tokens={0: 4}, computed={0: 0}, spec={0: (5,)},
+                       new=(NewRequest(0, (1, 2, 3), 8),)))
+    assert engine.take_refused() == {} and engine.kv.drafts_on_prefill == 1
+    if mode == "on":  # planned with the prefill in flight: its draft still counted computed
+        engine.launch(Plan(rows=(0,), tokens={0: 2}, computed={0: 4}, spec={0: (-1,)}))
+        assert engine.take_refused() == {}
+        assert len(engine.collect().tokens[0]) == 1  # the prefill's one token
+        assert len(engine.collect().tokens[0]) >= 1
+    else:
+        assert len(engine.collect().tokens[0]) == 1
+        held = engine.host_drafts()[0]
+        engine.launch(Plan(rows=(0,), tokens={0: 2}, computed={0: 3}, spec={0: held}))
+        assert engine.take_refused() == {}
+        assert len(engine.collect().tokens[0]) >= 1
+    events = engine.runner.events.events
+    assert validate(events, bounds_of(events)) is None

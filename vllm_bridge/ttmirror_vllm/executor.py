@@ -15,6 +15,7 @@ from __future__ import annotations
 import os
 import socket
 import subprocess
+import time
 from collections import deque
 from concurrent.futures import Future
 from dataclasses import dataclass, field
@@ -100,6 +101,9 @@ class MirrorExecutor(Executor):
         theirs.close()
         self.conn = Connection(ours.detach())
         self.ids = wire.Ids()
+        self.asked_s: dict[str, float] = {}
+        """Wall seconds vLLM's process spent waiting on the worker, per kind of message (the
+        socket, the worker and the device's readbacks together)."""
         self.in_flight: deque[_Step] = deque()
         self.rejected: dict[str, int] = {}
         """Drafts the last collected step rejected, per vLLM request id."""
@@ -132,9 +136,11 @@ class MirrorExecutor(Executor):
 
     # --- the worker ------------------------------------------------------------------------------
     def _ask(self, kind: str, *args: Any) -> Any:
+        started = time.perf_counter()
         try:
             self.conn.send((kind, *args))
             reply, value = self.conn.recv()
+            self.asked_s[kind] = self.asked_s.get(kind, 0.0) + time.perf_counter() - started
         except (EOFError, OSError, BrokenPipeError):
             code = self.proc.poll()
             raise WorkerError(f"the ttmirror worker died (exit code {code}) during {kind}"
@@ -300,6 +306,7 @@ class MirrorExecutor(Executor):
             self.closed = {"failed": str(e)}
         finally:
             self.closed["vllm"] = self.decisions.as_dict()
+            self.closed["asked_s"] = dict(self.asked_s)
             self.conn.close()
             if os.environ.get(SUMMARY):
                 import json
