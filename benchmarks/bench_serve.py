@@ -149,6 +149,7 @@ def main() -> int:
     print("every request of every configuration completed, every run validated: "
           + ("yes" if ok else "NO"))
     if ns.json:
+        Path(ns.json).parent.mkdir(parents=True, exist_ok=True)
         Path(ns.json).write_text(json.dumps(
             {run["name"]: {**run, "figures": {f"{r}/{c}": f for (r, c), f in
                                               run["figures"].items()}}

@@ -65,7 +65,8 @@ class Server:
         self.port = free_port()
         env = dict(os.environ, TTMIRROR_VLLM="1", TTMIRROR_PYTHON=sys.executable,
                    TTMIRROR_TRACE=str(trace), TTMIRROR_SUMMARY=str(self.summary_path),
-                   OMP_NUM_THREADS="1", VLLM_LOGGING_LEVEL="WARNING")
+                   OMP_NUM_THREADS="1",
+                   VLLM_LOGGING_LEVEL=os.environ.get("VLLM_LOGGING_LEVEL", "WARNING"))
         vllm = str(Path(vllm_python()).parent / "vllm")
         self.proc = subprocess.Popen(
             [vllm, "serve", model_dir, "--host", "127.0.0.1", "--port", str(self.port),

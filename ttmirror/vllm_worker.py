@@ -4,13 +4,19 @@ vLLM runs in its own environment (it needs numpy >= 2, ttnn < 2), so its executo
 (`vllm_bridge/ttmirror_vllm/executor.py`) starts this module with ttmirror's Python and talks to
 it over one socket (`--fd`), in plain Python values only: no class of either environment crosses.
 
-    ("init", options)  -> ("ready", facts)        load the model, open the device, the engine
-    ("launch", plan)   -> ("launched", result)    one step of vLLM's, launched (not waited for):
-                                                  its index (-1: none) and the requests refused
-    ("collect",)       -> ("collected", result)   the oldest step's tokens, read back, and the
-                                                  requests a device fault failed
-    ("drafts",)        -> ("drafts", {req: ids})  drafts read back (depth 1 with drafts)
-    ("close",)         -> ("closed", summary)     write the events' trace, close the device
+    ("init", options)         -> ("ready", facts)        load the model, open the device
+    ("launch", plan, books)   -> ("launched", result)    one step of vLLM's, launched (not
+                                                         waited for): its index (-1: none)
+                                                         and the requests refused
+    ("collect", books)        -> ("collected", result)   the oldest step's tokens, read back,
+                                                         and the requests a fault failed
+    ("drafts",)               -> ("drafts", {req: ids})  drafts read back (depth 1, drafts)
+    ("close", books)          -> ("closed", summary)     write the events' trace and the
+                                                         summary, then close the device
+
+`books` are vLLM's side's counts so far (its decisions, its waits on the worker), kept for the
+summary, which the worker writes (`options["summary"]`) even when vLLM's engine core is killed
+before it can ask.
 
 A request the mirror cannot serve (a parameter it does not implement, a decision of vLLM's the
 model forbids, a device fault in its step) is refused alone: the reply names it with its reason
@@ -24,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import json
 import os
 import signal
 import socket
@@ -37,6 +44,8 @@ from typing import Any
 
 PROTOCOL = 2
 """Bumped whenever a message changes: the executor refuses a worker of another protocol."""
+SAMPLER_ROWS = 32
+"""Rows a step may hold on the sampler path: `ttnn.sampling` takes at most 32 users."""
 
 
 def _new(n: dict[str, Any], vocab: int) -> Any:
@@ -92,6 +101,9 @@ class Worker:
         self.failed: str | None = None
         self.seconds: dict[str, float] = {}
         """Wall seconds spent handling each kind of message (where the worker's time goes)."""
+        self.summary: Path | None = None
+        self.books: dict[str, Any] = {}
+        """vLLM's side's counts, as of its last message (`vllm`, `asked_s`)."""
 
     def init(self, options: dict[str, Any]) -> dict[str, Any]:
         from .impl.backend import get_backend, padded_rows
@@ -103,6 +115,9 @@ class Worker:
 
         model = load_model_dir(options["model_dir"])
         rows = int(options["rows"])
+        if options.get("sampler", True) and rows > SAMPLER_ROWS:
+            raise ValueError(f"{rows} rows: ttnn.sampling draws for at most {SAMPLER_ROWS} "
+                             f"users per step; serve at most {SAMPLER_ROWS} (--max-num-seqs)")
         backend_options: dict[str, Any] = {}
         if options.get("backend", "tt") == "tt":
             from .impl.devices import chip_present
@@ -129,6 +144,7 @@ class Worker:
             spec_tokens=int(options.get("spec_tokens", 0)))
         self.engine = ScheduledEngine(self.backend, config)
         self.trace = Path(options["trace"]) if options.get("trace") else None
+        self.summary = Path(options["summary"]) if options.get("summary") else None
         return {
             "protocol": PROTOCOL, "model": model.name, "vocab": model.vocab,
             "max_context": model.max_context, "backend": self.backend.name,
@@ -137,12 +153,15 @@ class Worker:
             "max_concurrent_batches": self.engine.max_concurrent_batches(),
         }
 
-    def launch(self, plan: dict[str, Any]) -> dict[str, Any]:
+    def launch(self, plan: dict[str, Any], books: dict[str, Any] | None = None
+               ) -> dict[str, Any]:
+        self.books = books or self.books
         step: int = self.engine.launch(_plan(plan, self.engine.model.vocab))
         refused = self.engine.take_refused()
         return {"step": step, "refused": {str(k): v for k, v in refused.items()}}
 
-    def collect(self) -> dict[str, Any]:
+    def collect(self, books: dict[str, Any] | None = None) -> dict[str, Any]:
+        self.books = books or self.books
         got = self.engine.collect()
         return {
             "step": got.step,
@@ -157,7 +176,11 @@ class Worker:
         hands them to the next step)."""
         return {str(k): list(v) for k, v in self.engine.host_drafts().items()}
 
-    def close(self) -> dict[str, Any]:
+    def close(self, books: dict[str, Any] | None = None) -> dict[str, Any]:
+        """Write the run's events and the closing summary (with vLLM's side's counts) and
+        return it; the device stays open (`release`), so that vLLM has the summary before the
+        device takes its time to close."""
+        self.books = books or self.books
         summary: dict[str, Any] = {"failed": self.failed}
         engine = self.engine
         if engine is not None:
@@ -173,10 +196,17 @@ class Worker:
                 events = engine.runner.events.events
                 write_events(events, self.trace)
                 summary["events"] = len(events)
-            engine.close()
+        summary |= self.books
+        if self.summary is not None:
+            self.summary.write_text(json.dumps(summary))
+        return summary
+
+    def release(self) -> None:
+        """Close the engine and the device."""
+        if self.engine is not None:
+            self.engine.close()
         if self.backend is not None:
             self.backend.close()
-        return summary
 
 
 def serve(conn: Connection) -> None:
@@ -193,13 +223,17 @@ def serve(conn: Connection) -> None:
             # vLLM's side is gone without a close: keep the events recorded so far, then go.
             with contextlib.suppress(Exception):  # the trace is written before the device closes
                 worker.close()
+                worker.release()
             return
         kind, *args = message
         if kind == "close":
             try:
-                conn.send(("closed", worker.close()))
+                conn.send(("closed", worker.close(*args)))
             except Exception as e:
                 conn.send(("error", f"close: {type(e).__name__}: {e}"))
+            finally:
+                with contextlib.suppress(Exception):  # vLLM has its answer: nothing to tell
+                    worker.release()
             return
         if worker.failed is not None:
             conn.send(("error", f"the worker failed earlier: {worker.failed}"))

@@ -42,7 +42,7 @@ SAMPLER = "TTMIRROR_SAMPLER"
 default it loads the seeded sampler, as vLLM's default sampling (temperature 1.0) needs."""
 MAX_LOGPROBS = "TTMIRROR_MAX_LOGPROBS"
 SUMMARY = "TTMIRROR_SUMMARY"
-"""Where the executor writes the worker's closing summary (JSON: its counters, how it closed
+"""Where the worker writes the run's closing summary (JSON: its counters, how it closed
 each request), at shutdown."""
 PROTOCOL = 2
 BLOCK_SIZE = 16
@@ -120,6 +120,7 @@ class MirrorExecutor(Executor):
             "rows": sched.max_num_seqs,
             "spec_tokens": spec.num_speculative_tokens if spec is not None else 0,
             "trace": os.environ.get(TRACE),
+            "summary": os.environ.get(SUMMARY),
             "seed": int(seed) if seed is not None else int(self.model_config.seed or 0),
             "sampler": os.environ.get(SAMPLER) != "greedy",
             # The logprob ring's width: vLLM's own limit (`--max-logprobs`, default 20) unless
@@ -149,6 +150,12 @@ class MirrorExecutor(Executor):
             raise WorkerError(f"ttmirror worker: {value}")
         return value
 
+    def _books(self) -> dict[str, Any]:
+        """What vLLM's side counted so far (its decisions, its waits on the worker), sent with
+        each step: the worker's closing summary holds it even when vLLM's engine core is
+        killed in its shutdown (its process manager does, a few seconds after a Ctrl-C)."""
+        return {"vllm": self.decisions.as_dict(), "asked_s": dict(self.asked_s)}
+
     def in_flight_rows(self) -> set[int]:
         """The worker's ids of the requests with a row in a step not collected yet."""
         return {self.ids.of[rid] for step in self.in_flight
@@ -157,7 +164,8 @@ class MirrorExecutor(Executor):
     def _output(self, step: _Step) -> ModelRunnerOutput:
         """The step's output: its tokens read back (none where the worker launched nothing),
         marked with every request the worker refused or failed with it."""
-        got = self._ask("collect") if step.launched else {"tokens": {}, "logprobs": {}}
+        got = (self._ask("collect", self._books()) if step.launched
+               else {"tokens": {}, "logprobs": {}})
         out = wire.output(step.so, got, self.ids)
         refused = step.refused | got.get("refused", {})
         setattr(out, FAILED, {self.ids.name[int(k)]: why for k, why in refused.items()})
@@ -200,7 +208,7 @@ class MirrorExecutor(Executor):
             if so.has_structured_output_requests and so.total_num_scheduled_tokens > 0:
                 deferred = plan  # launched with its masks, in sample_tokens
             else:
-                launched = self._ask("launch", plan)
+                launched = self._ask("launch", plan, self._books())
         step = _Step(so, launched["step"] >= 0, launched["refused"], deferred=deferred)
         future: Future[ModelRunnerOutput | None] = Future()
         if so.total_num_scheduled_tokens == 0:
@@ -233,7 +241,7 @@ class MirrorExecutor(Executor):
             plan["spec"] = {str(self.ids.of[rid]): list(d)
                             for rid, d in so.scheduled_spec_decode_tokens.items()}
             self.decisions.masked_rows += len(plan["masks"])
-            launched = self._ask("launch", plan)
+            launched = self._ask("launch", plan, self._books())
             step.launched, step.refused = launched["step"] >= 0, launched["refused"]
         step.future = future = _Collect(self)
         return future if non_block else future.result()
@@ -301,14 +309,14 @@ class MirrorExecutor(Executor):
         self.closed = {}
         try:
             if self.proc.poll() is None:
-                self.closed = self._ask("close")
+                self.closed = self._ask("close", self._books())
         except WorkerError as e:
             self.closed = {"failed": str(e)}
         finally:
-            self.closed["vllm"] = self.decisions.as_dict()
-            self.closed["asked_s"] = dict(self.asked_s)
+            self.closed |= self._books()
             self.conn.close()
-            if os.environ.get(SUMMARY):
+            if os.environ.get(SUMMARY) and self.closed.get("failed"):
+                # The worker writes the summary as it closes; one that failed or died cannot.
                 import json
 
                 with open(os.environ[SUMMARY], "w") as f:

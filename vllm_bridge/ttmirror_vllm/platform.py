@@ -2,9 +2,16 @@
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from vllm.platforms.interface import Platform, PlatformEnum
+
+logger = logging.getLogger("ttmirror_vllm")
+
+MAX_ROWS = 32
+"""Rows a step may hold on the mirror: `ttnn.sampling` takes at most 32 users (one tile of
+rows), as the TT decode stacks batch 32 users."""
 
 
 class MirrorPlatform(Platform):
@@ -24,6 +31,12 @@ class MirrorPlatform(Platform):
         # vLLM's own schedulers, which end a request the mirror refused with an error of its
         # own (scheduler.py): the platform hook runs after async scheduling is resolved.
         sched = vllm_config.scheduler_config
+        if sched.max_num_seqs > MAX_ROWS:
+            # vLLM's default is 256; the device's sampler draws for 32 users per call.
+            logger.warning("ttmirror: max_num_seqs %d capped at %d: ttnn.sampling draws for "
+                           "at most %d users per step on the TT mirror", sched.max_num_seqs,
+                           MAX_ROWS, MAX_ROWS)
+            sched.max_num_seqs = MAX_ROWS
         if sched.scheduler_cls is None:
             sched.scheduler_cls = (MirrorAsyncScheduler if sched.async_scheduling
                                    else MirrorScheduler)
