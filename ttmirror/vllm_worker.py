@@ -123,11 +123,16 @@ class Worker:
             from .impl.devices import chip_present
 
             if not chip_present():
-                from .emulator import Emulator
+                from .emulator import Emulator, ManualScheduler, ProcessScheduler
                 from .emulator.decoder import dram_bytes
                 from .emulator.device import DEFAULT_DRAM_SIZE
 
+                # The default emulated device: its queues in a device process of their own,
+                # beside this host process, as a chip's cores run beside the host ("host":
+                # completed in this process when the host waits, for comparison).
+                in_host = options.get("device") == "host"
                 backend_options["provider"] = Emulator(
+                    scheduler=ManualScheduler if in_host else ProcessScheduler,
                     dram_size=DEFAULT_DRAM_SIZE + dram_bytes(model, padded_rows(rows), rows))
         # The seeded sampler unless told greedy-only: requests may sample (vLLM's default is
         # temperature 1.0), and a greedy one draws with top-k 1 there. Its seed is vLLM's own

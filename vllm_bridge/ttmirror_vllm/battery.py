@@ -50,6 +50,10 @@ def run(cell: dict[str, Any], summary_path: str) -> dict[str, Any]:
             os.environ[env] = str(cell[key])
         else:
             os.environ.pop(env, None)
+    # The emulated device in the worker's process (completed as the host waits): these cells
+    # check vLLM's decisions and the tokens, not overlap, and a device process per cell costs
+    # more than the cell (`vllm serve` keeps the default, a device process).
+    os.environ["TTMIRROR_DEVICE"] = cell.get("device", "host")
     # Without a sampler seed the worker loads the argmax path: greedy cells compare with the
     # model's own float32 argmax (the sampler draws from bfloat16 logits, as ttnn.sampling).
     if cell.get("sampler_seed") is None:

@@ -37,6 +37,9 @@ TRACE = "TTMIRROR_TRACE"
 """Where the worker writes the run's events (an ITF trace for `ttmirror validate`)."""
 SEED = "TTMIRROR_SAMPLER_SEED"
 """The worker's sampler seed, where set; else vLLM's own (`--seed`, default 0)."""
+DEVICE = "TTMIRROR_DEVICE"
+"""Off hardware, where the emulated device runs: `process` (default: a device process of its
+own, beside the worker) or `host` (in the worker's process, as the host waits)."""
 SAMPLER = "TTMIRROR_SAMPLER"
 """`greedy`: the worker loads the argmax path (sampled requests are then refused alone); by
 default it loads the seeded sampler, as vLLM's default sampling (temperature 1.0) needs."""
@@ -121,6 +124,7 @@ class MirrorExecutor(Executor):
             "spec_tokens": spec.num_speculative_tokens if spec is not None else 0,
             "trace": os.environ.get(TRACE),
             "summary": os.environ.get(SUMMARY),
+            "device": os.environ.get(DEVICE, "process"),
             "seed": int(seed) if seed is not None else int(self.model_config.seed or 0),
             "sampler": os.environ.get(SAMPLER) != "greedy",
             # The logprob ring's width: vLLM's own limit (`--max-logprobs`, default 20) unless
