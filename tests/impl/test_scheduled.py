@@ -181,3 +181,46 @@ def test_drafts_on_the_chunk_that_ends_a_prefill_go_unverified(mode: str) -> Non
         assert len(engine.collect().tokens[0]) >= 1
     events = engine.runner.events.events
     assert validate(events, bounds_of(events)) is None
+
+
+@pytest.mark.parametrize(("call", "op", "when"), [("op", "argmax", "launch"),
+                                                  ("read", None, "launch"),
+                                                  ("read", None, "collect")])
+def test_a_device_fault_fails_its_steps_requests_alone(call: str, op: str | None,
+                                                      when: str) -> None:
+    """A fault in a step's launch (its argmax, its readback's copy) or a readback that never
+    lands (the host gives up on it): the requests of that step fail with the device's error
+    (`take_refused`, or the collect's `refused`), nothing of it is delivered, and the engine
+    serves the next request; the run validates."""
+    from ttmirror.conformance.fault_runs import STALL_S, TIMEOUT_S, open_emulated
+    from ttmirror.impl.tt_backend import TtBackend
+
+    device = open_emulated()
+    try:
+        engine = ScheduledEngine(ServingBackend(TtBackend(device), ProbeDecoder()),
+                                 ServingConfig(async_scheduling="off", rows=4,
+                                               readback_timeout_s=TIMEOUT_S))
+        _two_arrive(engine)
+        # The fault kinds' own stall (`fault_runs`: past the host's patience).
+        device.faults.arm(call, op=op, stall_s=STALL_S if when == "collect" else None)
+        step = engine.launch(Plan(rows=(0, 1), tokens={0: 1, 1: 1}, computed={0: 3, 1: 2}))
+        if when == "launch":
+            assert step == -1
+            failed = engine.take_refused()
+        else:
+            assert step >= 0 and engine.take_refused() == {}
+            got = engine.collect()
+            assert got.tokens == {0: [], 1: []}
+            failed = got.refused
+        assert sorted(failed) == [0, 1]
+        assert all(why.startswith("device fault:") for why in failed.values())
+        assert {engine.status(q) for q in (0, 1)} == {Status.FAILED}
+        engine.launch(Plan(rows=(2,), tokens={2: 2}, computed={2: 0},
+                           new=(NewRequest(2, (7, 8), 4),)))
+        assert engine.take_refused() == {}
+        assert {k: len(v) for k, v in engine.collect().tokens.items()} == {2: 1}
+        events = engine.runner.events.events
+        assert validate(events, bounds_of(events)) is None
+    finally:
+        engine.close()
+        device.close()
