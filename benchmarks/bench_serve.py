@@ -35,7 +35,7 @@ POINTS: tuple[tuple[float, int], ...] = ((math.inf, 1), (math.inf, 4), (8.0, 8))
 arrival rate of 8/s with up to 8 in flight."""
 CONFIGS: tuple[tuple[bool, int], ...] = ((True, 0), (False, 0), (True, 2), (False, 2))
 """(async scheduling, drafts per row)."""
-METRICS = ("completed", "failed", "request_throughput", "output_throughput", "median_ttft_ms",
+METRICS = ("completed", "request_throughput", "output_throughput", "median_ttft_ms",
            "median_tpot_ms")
 INPUT_LEN, OUTPUT_LEN = 16, 32
 MAX_MODEL_LEN = 128
@@ -48,8 +48,9 @@ def serve_and_load(model_dir: str, work: Path, async_on: bool, drafts: int, prom
     """One server of this configuration, vLLM's client at each point; the figures per point,
     the events' verdict and how long the server took to start."""
     name = f"{'async' if async_on else 'sync'}-k{drafts}"
+    # vLLM's defaults but async scheduling and the context (max_num_seqs: the platform's cap).
     args = ["--async-scheduling" if async_on else "--no-async-scheduling",
-            "--max-model-len", str(MAX_MODEL_LEN), "--max-num-seqs", "8"]
+            "--max-model-len", str(MAX_MODEL_LEN)]
     if drafts:
         args += ["--speculative-config", json.dumps(
             {"method": "draft_model", "model": model_dir, "num_speculative_tokens": drafts})]
@@ -65,9 +66,9 @@ def serve_and_load(model_dir: str, work: Path, async_on: bool, drafts: int, prom
                                   "--random-output-len", str(OUTPUT_LEN),
                                   "--request-rate", str(rate),
                                   "--max-concurrency", str(concurrency), "--seed", "0")
-            figures[rate, concurrency] = {m: result.get(m) for m in METRICS}
-            figures[rate, concurrency]["failed"] = result.get("failed", 0)
-            figures[rate, concurrency]["duration"] = result["duration"]
+            figures[rate, concurrency] = {**{m: result.get(m) for m in METRICS},
+                                          "failed": result.get("failed", 0),
+                                          "duration": result["duration"]}
     finally:
         events = server.stop()
     d = validate(events, bounds_of(events))

@@ -341,11 +341,10 @@ class DeviceDecoder:
         self._write_when_changed("allowed", masks, lambda: [
             (allowed_table(rows, self.width, self.model.vocab, self.lanes), ttnn.int32,
              self.allowed)])
-        bias, bad = bias_tables(rows, self.width, self.model.vocab)
-        self._write_when_changed(
-            "bias", (rows.biases, rows.bad_words), lambda: [
-                (bias, ttnn.float32, self.bias),
-                (bad.reshape(self.width, -1), ttnn.int32, self.bad)])
+        self._write_when_changed("bias", (rows.biases, rows.bad_words), lambda: [
+            (table, dtype, target) for table, dtype, target in zip(
+                bias_tables(rows, self.width, self.model.vocab, flat=True),
+                (ttnn.float32, ttnn.int32), (self.bias, self.bad), strict=True)])
 
     def _write_when_changed(
         self, name: str, key: Hashable,

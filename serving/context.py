@@ -259,10 +259,12 @@ def constraint_tables(rows: StepContext, width: int) -> tuple[torch.Tensor, torc
     return params, banned
 
 
-def bias_tables(rows: StepContext, width: int, vocab: int) -> tuple[torch.Tensor, torch.Tensor]:
+def bias_tables(rows: StepContext, width: int, vocab: int, flat: bool = False
+                ) -> tuple[torch.Tensor, torch.Tensor]:
     """The per-row logit biases, [width, vocab] float32 (0: none), and bad words, [width,
     BAD_WORDS, BAD_WORD_IDS] int32 (each word's ids right-aligned, -1 before them and in unused
-    words), that the decoder op reads."""
+    words; `flat`: [width, BAD_WORDS * BAD_WORD_IDS], the device tensor's shape), that the
+    decoder op reads."""
     bias = torch.zeros(width, vocab, dtype=torch.float32)
     bad = torch.full((width, BAD_WORDS, BAD_WORD_IDS), -1, dtype=torch.int32)
     for i, pairs in enumerate(rows.biases):
@@ -274,7 +276,7 @@ def bias_tables(rows: StepContext, width: int, vocab: int) -> tuple[torch.Tensor
                              f"most {BAD_WORD_IDS} ids")
         for j, word in enumerate(words):
             bad[i, j, BAD_WORD_IDS - len(word):] = torch.tensor(word, dtype=torch.int32)
-    return bias, bad
+    return bias, bad.reshape(width, -1) if flat else bad
 
 
 def _bad_ids(bad: torch.Tensor, generated: torch.Tensor) -> list[int]:
@@ -298,16 +300,13 @@ def constrain(logits: torch.Tensor, context: torch.Tensor, generated: int,
     """One row's logits after, in vLLM's order, its logit bias, penalties, the min_tokens and
     bad-words masks and min_p, from the context on the device (`generated`: the row's position,
     the tokens it has generated, the newest included; `params` the row of the parameter
-    table)."""
+    table; `bias` and `bad` the row's rows of `bias_tables`, None where it has none)."""
     presence, frequency, repetition, min_tokens, min_p, temperature = (float(x) for x in params)
-    words = bad is not None and bool((bad >= 0).any())
-    biased = bias is not None and bool(bias.any())
     if repetition == 1.0 and not (generated and (presence or frequency)) and (
-            generated >= min_tokens) and not (min_p or words or biased):
+            generated >= min_tokens) and not min_p and bias is None and bad is None:
         return logits  # neutral: nothing to apply (most rows, most steps)
     out = logits.clone()
-    if biased:
-        assert bias is not None
+    if bias is not None:
         out += bias[: out.numel()]
     vocab = out.numel()
     seen = context.clamp(0, vocab - 1)
@@ -321,8 +320,7 @@ def constrain(logits: torch.Tensor, context: torch.Tensor, generated: int,
     if generated < min_tokens:
         ids = banned[banned >= 0].to(torch.int64)
         out[ids[ids < vocab]] = float("-inf")
-    if words:
-        assert bad is not None
+    if bad is not None:
         masked = [t for t in _bad_ids(bad, context[len(context) - generated:]) if t < vocab]
         out[masked] = float("-inf")
     if min_p > 0:  # p < min_p * p_max after temperature: logit < max + T * ln(min_p)
@@ -375,9 +373,9 @@ def decode_rows(
     bias: torch.Tensor | None = None,
     bad: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Apply one step to `history` in place and return [rows, V] float32 logits, biased,
-    penalised and masked per row by `params`, `banned` (`constraint_tables`), `bias` and `bad`
-    (`bias_tables`) when given, then by the `allowed` ids.
+    """Apply one step to `history` in place and return [rows, V] float32 logits, masked per row
+    by the `allowed` ids, then biased, penalised and masked by `params`, `banned`
+    (`constraint_tables`), `bias` and `bad` (`bias_tables`) when given.
 
     Ids arrive as device integers: a -1 placeholder wraps to 2**32 - 1 and is clamped to the last
     vocabulary id (a wrong token, as on a device, not a crash).
@@ -389,6 +387,10 @@ def decode_rows(
     flags, blocks, ats, prefills, poss, news = (
         t.reshape(-1).tolist() for t in (active, block, write_at, prefill, positions, ids))
     param_rows = params.tolist() if params is not None else None
+    # Which rows have a bias or bad words: one reduction per table, not one per row.
+    biased = bias.reshape(bias.shape[0], -1).any(dim=1).tolist() if bias is not None else None
+    worded = (bad.reshape(bad.shape[0], -1) >= 0).any(dim=1).tolist() if bad is not None \
+        else None
     for i in range(rows):
         if not flags[i]:
             continue
@@ -403,8 +405,8 @@ def decode_rows(
             logits[i][allowed[i] == 0] = float("-inf")
         if param_rows is not None and banned is not None:
             logits[i] = constrain(logits[i], context, pos, param_rows[i], banned[i],
-                                  None if bias is None else bias[i],
-                                  None if bad is None else bad[i])
+                                  bias[i] if bias is not None and biased and biased[i] else None,
+                                  bad[i] if bad is not None and worded and worded[i] else None)
     return logits
 
 

@@ -238,13 +238,15 @@ class Engine:
             if r.releasable(slot):
                 r.release(slot)
 
-    def _fail(self, fault: DeviceFault) -> None:
-        """The device failed step `fault.q`: its requests fail with the error, the rest go on."""
+    def _fail(self, fault: DeviceFault) -> list[int]:
+        """The device failed step `fault.q`: its requests fail with the error, the rest go on.
+        Returns the failed requests."""
         failed = self.runner.fail_step(fault.q, str(fault))
         self.stats["faults"] += 1
         self.stats[f"faults_at_{fault.phase}"] += 1
         self.stats["failed_requests"] += len(failed)
         self._release_free_slots()
+        return failed
 
     def _before_schedule(self, rows: list[int]) -> None:
         """Hook right before the step over `rows` is scheduled (none here)."""

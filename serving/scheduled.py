@@ -234,13 +234,10 @@ class ScheduledEngine(ServingEngine):
 
     def _fail_alone(self, fault: DeviceFault) -> None:
         """A device fault: the failed step's requests fail with it, the others go on."""
-        failed = [q for q, x in self.runner.requests.items() if x.status != Status.FAILED]
-        self._fail(fault)
-        for req in failed:
-            if self.runner.status(req) == Status.FAILED:
-                reason = f"device fault: {fault}"
-                self.closed_as[req] = "failed"
-                self.refused[req] = self._refused_now[req] = reason
+        reason = f"device fault: {fault}"
+        for req in self._fail(fault):
+            self.closed_as[req] = "failed"
+            self.refused[req] = self._refused_now[req] = reason
 
     # --- the plan's decisions --------------------------------------------------------------------
     def _close(self, req: int) -> None:

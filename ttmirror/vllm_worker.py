@@ -141,11 +141,11 @@ class Worker:
         sampling = SamplingParams(seed=seed) if options.get("sampler", True) else SamplingParams()
         self.backend = ServingBackend(get_backend(options.get("backend", "tt"),
                                                   **backend_options), model, sampling)
+        # vLLM's -1 is the whole vocabulary; the ring holds at most the vocabulary.
+        logprobs = int(options.get("max_logprobs", 0))
         config = ServingConfig(
             async_scheduling="on" if options["async_scheduling"] else "off", rows=rows,
-            # vLLM's -1 is the whole vocabulary; the ring holds at most the vocabulary.
-            max_logprobs=min(model.vocab if int(options.get("max_logprobs", 0)) < 0
-                             else int(options.get("max_logprobs", 0)), model.vocab),
+            max_logprobs=model.vocab if logprobs < 0 else min(logprobs, model.vocab),
             spec_tokens=int(options.get("spec_tokens", 0)))
         self.engine = ScheduledEngine(self.backend, config)
         self.trace = Path(options["trace"]) if options.get("trace") else None

@@ -114,14 +114,14 @@ class MirrorExecutor(Executor):
         self.decisions = wire.Decisions()
         sched = self.vllm_config.scheduler_config
         spec = self.vllm_config.speculative_config
-        # Rows of vLLM's grammar bitmask each structured-output request owns: 1 + K.
-        self.mask_stride = 1 + (spec.num_speculative_tokens if spec is not None else 0)
+        k = spec.num_speculative_tokens if spec is not None else 0
+        self.mask_stride = 1 + k  # rows of vLLM's grammar bitmask a structured request owns
         seed = os.environ.get(SEED)
         self.facts = self._ask("init", {
             "model_dir": self.model_config.model,
             "async_scheduling": bool(sched.async_scheduling),
             "rows": sched.max_num_seqs,
-            "spec_tokens": spec.num_speculative_tokens if spec is not None else 0,
+            "spec_tokens": k,
             "trace": os.environ.get(TRACE),
             "summary": os.environ.get(SUMMARY),
             "device": os.environ.get(DEVICE, "process"),
@@ -171,14 +171,18 @@ class MirrorExecutor(Executor):
         got = (self._ask("collect", self._books()) if step.launched
                else {"tokens": {}, "logprobs": {}})
         out = wire.output(step.so, got, self.ids)
-        refused = step.refused | got.get("refused", {})
-        setattr(out, FAILED, {self.ids.name[int(k)]: why for k, why in refused.items()})
+        self._mark_failed(out, step.refused | got.get("refused", {}))
         # Drafts this step rejected, per request: vLLM counted them computed when it scheduled
         # the next step, and takes them back only now.
         self.rejected = {rid: len(d) + 1 - len(out.sampled_token_ids[out.req_id_to_index[rid]])
                          for rid, d in step.so.scheduled_spec_decode_tokens.items()
                          if out.sampled_token_ids[out.req_id_to_index[rid]]}
         return out
+
+    def _mark_failed(self, out: ModelRunnerOutput, refused: dict[str, str]) -> None:
+        """Name on `out` the requests the worker refused or failed (its ids -> reason), by
+        vLLM's ids, for the scheduler to end them (`scheduler.FAILED`)."""
+        setattr(out, FAILED, {self.ids.name[int(k)]: why for k, why in refused.items()})
 
     def _collect_until(self, target: _Collect) -> None:
         """Collect the oldest steps, in order, until `target` holds its output."""
@@ -218,8 +222,7 @@ class MirrorExecutor(Executor):
         if so.total_num_scheduled_tokens == 0:
             # vLLM samples nothing for an empty step: its output is this one, empty.
             empty = ModelRunnerOutput(req_ids=[], req_id_to_index={})
-            setattr(empty, FAILED, {self.ids.name[int(k)]: why
-                                    for k, why in step.refused.items()})
+            self._mark_failed(empty, step.refused)
             future.set_result(empty)
             return future if non_block else future.result()
         self.in_flight.append(step)

@@ -28,7 +28,7 @@ CODE = "ttmirror_refused"
 class _EndsRefused:
     def update_from_output(self, scheduler_output: Any, model_runner_output: Any) -> Any:
         failed: dict[str, str] = getattr(model_runner_output, FAILED, None) or {}
-        ended: list[EngineCoreOutput | Any] = []
+        ended: list[tuple[int, EngineCoreOutput]] = []
         if failed:
             # Ended first: the rest of the output then skips them as finished requests.
             for request in self.finish_requests(  # type: ignore[attr-defined]
