@@ -41,7 +41,7 @@ from ..impl.runner import PhaseError, Runner, RunnerConfig
 from ..impl.runner import Status as RunnerStatus
 from ..model import actions as A
 from ..model.actions import Action, take
-from ..model.invariants import INVARIANTS
+from ..model.invariants import invariants_for
 from ..model.state import Bounds, Phase, State, Status, initial_state
 from .abstraction import Abstract, Context, Seen, abstract, diff, project, seen_in
 from .configs import check_config
@@ -424,7 +424,7 @@ class Lockstep:
             self._fail("state", "; ".join(diff(expected, got, seen, self.bounds.spec_tokens)),
                        step)
         if new_state:
-            for inv in INVARIANTS:
+            for inv in invariants_for(self.bounds):
                 if not inv.holds(self.state, self.bounds):
                     self._fail("invariant", f"{inv.name} is violated", step)
 

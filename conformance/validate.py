@@ -29,7 +29,7 @@ from ..model.actions import (
     successors,
     take,
 )
-from ..model.invariants import INVARIANTS
+from ..model.invariants import invariants_for
 from ..model.state import CLOSED, Bounds, State, initial_state
 from .itf import EventsError
 
@@ -145,7 +145,7 @@ def _broken(action: str, s: State, b: Bounds) -> str | None:
     """Which of the model's invariants the state after `action` breaks (None: none): an enabled
     transition can still be unsafe (a read of a handed-back slot, a stale id consumed)."""
     names = CHECKED_AFTER.get(action, ())
-    broken = [inv.name for inv in INVARIANTS if inv.name in names and not inv.holds(s, b)]
+    broken = [inv.name for inv in invariants_for(b) if inv.name in names and not inv.holds(s, b)]
     return f"the model's invariant {', '.join(broken)} fails after it" if broken else None
 
 

@@ -13,11 +13,12 @@ broken rule in the ghost variable ``broken`` (a history variable, as a TLA+ spec
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from itertools import permutations
+from itertools import combinations, permutations, product
 from typing import NamedTuple
 
 from .state import (
     CLOSED,
+    FREE_ROW,
     GARBAGE,
     HOST_SYNC_REQUEST,
     PLACEHOLDER,
@@ -35,19 +36,26 @@ from .state import (
 
 READ_RELEASED = "NoReadOfReleasedOrOverwrittenSlot"
 REWRITE_WITH_READER = "NoRewriteWhileReaderOutstanding"
+WRITE_UNHELD_ROW = "NoWriteToUnheldStateRow"
 
 
 class Action(NamedTuple):
-    """An action name and its arguments: a request id, a queue position, a slot, or a row order."""
+    """An action name and its arguments: a request id, a queue position, a slot, or a row order;
+    a schedule's drafts per row where the scheduler chooses them (``Bounds.subsets``)."""
 
     name: str
     args: tuple[int, ...] = ()
+    drafts: tuple[int, ...] = ()
 
     def label(self) -> str:
-        """Short human label, e.g. ``schedule(r1,r0)`` or ``launch(q=0)``."""
+        """Short human label, e.g. ``schedule(r1,r0)``, ``schedule(r1+2,r0+0)`` (drafts chosen
+        per row) or ``launch(q=0)``."""
         if not self.args:
             return self.name
         if self.name == "schedule":
+            if self.drafts:
+                return "schedule(" + ",".join(
+                    f"r{r}+{d}" for r, d in zip(self.args, self.drafts, strict=True)) + ")"
             return "schedule(" + ",".join(f"r{r}" for r in self.args) + ")"
         if self.name in REQUEST_ACTIONS:
             return f"{self.name}(r{self.args[0]})"
@@ -55,6 +63,8 @@ class Action(NamedTuple):
             return f"chunk_prefill(r{self.args[0]}, {'partial' if self.args[1] else 'whole'})"
         if self.name == "release":
             return f"release(slot{self.args[0]})"
+        if self.name == "release_row":
+            return f"release_row({self.args[0]})"
         if self.name == "launch" and len(self.args) > 1:  # with drafts: each row's accepted a
             return f"launch(q={self.args[0]}, a={','.join(map(str, self.args[1:]))})"
         return f"{self.name}(q={self.args[0]})"
@@ -80,6 +90,8 @@ ALL_ACTIONS = (
     "preempt",
     "resume",
 )
+RELEASE_ROW = "release_row"
+"""Handing a state row back: an action of the model only with state rows."""
 
 
 # ---------------------------------------------------------------------------------------------
@@ -96,6 +108,18 @@ def in_flight(s: State, req: int) -> int:
 def has_step_in_flight(s: State, req: int) -> bool:
     """Some in-flight step holds a live row of ``req``, partial-prefill rows included."""
     return any(row.live and row.req == req for step in s.queue for row in step.rows)
+
+
+def row_in_flight(s: State, idx: int) -> bool:
+    """Some in-flight step has a row, live or dropped, whose launch scatters into state row
+    ``idx`` (the device writes it whether or not the host still wants the token)."""
+    return any(row.idx == idx for step in s.queue for row in step.rows)
+
+
+def newest_on_device(s: State, b: Bounds, req: int) -> bool:
+    """``req``'s newest token is still in flight: some in-flight step holds a live row of it whose
+    sampled id is its next token (a partial prefill's is discarded, unless the bad variant)."""
+    return any(mirror_rows(step, req, b) for step in s.queue)
 
 
 def is_host_sync(b: Bounds, req: int) -> bool:
@@ -158,7 +182,8 @@ def host_token(s: State, req: int, pos: int) -> Token:
 
 
 def eligible(s: State, b: Bounds) -> list[int]:
-    """Requests the scheduler must put in the next step: active with budget left."""
+    """Requests the scheduler may put in the next step (must put, without ``subsets``): active
+    with budget left."""
     return [
         r
         for r, req in enumerate(s.requests)
@@ -205,6 +230,12 @@ DEAD_ROW = Row(req=-1, pos=0, prev_row=None, consumed=None, live=False)
 """A dropped row: its token is never delivered nor read, so what it held is forgotten."""
 
 
+def dead(row: Row) -> Row:
+    """``row`` dropped. With state rows it keeps its request and its ``idx_mapping`` entry: its
+    launch still scatters into that state row, which must not have changed owner by then."""
+    return DEAD_ROW if row.idx < 0 else DEAD_ROW._replace(req=row.req, idx=row.idx)
+
+
 def _drop(s: State, req: int) -> State:
     """Drop every in-flight row of ``req`` and forget its tokens in slots and host copies.
 
@@ -219,15 +250,19 @@ def _drop(s: State, req: int) -> State:
 
     queue = tuple(
         step._replace(
-            rows=tuple(DEAD_ROW if r.req == req else r for r in step.rows),
+            rows=tuple(dead(r) if r.req == req else r for r in step.rows),
             host_copy=scrub(step.host_copy),
         )
         for step in s.queue
     )
     slots = tuple(_scrub_slot(slot, req, scrub) for slot in s.slots)
+    # Its state row is read again only after a host row of it rewrote it (it restarts from host
+    # ids), if ever.
+    table = tuple(row._replace(newest=GARBAGE, position=-1) if row.owner == req else row
+                  for row in s.table)
     # Its placeholders go with its rows; drafts after a dropped token are no one's.
     r = s.requests[req]._replace(placeholders=0, drafts_ready=False)
-    return _set_request(s._replace(queue=queue, slots=slots), req, r)
+    return _set_request(s._replace(queue=queue, slots=slots, table=table), req, r)
 
 
 def _scrub_slot(slot: Slot, req: int,
@@ -240,7 +275,7 @@ def _scrub_slot(slot: Slot, req: int,
     return slot._replace(
         content=scrub(slot.content),
         counts=tuple(0 if m else c for m, c in zip(mine, slot.counts, strict=True)),
-        positions=tuple(-1 if m else p for m, p in zip(mine, slot.positions, strict=True)),
+        positions=tuple(-1 if m else p for m, p in zip(mine, slot.positions, strict=False)),
     )
 
 
@@ -272,50 +307,86 @@ def allocate(s: State, b: Bounds) -> State | None:
 
 
 def arrive(s: State, b: Bounds, req: int) -> State | None:
-    """A request arrives; its first step prefills from host ids."""
+    """A request arrives; its first step prefills from host ids. With state rows it is given
+    the lowest free state row (none free: it waits, as vLLM's ``max_num_seqs`` holds it back)."""
     if not s.allocated or s.requests[req].status != Status.ABSENT:
         return None
-    return _set_request(s, req, s.requests[req]._replace(status=Status.WAITING))
+    r = s.requests[req]._replace(status=Status.WAITING)
+    if b.state != "rows":
+        return _set_request(s, req, r)
+    free = next((i for i, row in enumerate(s.table) if row.owner < 0), None)
+    if free is None:
+        return None
+    table = (*s.table[:free], FREE_ROW._replace(owner=req), *s.table[free + 1:])
+    return _set_request(s._replace(table=table), req, r._replace(state_row=free))
 
 
-def schedule(s: State, b: Bounds, order: tuple[int, ...]) -> State | None:
-    """Schedule a step over every eligible request in ``order``, building the previous-row map."""
-    if not s.allocated or len(s.queue) >= b.depth:
+def schedule(s: State, b: Bounds, order: tuple[int, ...],
+             drafts: tuple[int, ...] = ()) -> State | None:
+    """Schedule a step over the eligible requests in ``order`` (every one of them, or with
+    ``subsets`` any non-empty subset), building the previous-row map (the ring) or the
+    ``idx_mapping`` (state rows); with ``subsets`` and drafts, ``drafts[i]`` is how many of its
+    drafts row i carries (any up to the drafts it has)."""
+    if not s.allocated or len(s.queue) >= b.depth or not order:
         return None
     todo = eligible(s, b)
-    if not todo or sorted(order) != todo or (not b.condense and list(order) != todo):
+    if b.subsets:
+        if len(set(order)) != len(order) or not set(order) <= set(todo):
+            return None
+        if not b.condense and list(order) != sorted(order):
+            return None
+    elif sorted(order) != todo or (not b.condense and list(order) != todo):
+        return None
+    chosen = bool(b.subsets and b.spec_tokens)
+    if len(drafts) != (len(order) if chosen else 0):
         return None
     prev = s.queue[-1] if s.queue else None
     rows = []
-    for r in order:
+    for i, r in enumerate(order):
         req = s.requests[r]
-        prev_row = None
         # Arrived and resumed requests prefill from host ids, and so does a host-sync request
-        # (its next input is built on the host): none of them reads the mirror.
+        # (its next input is built on the host): none of them reads the device.
         from_host = req.status == Status.WAITING or is_host_sync(b, r)
+        idx = -1
+        if b.state == "rows":
+            idx = req.state_row
+            if b.variant == "idx-from-previous-order" and prev is not None and i < len(prev.rows):
+                idx = prev.rows[i].idx  # known-bad: the previous step's mapping reused
+        prev_row = None
         if b.guard and prev is not None and not from_host:
-            # The guard: a request whose newest token is still in flight reads it from the mirror,
-            # the previous step's slot (invariant NewestTokenInNewestStep: at any depth it is
-            # there); a partial-prefill row's id is discarded, never mirrored.
-            prev_row = next(iter(mirror_rows(prev, r, b)), None)
+            # The guard: a request whose newest token is still in flight reads it on the device.
+            # The ring: from the previous step's slot, through the previous-row map (invariant
+            # NewestTokenInNewestStep: at any depth it is there without subsets). State rows:
+            # from its own state row, whichever in-flight step wrote it. A partial-prefill row's
+            # id is discarded, never mirrored.
+            if b.state == "ring":
+                prev_row = next(iter(mirror_rows(prev, r, b)), None)
+            elif b.variant == "skipped-from-previous-step":  # known-bad: the ring's lookup
+                prev_row = idx if mirror_rows(prev, r, b) else None
+            elif newest_on_device(s, b, r):
+                prev_row = idx
         partial = req.prefill_left > 0
         if not b.spec_tokens:
             rows.append(Row(req=r, pos=next_pos(s, r), prev_row=prev_row, consumed=None,
-                            live=True, partial=partial))
+                            live=True, partial=partial, idx=idx))
             continue
         spec = _drafts_scheduled(s, b, r, partial)
+        if chosen:
+            if not 0 <= drafts[i] <= spec:
+                return None
+            spec = drafts[i]
         if prev_row is not None:  # newest token, position and drafts: all on the device
             rows.append(Row(req=r, pos=-1, prev_row=prev_row, consumed=None, live=True,
-                            partial=partial, spec=spec))
+                            partial=partial, spec=spec, idx=idx))
             continue
         # A host row: its position is the host's count of computed tokens, its drafts those
         # read back after its newest token (placeholders, -1, where the host has none).
         placed = len(req.delivered) + req.placeholders
-        drafts = (drafts_after(host_token(s, r, placed), spec) if req.drafts_ready
+        staged = (drafts_after(host_token(s, r, placed), spec) if req.drafts_ready
                   else (PLACEHOLDER,) * spec)
         rows.append(Row(req=r, pos=-1, prev_row=None, consumed=None, live=True,
-                        partial=partial, spec=spec, placed=placed, drafts=drafts))
-    uses_mirror = any(row.prev_row is not None for row in rows)
+                        partial=partial, spec=spec, placed=placed, drafts=staged, idx=idx))
+    uses_mirror = b.state == "ring" and any(row.prev_row is not None for row in rows)
     step = Step(
         slot=s.next_slot,
         src_slot=prev.slot if (prev is not None and uses_mirror) else None,
@@ -329,13 +400,17 @@ def schedule(s: State, b: Bounds, order: tuple[int, ...]) -> State | None:
         for i, req in enumerate(s.requests)
     )
     if b.spec_tokens:
-        # Placeholders: 1 + spec per row that will yield; drafts follow only this step's rows.
+        # Placeholders: 1 + spec per row that will yield. Drafts follow this step's rows; with
+        # the ring only them (the next combine reads this step's slot), with state rows a
+        # skipped request keeps those in its state row.
         by_req = {row.req: row for row in rows}
+        keeps = b.state == "rows"
         requests = tuple(
             req._replace(
                 placeholders=req.placeholders + (
                     1 + by_req[i].spec if i in by_req and not by_req[i].partial else 0),
-                drafts_ready=i in by_req and not by_req[i].partial)
+                drafts_ready=(not by_req[i].partial) if i in by_req
+                else keeps and req.drafts_ready)
             for i, req in enumerate(requests)
         )
     return s._replace(
@@ -346,8 +421,8 @@ def schedule(s: State, b: Bounds, order: tuple[int, ...]) -> State | None:
 
 
 def _drafts_scheduled(s: State, b: Bounds, r: int, partial: bool) -> int:
-    """How many drafts the host schedules after ``r``'s newest token: K if the drafter proposed
-    them (it was in the last scheduled step past its prompt), else none."""
+    """How many drafts the host may schedule after ``r``'s newest token: K if the drafter
+    proposed them, else none (with ``subsets`` the scheduler takes any number up to it)."""
     req = s.requests[r]
     if partial:
         return 0  # a prefill chunk carries no drafts
@@ -372,14 +447,16 @@ def combine(s: State, b: Bounds, q: int) -> State | None:
         if not row.live:
             rows.append(row)  # dropped: what the device computes there is never used
             continue
-        if row.prev_row is not None:
+        if row.prev_row is not None and b.state == "ring":
             assert step.src_slot is not None
             if s.slots[step.src_slot].released:
                 broken = broken | {READ_RELEASED}
         if b.spec_tokens:
-            rows.append(_combine_with_drafts(s, step, q, row))
+            rows.append(_combine_with_drafts(s, b, step, q, row))
         elif row.prev_row is None:
             rows.append(row._replace(consumed=host_token(s, row.req, row.pos)))
+        elif b.state == "rows":
+            rows.append(row._replace(consumed=s.table[row.idx].newest))
         else:
             assert step.src_slot is not None
             rows.append(row._replace(consumed=_read_slot(s, step.src_slot, row.prev_row)))
@@ -387,22 +464,30 @@ def combine(s: State, b: Bounds, q: int) -> State | None:
     return _set_step(s, q, step)._replace(broken=broken)
 
 
-def _combine_with_drafts(s: State, step: Step, q: int, row: Row) -> Row:
+def _combine_with_drafts(s: State, b: Bounds, step: Step, q: int, row: Row) -> Row:
     """One live row's combine with drafts: its newest token, position and drafts from the host
-    (a host row) or from the previous step's slot (a mirror row: all three on the device)."""
+    (a host row), or all three on the device: from the previous step's slot (the ring) or from
+    its state row (state rows), its draft count from the step's per-row counts."""
     truth = true_pos(s, q, row.req)
     if row.prev_row is None:
         assert row.placed is not None
         newest = host_token(s, row.req, row.placed)
-        drafts, placed = row.drafts, row.placed  # staged by the host when it scheduled
+        return row._replace(pos=truth, consumed=newest, placed=row.placed, drafts=row.drafts)
+    if b.state == "rows":
+        entry = s.table[row.idx]
+        newest = entry.newest
+        placed = entry.position if newest != GARBAGE else -1
     else:
         assert step.src_slot is not None
         src = s.slots[step.src_slot]
         newest = _read_slot(s, step.src_slot, row.prev_row)
         readable = newest != GARBAGE and row.prev_row < len(src.positions)
         placed = src.positions[row.prev_row] if readable else -1
-        drafts = drafts_after(newest, row.spec)
-    return row._replace(pos=truth, consumed=newest, placed=placed, drafts=drafts)
+    count = row.spec
+    if b.variant == "draft-count-of-another-row":  # known-bad: the first row's count for all
+        count = step.rows[0].spec
+    return row._replace(pos=truth, consumed=newest, placed=placed,
+                        drafts=drafts_after(newest, count))
 
 
 def launch(s: State, b: Bounds, q: int, *accepted: int) -> State | None:
@@ -418,10 +503,13 @@ def launch(s: State, b: Bounds, q: int, *accepted: int) -> State | None:
     if readers_outstanding(s, step.slot, q):
         broken = broken | {REWRITE_WITH_READER}
     slots = list(s.slots)
+    positions: tuple[int, ...] = ()
     if b.spec_tokens:
         content, counts, positions = _verify(step, b, accepted)
+        # With state rows the positions go to the state rows, not to the readback.
         slots[step.slot] = slots[step.slot]._replace(
-            content=content, released=False, counts=counts, positions=positions)
+            content=content, released=False, counts=counts,
+            positions=positions if b.state == "ring" else ())
         step = step._replace(accepted=tuple(accepted))
     else:
         # The next token is a function of the consumed one: a stale input yields a wrong token;
@@ -433,7 +521,27 @@ def launch(s: State, b: Bounds, q: int, *accepted: int) -> State | None:
         )
         slots[step.slot] = slots[step.slot]._replace(content=content, released=False)
     s = _set_step(s, q, step._replace(phase=Phase.LAUNCHED))
+    if b.state == "rows":
+        s, broken = _post_update(s, step, content, positions, broken)
     return s._replace(slots=tuple(slots), broken=broken)
+
+
+def _post_update(s: State, step: Step, content: tuple[Token, ...],
+                 positions: tuple[int, ...], broken: frozenset[str]
+                 ) -> tuple[State, frozenset[str]]:
+    """With state rows: the launch scatters each row's newest token (and with drafts its advanced
+    position) into the state row its ``idx_mapping`` entry names, dropped rows too: the device
+    does not know the host no longer wants them. Writing a row its request no longer holds
+    breaks the state rows' ownership rule."""
+    table = list(s.table)
+    for i, row in enumerate(step.rows):
+        if table[row.idx].owner != row.req:
+            broken = broken | {WRITE_UNHELD_ROW}
+        # What a dropped row computes is no one's token: forgotten, as its slot entry is.
+        newest = content[i] if row.live else GARBAGE
+        position = positions[i] if positions and row.live else -1
+        table[row.idx] = table[row.idx]._replace(newest=newest, position=position)
+    return s._replace(table=tuple(table)), broken
 
 
 def inputs_right(row: Row) -> bool:
@@ -570,6 +678,21 @@ def release(s: State, b: Bounds, slot: int) -> State | None:
     return s._replace(slots=tuple(slots))
 
 
+def release_row(s: State, b: Bounds, idx: int) -> State | None:
+    """With state rows: hand state row ``idx`` back once its owner closed and no in-flight step
+    will still scatter into it; the next arrival may take it."""
+    if b.state != "rows" or idx >= len(s.table):
+        return None
+    owner = s.table[idx].owner
+    if owner < 0 or s.requests[owner].status not in CLOSED:
+        return None
+    if row_in_flight(s, idx) and b.variant != "state-row-reused-in-flight":
+        return None  # a step of its owner still writes it
+    table = (*s.table[:idx], FREE_ROW, *s.table[idx + 1:])
+    r = s.requests[owner]._replace(state_row=-1)
+    return _set_request(s._replace(table=table), owner, r)
+
+
 def finish(s: State, b: Bounds, req: int) -> State | None:
     """The newest delivered token was a stop token: the request finishes, in-flight rows drop."""
     r = s.requests[req]
@@ -669,11 +792,9 @@ def successors(s: State, b: Bounds) -> Iterator[tuple[Action, State]]:
         if req.status == Status.ABSENT and (t := arrive(s, b, r)) is not None:
             yield Action("arrive", (r,)), t
     if len(s.queue) < b.depth:
-        todo = eligible(s, b)
-        orders = permutations(todo) if b.condense else [tuple(todo)]
-        for order in orders if todo else ():
-            if (t := schedule(s, b, tuple(order))) is not None:
-                yield Action("schedule", tuple(order)), t
+        for order, drafts in schedule_choices(s, b):
+            if (t := schedule(s, b, order, drafts)) is not None:
+                yield Action("schedule", order, drafts), t
     for q, step in enumerate(s.queue):
         if step.phase == Phase.COMBINED and b.spec_tokens:  # one launch per verdict
             for accepted in acceptance_choices(step, b):
@@ -689,6 +810,9 @@ def successors(s: State, b: Bounds) -> Iterator[tuple[Action, State]]:
         held = slot.content is not None and not slot.released
         if held and (t := release(s, b, k)) is not None:
             yield Action("release", (k,)), t
+    for k, entry in enumerate(s.table):
+        if entry.owner >= 0 and (t := release_row(s, b, k)) is not None:
+            yield Action("release_row", (k,)), t
     for r, req in enumerate(s.requests):
         if req.status not in _HAS_REQUEST_ACTIONS:
             continue
@@ -702,6 +826,26 @@ def successors(s: State, b: Bounds) -> Iterator[tuple[Action, State]]:
         for partial in (0, 1):
             if (t := chunk_prefill(s, b, r, partial)) is not None and t != s:
                 yield Action("chunk_prefill", (r, partial)), t
+
+
+def schedule_choices(s: State, b: Bounds) -> Iterator[tuple[tuple[int, ...], tuple[int, ...]]]:
+    """The scheduler's choices of the next step: the row order (of every eligible request, or
+    with ``subsets`` of any non-empty subset) and, where it chooses them, each row's drafts."""
+    todo = eligible(s, b)
+    if not todo:
+        return
+    if b.subsets:
+        groups = [c for n in range(1, len(todo) + 1) for c in combinations(todo, n)]
+    else:
+        groups = [tuple(todo)]
+    for group in groups:
+        for order in permutations(group) if b.condense else [group]:
+            if not (b.subsets and b.spec_tokens):
+                yield order, ()
+                continue
+            tops = [_drafts_scheduled(s, b, r, s.requests[r].prefill_left > 0) for r in order]
+            for drafts in product(*(range(top + 1) for top in tops)):
+                yield order, drafts
 
 
 _STEP_FNS = (  # by the phase each moves a step on from
@@ -719,23 +863,26 @@ closed."""
 def take(s: State, b: Bounds, action: Action) -> State | None:
     """The state ``action`` leads to from ``s`` (what `successors` pairs it with), or None
     when it is disabled."""
-    fn = ACTION_FNS[action.name]
-    return fn(s, b, action.args) if action.name == "schedule" else fn(s, b, *action.args)
+    if action.name == "schedule":
+        return schedule(s, b, action.args, action.drafts)
+    return ACTION_FNS[action.name](s, b, *action.args)
 
 
 ACTION_FNS: dict[str, Callable[..., State | None]] = {
     "allocate": allocate, "arrive": arrive, "schedule": schedule, **dict(_STEP_FNS),
     "apply": apply, "release": release, **dict(_REQUEST_FNS), FAULT: fault,
-    "chunk_prefill": chunk_prefill,
+    "chunk_prefill": chunk_prefill, "release_row": release_row,
 }
 """Each action's function by name."""
 
 
 def is_final(s: State) -> bool:
-    """Everything is over: every request closed, nothing in flight, every written slot back."""
+    """Everything is over: every request closed, nothing in flight, every written slot and every
+    state row back."""
     return (
         s.allocated
         and not s.queue
         and all(r.status in CLOSED for r in s.requests)
         and all(slot.content is None or slot.released for slot in s.slots)
+        and all(row.owner < 0 for row in s.table)
     )

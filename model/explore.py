@@ -18,7 +18,7 @@ from typing import Any
 import networkx as nx
 
 from .actions import Action, is_final, successors, take
-from .invariants import INVARIANTS, SOMETIMES
+from .invariants import SOMETIMES, invariants_for
 from .state import Bounds, State, initial_state, validate_bounds
 
 type Progress = Callable[[int, int, int], None]
@@ -246,13 +246,14 @@ class Search:
         """Check and expand the states lo..hi-1 of the current level against the states known
         so far, changing nothing: the run's chunk and its new states."""
         bounds, states, index = self.bounds, self.ex.states, self.index
+        invariants = invariants_for(bounds)
         chunk, new = Chunk(), list[State]()
         local: dict[State, int] = {}
         action_ids: dict[Action, int] = {}
         src, dst, act = chunk.src, chunk.dst, chunk.action
         for node in range(lo, hi):
             s = states[node]
-            broken = [inv.name for inv in INVARIANTS if not inv.holds(s, bounds)]
+            broken = [inv.name for inv in invariants if not inv.holds(s, bounds)]
             if broken:
                 chunk.broken.append((node, broken))
                 continue  # a broken state is a counterexample's end
@@ -275,7 +276,7 @@ class Search:
                 act.append(aid)
                 if self.pending:
                     for check in list(self.pending):
-                        if check.reached(s, action, t):
+                        if check.reached(s, action, t, bounds):
                             chunk.reached.append(check.name)
                             self.pending.remove(check)
             if not moved:

@@ -10,6 +10,7 @@ from typing import NamedTuple
 from .actions import (
     READ_RELEASED,
     REWRITE_WITH_READER,
+    WRITE_UNHELD_ROW,
     Action,
     budget,
     eligible,
@@ -18,8 +19,10 @@ from .actions import (
     inputs_right,
     is_host_sync,
     mirror_rows,
+    newest_on_device,
+    yielded,
 )
-from .state import CLOSED, HOST_SYNC_REQUEST, Bounds, Phase, State, Status
+from .state import CLOSED, HOST_SYNC_REQUEST, Bounds, Phase, State, Status, state_row_count
 
 # ---------------------------------------------------------------------------------------------
 # Invariants: state predicates.
@@ -75,7 +78,7 @@ def failed_requests_quiet(s: State, b: Bounds) -> bool:
 def newest_token_in_newest_step(s: State, b: Bounds) -> bool:
     """A request the next step would combine from the mirror has its newest token in the newest
     in-flight step: the one slot that combine reads, at any depth."""
-    if not b.guard or not s.queue:
+    if not b.guard or not s.queue or b.subsets:
         return True
     newest = s.queue[-1]
     return all(
@@ -85,9 +88,59 @@ def newest_token_in_newest_step(s: State, b: Bounds) -> bool:
     )
 
 
+def no_write_to_unheld_state_row(s: State, b: Bounds) -> bool:
+    """No launch ever scattered a row into a state row its request no longer held (released,
+    or another's)."""
+    return WRITE_UNHELD_ROW not in s.broken
+
+
+def state_rows_owned(s: State, b: Bounds) -> bool:
+    """Each arrived, unreleased request owns exactly the state row it names, and each owned state
+    row names its owner."""
+    for r, req in enumerate(s.requests):
+        active = req.status in (Status.WAITING, Status.RUNNING, Status.PREEMPTED)
+        if active and req.state_row < 0:
+            return False
+        if req.state_row >= 0 and s.table[req.state_row].owner != r:
+            return False
+    return all(row.owner < 0 or s.requests[row.owner].state_row == i
+               for i, row in enumerate(s.table))
+
+
+def newest_token_in_state_row(s: State, b: Bounds) -> bool:
+    """A request whose in-flight steps have all launched holds its newest token in its state row
+    (and with drafts its position): what its next combine gathers, however many steps ago it ran."""
+    if not b.guard:
+        return True
+    for r, req in enumerate(s.requests):
+        if req.state_row < 0 or req.status in CLOSED or not newest_on_device(s, b, r):
+            continue
+        steps = [q for q, step in enumerate(s.queue)
+                 if any(row.live and row.req == r for row in step.rows)]
+        if s.queue[steps[-1]].phase < Phase.LAUNCHED:
+            continue
+        entry = s.table[req.state_row]
+        if b.spec_tokens:
+            pos = len(req.delivered) + sum(yielded(s, q, r) for q in steps)
+            if entry.newest != (r, pos):
+                return False
+        elif entry.newest != (r, len(req.delivered) + in_flight(s, r)):
+            return False
+    return True
+
+
 class Invariant(NamedTuple):
     name: str
     holds: Callable[[State, Bounds], bool]
+    applies: Callable[[Bounds], bool] = lambda b: True
+
+
+def _ring(b: Bounds) -> bool:
+    return b.state == "ring"
+
+
+def _rows(b: Bounds) -> bool:
+    return b.state == "rows"
 
 
 INVARIANTS: tuple[Invariant, ...] = (
@@ -97,8 +150,18 @@ INVARIANTS: tuple[Invariant, ...] = (
     Invariant("DepthBound", depth_bound),
     Invariant("OutputIntegrity", output_integrity),
     Invariant("FailedRequestsQuiet", failed_requests_quiet),
-    Invariant("NewestTokenInNewestStep", newest_token_in_newest_step),
+    # The ring's lemma: without subsets the previous step holds every mirrored newest token.
+    Invariant("NewestTokenInNewestStep", newest_token_in_newest_step, _ring),
+    Invariant(WRITE_UNHELD_ROW, no_write_to_unheld_state_row, _rows),
+    Invariant("StateRowsOwned", state_rows_owned, _rows),
+    Invariant("NewestTokenInStateRow", newest_token_in_state_row, _rows),
 )
+
+
+def invariants_for(b: Bounds) -> tuple[Invariant, ...]:
+    """The invariants that mean something at ``b``: the ring's or the state rows' own, and the
+    rest."""
+    return tuple(inv for inv in INVARIANTS if inv.applies(b))
 
 GRAPH_PROPERTIES = ("NoDeadlock", "CanAlwaysFinish")
 """Properties of the whole graph, checked by the explorer after the search."""
@@ -108,12 +171,12 @@ GRAPH_PROPERTIES = ("NoDeadlock", "CanAlwaysFinish")
 # "Sometimes" checks: transition predicates, each applicable only where the bounds allow it.
 
 
-def combined_from_mirror(s: State, a: Action, t: State) -> bool:
+def combined_from_mirror(s: State, a: Action, t: State, b: Bounds) -> bool:
     """A row was combined from the previous step's slot (the mirror)."""
     return a.name == "combine" and any(r.prev_row is not None for r in s.queue[a.args[0]].rows)
 
 
-def combined_from_host(s: State, a: Action, t: State) -> bool:
+def combined_from_host(s: State, a: Action, t: State, b: Bounds) -> bool:
     """A decode row (past the prompt) was combined from authoritative host ids."""
     return a.name == "combine" and any(
         r.prev_row is None and (r.pos if r.placed is None else r.placed) > 0
@@ -121,22 +184,22 @@ def combined_from_host(s: State, a: Action, t: State) -> bool:
     )
 
 
-def finish_with_step_in_flight(s: State, a: Action, t: State) -> bool:
+def finish_with_step_in_flight(s: State, a: Action, t: State, b: Bounds) -> bool:
     """A request finished on a stop token while a later step for it was in flight."""
     return a.name == "finish" and in_flight(s, a.args[0]) > 0
 
 
-def abort_hits_in_flight(s: State, a: Action, t: State) -> bool:
+def abort_hits_in_flight(s: State, a: Action, t: State, b: Bounds) -> bool:
     """An abort hit a request with a step in flight."""
     return a.name == "abort" and in_flight(s, a.args[0]) > 0
 
 
-def preempt_hits_in_flight(s: State, a: Action, t: State) -> bool:
+def preempt_hits_in_flight(s: State, a: Action, t: State, b: Bounds) -> bool:
     """A preemption hit a request with a step in flight."""
     return a.name == "preempt" and in_flight(s, a.args[0]) > 0
 
 
-def row_moves(s: State, a: Action, t: State) -> bool:
+def row_moves(s: State, a: Action, t: State, b: Bounds) -> bool:
     """A request sat at different rows in two consecutive steps that both carry it."""
     if a.name != "schedule" or not s.queue:
         return False
@@ -144,17 +207,17 @@ def row_moves(s: State, a: Action, t: State) -> bool:
     return any(r in prev_rows and prev_rows[r] != i for i, r in enumerate(a.args))
 
 
-def slot_reused(s: State, a: Action, t: State) -> bool:
+def slot_reused(s: State, a: Action, t: State, b: Bounds) -> bool:
     """A launch wrote a slot that an earlier step had written."""
     return a.name == "launch" and s.slots[s.queue[a.args[0]].slot].content is not None
 
 
-def steps_overlap(s: State, a: Action, t: State) -> bool:
+def steps_overlap(s: State, a: Action, t: State, b: Bounds) -> bool:
     """Two steps ran on the device at once: both launched, neither applied."""
     return sum(step.phase >= Phase.LAUNCHED for step in t.queue) >= 2
 
 
-def resumed_after_preempt(s: State, a: Action, t: State) -> bool:
+def resumed_after_preempt(s: State, a: Action, t: State, b: Bounds) -> bool:
     """A preempted request was scheduled again and combined from host ids."""
     return a.name == "schedule" and any(
         s.requests[r].status == Status.WAITING and len(s.requests[r].delivered) > 0
@@ -162,7 +225,7 @@ def resumed_after_preempt(s: State, a: Action, t: State) -> bool:
     )
 
 
-def preempted_token_delivered(s: State, a: Action, t: State) -> bool:
+def preempted_token_delivered(s: State, a: Action, t: State, b: Bounds) -> bool:
     """A preempted request's in-flight token was applied and delivered (keep)."""
     return a.name == "apply" and any(
         row.live and not row.partial and s.requests[row.req].status == Status.PREEMPTED
@@ -170,7 +233,7 @@ def preempted_token_delivered(s: State, a: Action, t: State) -> bool:
     )
 
 
-def resume_waited_for_placeholder(s: State, a: Action, t: State) -> bool:
+def resume_waited_for_placeholder(s: State, a: Action, t: State, b: Bounds) -> bool:
     """The apply that delivered a preempted request's last placeholder, which its resume
     waited for (keep)."""
     return a.name == "apply" and any(
@@ -180,7 +243,7 @@ def resume_waited_for_placeholder(s: State, a: Action, t: State) -> bool:
     )
 
 
-def partial_prefill_beside_mirror(s: State, a: Action, t: State) -> bool:
+def partial_prefill_beside_mirror(s: State, a: Action, t: State, b: Bounds) -> bool:
     """A step combined a partial-prefill row beside a row that reads the mirror."""
     if a.name != "combine":
         return False
@@ -188,7 +251,7 @@ def partial_prefill_beside_mirror(s: State, a: Action, t: State) -> bool:
     return any(r.partial for r in rows) and any(r.prev_row is not None for r in rows)
 
 
-def host_sync_skipped(s: State, a: Action, t: State) -> bool:
+def host_sync_skipped(s: State, a: Action, t: State, b: Bounds) -> bool:
     """A step was scheduled without the host-sync request, held back by its step in flight."""
     r = HOST_SYNC_REQUEST
     req = s.requests[r] if r < len(s.requests) else None
@@ -198,7 +261,7 @@ def host_sync_skipped(s: State, a: Action, t: State) -> bool:
     )
 
 
-def fault_spares_bystander(s: State, a: Action, t: State) -> bool:
+def fault_spares_bystander(s: State, a: Action, t: State, b: Bounds) -> bool:
     """A fault hit a step while the other in-flight step held a live row of a request that was
     not in the failed step (that request goes on)."""
     if a.name != "fault":
@@ -208,12 +271,12 @@ def fault_spares_bystander(s: State, a: Action, t: State) -> bool:
                for q, step in enumerate(s.queue) if q != a.args[0] for row in step.rows)
 
 
-def fault_after_launch(s: State, a: Action, t: State) -> bool:
+def fault_after_launch(s: State, a: Action, t: State, b: Bounds) -> bool:
     """A fault hit a step whose launch had written its slot (the slot must still go back)."""
     return a.name == "fault" and s.queue[a.args[0]].phase >= Phase.LAUNCHED
 
 
-def mirror_read_three_in_flight(s: State, a: Action, t: State) -> bool:
+def mirror_read_three_in_flight(s: State, a: Action, t: State, b: Bounds) -> bool:
     """A step combined from the mirror with three steps in flight (depth 3)."""
     return (a.name == "combine" and len(s.queue) >= 3
             and any(r.prev_row is not None for r in s.queue[a.args[0]].rows))
@@ -227,9 +290,9 @@ def _verdicts(s: State, a: Action) -> list[int]:
     return [n for row, n in zip(rows, a.args[1:], strict=True) if row.live and row.spec > 0]
 
 
-def accepted(n: int) -> Callable[[State, Action, State], bool]:
+def accepted(n: int) -> Callable[[State, Action, State, Bounds], bool]:
     """The check that a launch's verification accepted n drafts of some row."""
-    def reached(s: State, a: Action, t: State) -> bool:
+    def reached(s: State, a: Action, t: State, b: Bounds) -> bool:
         return n in _verdicts(s, a)
     reached.__doc__ = f"A launch's verification accepted {n} draft(s) of a row."
     return reached
@@ -242,12 +305,12 @@ def drafts_at_least(n: int) -> Callable[[Bounds], bool]:
     return applies
 
 
-def accepted_counts_differ(s: State, a: Action, t: State) -> bool:
+def accepted_counts_differ(s: State, a: Action, t: State, b: Bounds) -> bool:
     """Two rows of one launch accepted different numbers of drafts."""
     return len(set(_verdicts(s, a))) >= 2
 
 
-def reentry_beside_device_drafts(s: State, a: Action, t: State) -> bool:
+def reentry_beside_device_drafts(s: State, a: Action, t: State, b: Bounds) -> bool:
     """A step combined a re-entering row past its prompt without drafts beside a row whose
     newest token and drafts came from the device."""
     if a.name != "combine":
@@ -258,16 +321,82 @@ def reentry_beside_device_drafts(s: State, a: Action, t: State) -> bool:
             and any(r.prev_row is not None and r.spec > 0 for r in rows))
 
 
-def preempt_with_drafts_in_flight(s: State, a: Action, t: State) -> bool:
+def preempt_with_drafts_in_flight(s: State, a: Action, t: State, b: Bounds) -> bool:
     """A preemption hit a request with a row carrying drafts in flight."""
     return a.name == "preempt" and any(
         row.live and row.req == a.args[0] and row.spec > 0 for step in s.queue for row in step.rows)
 
 
+def skipped_with_step_in_flight(s: State, a: Action, t: State, b: Bounds) -> bool:
+    """A step was scheduled without a request it could hold, one with a step in flight."""
+    return a.name == "schedule" and any(
+        r not in a.args and has_step_in_flight(s, r) for r in eligible(s, b))
+
+
+def _decoding_drafts(s: State, a: Action) -> list[tuple[int, int]]:
+    """A schedule's decoding rows whose drafts exist: (drafts carried, drafts it had)."""
+    return [(d, top) for r, d in zip(a.args, a.drafts, strict=False)
+            for top in [_top(s, r)] if top > 0]
+
+
+def _top(s: State, r: int) -> int:
+    """1 if ``r``'s drafts exist (it would carry K without ``subsets``), else 0."""
+    req = s.requests[r]
+    return int(req.drafts_ready and req.status != Status.WAITING and req.prefill_left == 0)
+
+
+def fewer_drafts(s: State, a: Action, t: State, b: Bounds) -> bool:
+    """A decoding row was scheduled with fewer drafts than the drafter proposed (K)."""
+    return a.name == "schedule" and any(
+        d < b.spec_tokens for d, _ in _decoding_drafts(s, a))
+
+
+def no_drafts_beside_all(s: State, a: Action, t: State, b: Bounds) -> bool:
+    """One step held a decoding row with none of its drafts beside a row with all K."""
+    if a.name != "schedule":
+        return False
+    counts = {d for d, _ in _decoding_drafts(s, a)}
+    return 0 in counts and b.spec_tokens in counts
+
+
+def absent_after_own(s: State, a: Action, t: State, b: Bounds) -> bool:
+    """A request was scheduled with its newest token in an in-flight step before the newest
+    one, having been left out of the newest (pipeline batches)."""
+    if a.name != "schedule" or not s.queue:
+        return False
+    newest = s.queue[-1]
+    return any(
+        not any(row.live and row.req == r for row in newest.rows)
+        and any(row.live and row.req == r and not row.partial
+                for step in s.queue[:-1] for row in step.rows)
+        for r in a.args)
+
+
+def state_row_reused(s: State, a: Action, t: State, b: Bounds) -> bool:
+    """A request arrived into a state row an earlier request held."""
+    if a.name != "arrive" or not s.table:
+        return False
+    earlier = sum(req.status != Status.ABSENT for req in s.requests)
+    return earlier >= len(s.table)
+
+
+def closed_owner_row_written(s: State, a: Action, t: State, b: Bounds) -> bool:
+    """A launch scattered a dropped row into the state row of a request that had closed (its
+    release waited for it)."""
+    return a.name == "launch" and any(
+        not row.live and row.req >= 0 and s.requests[row.req].status in CLOSED
+        for row in s.queue[a.args[0]].rows)
+
+
 class Sometimes(NamedTuple):
     name: str
-    reached: Callable[[State, Action, State], bool]
+    reached: Callable[[State, Action, State, Bounds], bool]
     applies: Callable[[Bounds], bool]
+
+
+def _two(b: Bounds) -> bool:
+    """Two requests can be active at once (with state rows, each needs a row of its own)."""
+    return b.requests >= 2 and (b.state != "rows" or state_row_count(b) >= 2)
 
 
 def _async(b: Bounds) -> bool:
@@ -288,7 +417,7 @@ SOMETIMES: tuple[Sometimes, ...] = (
     Sometimes(
         "row_moves",
         row_moves,
-        lambda b: _async(b) and b.requests >= 2 and b.max_tokens >= 2,
+        lambda b: _async(b) and _two(b) and b.max_tokens >= 2,
     ),
     Sometimes(
         "slot_reused",
@@ -311,16 +440,16 @@ SOMETIMES: tuple[Sometimes, ...] = (
     ),
     Sometimes(
         "partial_prefill_beside_mirror", partial_prefill_beside_mirror,
-        lambda b: b.prefill_chunks >= 2 and _async(b) and b.requests >= 2 and b.max_tokens >= 2
+        lambda b: b.prefill_chunks >= 2 and _async(b) and _two(b) and b.max_tokens >= 2
         and b.guard,
     ),
     Sometimes(
         "host_sync_skipped", host_sync_skipped,
-        lambda b: b.host_sync and _async(b) and b.requests >= 2,
+        lambda b: b.host_sync and _async(b) and _two(b),
     ),
     Sometimes(
         "fault_spares_bystander", fault_spares_bystander,
-        lambda b: b.faults and _async(b) and b.requests >= 2,
+        lambda b: b.faults and _async(b) and _two(b),
     ),
     Sometimes("fault_after_launch", fault_after_launch, lambda b: b.faults),
     Sometimes(
@@ -331,10 +460,27 @@ SOMETIMES: tuple[Sometimes, ...] = (
     ),
     *(Sometimes(f"accepted_{n}", accepted(n), drafts_at_least(max(n, 1))) for n in range(3)),
     Sometimes("accepted_counts_differ", accepted_counts_differ,
-              lambda b: b.spec_tokens >= 1 and b.requests >= 2 and b.max_tokens >= 2),
+              lambda b: b.spec_tokens >= 1 and _two(b) and b.max_tokens >= 2),
     Sometimes("reentry_beside_device_drafts", reentry_beside_device_drafts,
-              lambda b: b.spec_tokens >= 1 and _async(b) and b.requests >= 2 and b.guard
+              lambda b: b.spec_tokens >= 1 and _async(b) and _two(b) and b.guard
               and b.max_tokens >= 3 and (b.preempt or b.host_sync)),
     Sometimes("preempt_with_drafts_in_flight", preempt_with_drafts_in_flight,
               lambda b: b.spec_tokens >= 1 and b.preempt and b.max_tokens >= 2),
+    # vLLM's scheduler freedoms (subsets): each one reached.
+    Sometimes("skipped_with_step_in_flight", skipped_with_step_in_flight,
+              lambda b: b.subsets and _async(b) and _two(b) and b.max_tokens >= 2),
+    Sometimes("fewer_drafts", fewer_drafts,
+              lambda b: b.subsets and b.spec_tokens >= 1 and b.max_tokens >= 2),
+    Sometimes("no_drafts_beside_all", no_drafts_beside_all,
+              lambda b: b.subsets and b.spec_tokens >= 1 and _two(b)
+              and b.max_tokens >= 2),
+    Sometimes("absent_after_own", absent_after_own,
+              lambda b: b.subsets and b.depth >= 3 and _async(b) and _two(b)
+              and b.max_tokens >= 2),
+    # Per-request state rows.
+    Sometimes("state_row_reused", state_row_reused,
+              lambda b: b.state == "rows" and 0 < b.state_rows < b.requests),
+    Sometimes("closed_owner_row_written", closed_owner_row_written,
+              lambda b: b.state == "rows" and _async(b) and (b.finish or b.abort)
+              and b.max_tokens >= 2),
 )

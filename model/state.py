@@ -72,9 +72,24 @@ class Bounds(NamedTuple):
     """The device may fail any in-flight step before its readback completes (`fault`): the
     requests with a live row in it fail, and nothing of it is delivered (spec rule 12)."""
     spec_tokens: int = 0
-    """K spec tokens (speculative decoding, spec rule 13): a decoding row that was in the
-    previous step consumes its newest token and K drafts, and its launch's verification
-    accepts a in 0..K of them, yielding a + 1 tokens. 0 = no drafts (every result as before)."""
+    """K spec tokens (speculative decoding, spec rule 13): a decoding row whose drafts exist
+    consumes its newest token and K drafts (any d in 0..K with ``subsets``), and its launch's
+    verification accepts a in 0..d of them, yielding a + 1 tokens. 0 = no drafts."""
+    state: str = "ring"
+    """Where the tokens the host does not know yet live on the device (spec rule 14): "ring"
+    (the V1 runner's shape: step n's sampled ids in slot n mod K, the next step's combine reads
+    the previous step's slot through the previous-row map) or "rows" (model runner v2's: one
+    state row per request, allocated at admission, gathered by each combine through the step's
+    ``idx_mapping``, scattered into by each launch's post-update, released after close; the
+    slots then only carry each step's output to its readback)."""
+    state_rows: int = 0
+    """With ``state`` "rows": how many state rows the device holds (vLLM's ``max_num_reqs``);
+    0 = one per request. Fewer than the requests makes a closed request's row be reused."""
+    subsets: bool = False
+    """vLLM's scheduler freedoms: a step holds any non-empty subset of the schedulable
+    requests (a token budget leaves some out), and each decoding row with drafts carries any
+    d in 0..K of them (fewer near ``max_model_len``, or a budget). At depth 3 and more, a
+    request may be in one in-flight step and absent from the next (pipeline batches)."""
 
 
 VARIANTS: dict[str, str] = {
@@ -91,12 +106,24 @@ VARIANTS: dict[str, str] = {
     "drafts for the device to fill; the device holds none for it",
     "placeholders-drain-by-one": "the host drains a row's placeholders by 1 at apply, not by "
     "the a + 1 tokens it accepted (rejected ones still roll back)",
+    "state-row-reused-in-flight": "a closed request's state row is released, and so reused, "
+    "while a step of its old owner is in flight",
+    "idx-from-previous-order": "a step's idx_mapping is the previous step's (each batch row "
+    "gathers the state row the request at that row had there)",
+    "draft-count-of-another-row": "the device takes every row's draft count from the step's "
+    "first row, not the row's own",
+    "skipped-from-previous-step": "the host looks for a request's in-flight token in the "
+    "previous step only: one absent from it combines from host ids",
 }
 """Known-bad variants selected by ``Bounds.variant``, and what each does wrong."""
 
 SPEC_VARIANTS = ("positions-advance-by-spec", "rejected-draft-newest",
                  "reentering-drafts-from-device", "placeholders-drain-by-one")
 """The known-bad variants of speculative decoding (they need ``spec_tokens`` >= 1)."""
+
+ROWS_VARIANTS = ("state-row-reused-in-flight", "idx-from-previous-order",
+                 "draft-count-of-another-row", "skipped-from-previous-step")
+"""The known-bad variants of per-request state rows (they need ``state`` "rows")."""
 
 HOST_SYNC_REQUEST = 0
 """The request that is host-sync when ``Bounds.host_sync`` is on."""
@@ -152,6 +179,10 @@ class Row(NamedTuple):
     drafts: tuple[Token, ...] = ()
     """With drafts: what the combine wrote into the row's draft inputs; ``(r, p)`` is the
     drafter's proposal for position p of request r, PLACEHOLDER a host placeholder (-1)."""
+    idx: int = -1
+    """With state rows: the row's entry of the step's ``idx_mapping``, the state row its combine
+    gathers from and its launch's post-update scatters into (kept by a dropped row: the device
+    still writes there); -1 with the ring."""
 
 
 class Step(NamedTuple):
@@ -203,8 +234,27 @@ class Request(NamedTuple):
     """With drafts: the host's output placeholders, 1 + spec per scheduled step, drained at
     apply (vLLM's ``num_output_placeholders``). Without drafts it is the live in-flight rows."""
     drafts_ready: bool = False
-    """With drafts: it was in the last scheduled step past its prompt, so the drafter proposed
-    drafts after its newest token (in that step's slot, or on the host once read back)."""
+    """With drafts: the drafter proposed drafts after its newest token: it was in the last
+    scheduled step past its prompt (the ring: in that step's slot), or its own last step was
+    (state rows: in its state row), or on the host once read back."""
+    state_row: int = -1
+    """With state rows: the row it was given at admission, held until it closes; -1 = none."""
+
+
+class StateRow(NamedTuple):
+    """One per-request row of device state (model runner v2's request state), with state rows."""
+
+    owner: int
+    """The request it is allocated to; -1 = free."""
+    newest: Token
+    """The newest token, as the last launch that scattered into it wrote it."""
+    position: int
+    """With drafts: that token's position as the device advanced it (``num_computed_tokens``);
+    -1 without drafts (the host knows every position) and where unwritten."""
+
+
+FREE_ROW = StateRow(owner=-1, newest=GARBAGE, position=-1)
+"""A state row no request holds; what it held is forgotten."""
 
 
 class State(NamedTuple):
@@ -220,6 +270,8 @@ class State(NamedTuple):
     requests: tuple[Request, ...]
     broken: frozenset[str]
     """Ghost: the slot rules an access broke at the moment it happened."""
+    table: tuple[StateRow, ...] = ()
+    """With state rows: the device's per-request state rows; () with the ring."""
 
 
 _KEEP = object()
@@ -241,7 +293,7 @@ def _fast_replace(cls: type) -> None:
     cls._replace = namespace["_replace"]  # type: ignore[attr-defined]
 
 
-for _record in (Row, Step, Slot, Request, State):
+for _record in (Row, Step, Slot, Request, StateRow, State):
     _fast_replace(_record)
 
 
@@ -260,14 +312,20 @@ def initial_state(bounds: Bounds) -> State:
             for _ in range(bounds.requests)
         ),
         broken=frozenset(),
+        table=(FREE_ROW,) * state_row_count(bounds) if bounds.state == "rows" else (),
     )
+
+
+def state_row_count(bounds: Bounds) -> int:
+    """How many state rows the device holds (with state rows)."""
+    return bounds.state_rows or bounds.requests
 
 
 def validate_bounds(bounds: Bounds) -> None:
     """Reject bounds the model cannot mean, with a message fit for one line."""
-    if bounds.depth not in (1, 2, 3):
+    if not 1 <= bounds.depth <= 4:
         raise ValueError(
-            f"--depth must be 1, 2 or 3 (max_concurrent_batches), got {bounds.depth}")
+            f"--depth must be between 1 and 4 (max_concurrent_batches), got {bounds.depth}")
     if not 1 <= bounds.slots <= 4:
         raise ValueError(f"--slots must be between 1 and 4, got {bounds.slots}")
     if not 1 <= bounds.requests <= 3:
@@ -282,8 +340,16 @@ def validate_bounds(bounds: Bounds) -> None:
         )
     if not 1 <= bounds.prefill_chunks <= 3:
         raise ValueError(f"--prefill-chunks must be between 1 and 3, got {bounds.prefill_chunks}")
-    if not 0 <= bounds.spec_tokens <= 2:
-        raise ValueError(f"--spec-tokens must be 0, 1 or 2, got {bounds.spec_tokens}")
+    if not 0 <= bounds.spec_tokens <= 4:
+        raise ValueError(f"--spec-tokens must be between 0 and 4, got {bounds.spec_tokens}")
+    if bounds.state not in ("ring", "rows"):
+        raise ValueError(f"--state must be 'ring' or 'rows', got {bounds.state!r}")
+    if bounds.state_rows and bounds.state != "rows":
+        raise ValueError("--state-rows needs --state rows")
+    if not 0 <= bounds.state_rows <= bounds.requests:
+        raise ValueError(
+            f"--state-rows must be between 1 and --requests ({bounds.requests}), "
+            f"got {bounds.state_rows}")
     if bounds.variant and bounds.variant not in VARIANTS:
         raise ValueError(
             f"--variant {bounds.variant!r} is unknown; choose one of: {', '.join(VARIANTS)}"
@@ -295,6 +361,17 @@ def validate_bounds(bounds: Bounds) -> None:
         "host-sync-unguarded": (bounds.host_sync, "--host-sync"),
         "fault-spares-later-rows": (bounds.faults, "--faults"),
         **{v: (bounds.spec_tokens >= 1, "--spec-tokens 1 or more") for v in SPEC_VARIANTS},
+        "state-row-reused-in-flight": (bounds.state == "rows", "--state rows"),
+        "idx-from-previous-order": (
+            bounds.state == "rows" and bounds.requests >= 2 and (bounds.condense or bounds.subsets),
+            "--state rows, two requests, and --condense or --subsets"),
+        "draft-count-of-another-row": (
+            bounds.state == "rows" and bounds.subsets and bounds.spec_tokens >= 1
+            and bounds.requests >= 2,
+            "--state rows, --subsets, --spec-tokens 1 or more and two requests"),
+        "skipped-from-previous-step": (
+            bounds.state == "rows" and bounds.subsets and bounds.depth >= 3,
+            "--state rows, --subsets and --depth 3 or more"),
     }
     if bounds.variant == "reentering-drafts-from-device" and bounds.spec_tokens >= 1:
         # A request re-enters after a preemption, or a host-sync one after a skipped step.

@@ -23,6 +23,13 @@
 (* until its launch and readback; a slot's counts and positions are <<>> (()) until a   *)
 (* launch with drafts writes it and once released. A request's placeholders is an int   *)
 (* (0), its drafts_ready a boolean (FALSE). REJECTED is the token <<-3, -3>>.           *)
+(*                                                                                     *)
+(* Per-request state rows (RowsState, spec rule 14) add the variable table, a function  *)
+(* over 0 .. StateRows - 1 (empty with the ring: Python's ()), a row's idx and a         *)
+(* request's state_row (-1 = NONE with the ring, as in Python). A dropped row keeps its *)
+(* req and idx with state rows (its launch still scatters there), and is DeadRow with   *)
+(* the ring. Subsets: a step holds any non-empty subset of the eligible requests, and   *)
+(* with drafts each row any number of the drafts it has.                                *)
 (***************************************************************************************)
 EXTENDS Integers, Sequences, FiniteSets
 
@@ -50,10 +57,18 @@ CONSTANTS
     PositionsAdvanceBySpec, \* known-bad: the device advances a position by 1 + K, not a + 1
     RejectedDraftNewest,    \* known-bad: a rejected draft is kept as the row's newest token
     ReenteringDraftsFromDevice, \* known-bad: a re-entering request gets K placeholder drafts
-    PlaceholdersDrainByOne  \* known-bad: apply drains a row's yielded placeholders by 1
+    PlaceholdersDrainByOne, \* known-bad: apply drains a row's yielded placeholders by 1
+    RowsState,              \* a state row per request (model runner v2), else the ring
+    StateRows,              \* with RowsState: the state rows on the device; 0 with the ring
+    Subsets,                \* vLLM's freedoms: any subset of requests, any drafts per row
+    StateRowReusedInFlight, \* known-bad: a closed owner's row released with a step in flight
+    IdxFromPreviousOrder,   \* known-bad: a step's idx_mapping is the previous step's
+    DraftCountOfAnotherRow, \* known-bad: every row's draft count is the first row's
+    SkippedFromPreviousStep \* known-bad: in-flight tokens looked for in the previous step only
 
 Req == 0 .. Requests - 1
 SlotIds == 0 .. Slots - 1
+StateRowIds == 0 .. StateRows - 1
 
 \* Phases of a step and statuses of a request, numbered as in model/state.py.
 SCHEDULED == 0
@@ -79,10 +94,17 @@ NONE == -1
 
 READ_RELEASED == "NoReadOfReleasedOrOverwrittenSlot"
 REWRITE_WITH_READER == "NoRewriteWhileReaderOutstanding"
+WRITE_UNHELD_ROW == "NoWriteToUnheldStateRow"
 
 \* A dropped row: its token is never delivered nor read, so what it held is forgotten.
 DeadRow == [req |-> NONE, pos |-> 0, prev_row |-> NONE, consumed |-> <<>>, live |-> FALSE,
-            partial |-> FALSE, spec |-> 0, placed |-> NONE, drafts |-> <<>>]
+            partial |-> FALSE, spec |-> 0, placed |-> NONE, drafts |-> <<>>, idx |-> NONE]
+
+\* A row dropped: with state rows it keeps its request and idx (its launch still scatters).
+Dead(row) == IF row.idx = NONE THEN DeadRow ELSE [DeadRow EXCEPT !.req = row.req, !.idx = row.idx]
+
+\* A state row no request holds; what it held is forgotten.
+FreeRow == [owner |-> NONE, newest |-> GARBAGE, position |-> -1]
 
 VARIABLES
     allocated,  \* the ring exists (allocated at load, before any trace capture)
@@ -92,9 +114,10 @@ VARIABLES
     slots,      \* per slot: [written, content, released, counts, positions]
     requests,   \* per request: [status, delivered, closed_at, unchecked, preemptions,
                 \*               prefill_left, placeholders, drafts_ready]
-    broken      \* ghost: the slot rules an access broke at the moment it happened
+    broken,     \* ghost: the slot rules an access broke at the moment it happened
+    table       \* with state rows, per state row: [owner, newest, position]
 
-vars == <<allocated, next_slot, queue, slots, requests, broken>>
+vars == <<allocated, next_slot, queue, slots, requests, broken, table>>
 
 ---------------------------------------------------------------------------------------
 (* Type invariant. *)
@@ -102,7 +125,7 @@ vars == <<allocated, next_slot, queue, slots, requests, broken>>
 Token == (Req \X Int) \cup {PLACEHOLDER, GARBAGE, REJECTED}
 Row == [req: Req \cup {NONE}, pos: Int, prev_row: (0 .. Requests - 1) \cup {NONE},
         consumed: Token \cup {<<>>}, live: BOOLEAN, partial: BOOLEAN,
-        spec: 0 .. SpecTokens, placed: Int, drafts: Seq(Token)]
+        spec: 0 .. SpecTokens, placed: Int, drafts: Seq(Token), idx: StateRowIds \cup {NONE}]
 
 TypeOK ==
     /\ allocated \in BOOLEAN
@@ -125,7 +148,10 @@ TypeOK ==
           /\ requests[r].prefill_left \in 0 .. PrefillChunks - 1
           /\ requests[r].placeholders \in Nat
           /\ requests[r].drafts_ready \in BOOLEAN
-    /\ broken \subseteq {READ_RELEASED, REWRITE_WITH_READER}
+          /\ requests[r].state_row \in StateRowIds \cup {NONE}
+    /\ \A k \in StateRowIds :
+          table[k] \in [owner: Req \cup {NONE}, newest: Token, position: Int]
+    /\ broken \subseteq {READ_RELEASED, REWRITE_WITH_READER, WRITE_UNHELD_ROW}
 
 ---------------------------------------------------------------------------------------
 (* Derived values (Python: the operators at the top of model/actions.py). *)
@@ -144,6 +170,9 @@ LiveCount(r) ==
 HasStepInFlight(r) ==
     \E q \in 1 .. Len(queue) : \E i \in RowIds(q) :
         queue[q].rows[i].live /\ queue[q].rows[i].req = r
+
+\* Some in-flight step has a row, live or dropped, whose launch scatters into state row k.
+RowInFlight(k) == \E q \in 1 .. Len(queue) : \E i \in RowIds(q) : queue[q].rows[i].idx = k
 
 \* r needs its newest token on the host before its next step.
 IsHostSync(r) == HostSync /\ r = 0
@@ -231,15 +260,20 @@ ScrubSlot(R, s) ==
                              IF s.content[i][1] \in R THEN -1 ELSE s.positions[i]]]
 
 \* Drop every row of the requests in R in the steps Q and forget their tokens in host copies
-\* (Python: _drop, once per request); DropSlots forgets them in the slots.
+\* (Python: _drop, once per request); DropSlots forgets them in the slots, DropTable in their
+\* state rows (read again only after a host row of theirs rewrote them, if ever).
 DropQueueOf(Q, R) ==
     [q \in 1 .. Len(Q) |->
         [Q[q] EXCEPT
-            !.rows = [i \in 1 .. Len(Q[q].rows) |-> IF Q[q].rows[i].req \in R THEN DeadRow
+            !.rows = [i \in 1 .. Len(Q[q].rows) |-> IF Q[q].rows[i].req \in R
+                                                    THEN Dead(Q[q].rows[i])
                                                     ELSE Q[q].rows[i]],
             !.host_copy = Scrub(R, Q[q].host_copy)]]
 DropQueue(R) == DropQueueOf(queue, R)
 DropSlots(R) == [k \in SlotIds |-> ScrubSlot(R, slots[k])]
+DropTable(R) == [k \in StateRowIds |->
+                   IF table[k].owner \in R
+                   THEN [table[k] EXCEPT !.newest = GARBAGE, !.position = -1] ELSE table[k]]
 
 \* Some step of Q holds a live row of r (HasStepInFlight over other steps than the queue's).
 HasRowIn(Q, r) == \E q \in 1 .. Len(Q) : \E i \in 1 .. Len(Q[q].rows) :
@@ -251,12 +285,30 @@ MirrorRows(q, r) ==
     {i \in RowIds(q) : /\ queue[q].rows[i].live /\ queue[q].rows[i].req = r
                        /\ (PartialFeedsMirror \/ ~queue[q].rows[i].partial)}
 
-\* The row of r in the previous (newest) in-flight step, if live there: the previous-row map.
-\* Arrived, resumed and host-sync requests take host ids; a partial row is never mirrored.
-PrevRow(r) ==
+\* r's newest token is still in flight (Python: newest_on_device).
+NewestOnDevice(r) == \E q \in 1 .. Len(queue) : MirrorRows(q, r) # {}
+
+\* With state rows: row i's entry of a step scheduled now for r in its idx_mapping (the
+\* known-bad variant reuses the previous step's); NONE with the ring.
+Idx(r, i) ==
+    IF ~RowsState THEN NONE
+    ELSE IF IdxFromPreviousOrder /\ queue # <<>> /\ i <= Len(queue[Len(queue)].rows)
+    THEN queue[Len(queue)].rows[i].idx
+    ELSE requests[r].state_row
+
+\* Where row i of a step scheduled now reads r's newest token on the device, under the guard:
+\* the ring, r's row in the previous (newest) in-flight step, if live there (the previous-row
+\* map); state rows, its state row if its newest token is in flight (the known-bad variant
+\* looks in the previous step only). Arrived, resumed and host-sync requests take host ids; a
+\* partial row is never mirrored. NONE: host ids.
+PrevRow(r, i) ==
     IF ~Guard \/ queue = <<>> \/ requests[r].status = WAITING \/ IsHostSync(r) THEN NONE
+    ELSE IF RowsState
+    THEN IF (IF SkippedFromPreviousStep THEN MirrorRows(Len(queue), r) # {}
+             ELSE NewestOnDevice(r))
+         THEN Idx(r, i) ELSE NONE
     ELSE LET hits == MirrorRows(Len(queue), r)
-         IN IF hits = {} THEN NONE ELSE (CHOOSE i \in hits : TRUE) - 1
+         IN IF hits = {} THEN NONE ELSE (CHOOSE i2 \in hits : TRUE) - 1
 
 \* How many drafts the host schedules after r's newest token: K if the drafter proposed them
 \* (it was in the last scheduled step past its prompt), else none; the known-bad variant gives
@@ -267,24 +319,25 @@ DraftsScheduled(r, partial) ==
     ELSE IF ReenteringDraftsFromDevice /\ Len(requests[r].delivered) > 0 THEN SpecTokens
     ELSE 0
 
-\* Row i of a step scheduled now for request r: without drafts the host knows its position;
-\* with drafts a mirror row's position, newest token and drafts are on the device (set at the
-\* combine), and a host row stages the host's count of computed tokens and the drafts read
-\* back after its newest token (placeholders where the host has none).
-NewRow(r) ==
+\* Row i of a step scheduled now for request r, carrying d drafts where the scheduler chooses
+\* (Subsets): without drafts the host knows its position; with drafts a mirror row's position,
+\* newest token and drafts are on the device (set at the combine), and a host row stages the
+\* host's count of computed tokens and the drafts read back after its newest token
+\* (placeholders where the host has none).
+NewRow(r, i, d) ==
     LET partial == requests[r].prefill_left > 0
-        prev == PrevRow(r)
-        spec == DraftsScheduled(r, partial)
+        prev == PrevRow(r, i)
+        spec == IF Subsets THEN d ELSE DraftsScheduled(r, partial)
         placed == Len(requests[r].delivered) + requests[r].placeholders
         base == [req |-> r, pos |-> NextPos(r), prev_row |-> prev, consumed |-> <<>>,
                  live |-> TRUE, partial |-> partial, spec |-> 0, placed |-> NONE,
-                 drafts |-> <<>>]
+                 drafts |-> <<>>, idx |-> Idx(r, i)]
     IN IF SpecTokens = 0 THEN base
        ELSE IF prev # NONE THEN [base EXCEPT !.pos = -1, !.spec = spec]
        ELSE [base EXCEPT !.pos = -1, !.spec = spec, !.placed = placed,
                          !.drafts = IF requests[r].drafts_ready
                                     THEN DraftsAfter(HostToken(r, placed), spec)
-                                    ELSE [i \in 1 .. spec |-> PLACEHOLDER]]
+                                    ELSE [j \in 1 .. spec |-> PLACEHOLDER]]
 
 \* With drafts: a live row consumed its request's newest token, at its position, and the
 \* drafter's proposals for the positions after it.
@@ -299,6 +352,17 @@ Top(q, i) == LET row == queue[q].rows[i]
              IN IF row.live /\ ~row.partial /\ InputsRight(row) THEN row.spec ELSE 0
 Choices(q) == {f \in [RowIds(q) -> 0 .. SpecTokens] : \A i \in RowIds(q) : f[i] <= Top(q, i)}
 
+\* The request sets a step may hold: every eligible one, or with Subsets any non-empty subset.
+Groups == IF Subsets THEN SUBSET Eligible \ {{}} ELSE {Eligible}
+
+\* Each row's drafts for a step in this order: chosen up to those it has with Subsets and
+\* drafts (one function per choice), else all zero (unused: NewRow takes DraftsScheduled).
+DraftChoices(order) ==
+    IF Subsets /\ SpecTokens > 0
+    THEN {f \in [DOMAIN order -> 0 .. SpecTokens] :
+            \A i \in DOMAIN order :
+                f[i] <= DraftsScheduled(order[i], requests[order[i]].prefill_left > 0)}
+    ELSE {[i \in DOMAIN order |-> 0]}
 ---------------------------------------------------------------------------------------
 (* Actions, one definition each (Python: model/actions.py). *)
 
@@ -311,37 +375,48 @@ Init ==
     /\ requests = [r \in Req |-> [status |-> ABSENT, delivered |-> <<>>, closed_at |-> NONE,
                                   unchecked |-> FALSE, preemptions |-> 0,
                                   prefill_left |-> PrefillChunks - 1,
-                                  placeholders |-> 0, drafts_ready |-> FALSE]]
+                                  placeholders |-> 0, drafts_ready |-> FALSE,
+                                  state_row |-> NONE]]
     /\ broken = {}
+    /\ table = [k \in StateRowIds |-> FreeRow]
 
 \* Load: allocate the ring of K mirror slots, before any step (and so any trace capture).
 Allocate ==
     /\ ~allocated
     /\ allocated' = TRUE
-    /\ UNCHANGED <<next_slot, queue, slots, requests, broken>>
+    /\ UNCHANGED <<next_slot, queue, slots, requests, broken, table>>
 
-\* A request arrives; its first step prefills from host ids.
+\* A request arrives; its first step prefills from host ids. With state rows it is given the
+\* lowest free state row (none free: it waits).
 Arrive(r) ==
     /\ allocated
     /\ requests[r].status = ABSENT
-    /\ requests' = [requests EXCEPT ![r].status = WAITING]
+    /\ IF ~RowsState
+       THEN /\ requests' = [requests EXCEPT ![r].status = WAITING]
+            /\ UNCHANGED table
+       ELSE LET free == {k \in StateRowIds : table[k].owner = NONE}
+                k == CHOOSE k \in free : \A j \in free : k <= j
+            IN /\ free # {}
+               /\ table' = [table EXCEPT ![k] = [FreeRow EXCEPT !.owner = r]]
+               /\ requests' = [requests EXCEPT ![r].status = WAITING, ![r].state_row = k]
     /\ UNCHANGED <<allocated, next_slot, queue, slots, broken>>
 
-\* Schedule a step over every eligible request in some order, building the previous-row map.
+\* Schedule a step over the eligible requests (every one, or with Subsets any non-empty subset)
+\* in some order, building the previous-row map (the ring) or the idx_mapping (state rows).
 Schedule ==
     /\ allocated
     /\ Len(queue) < Depth
     /\ Eligible # {}
-    /\ \E order \in Orders(Eligible) :
+    /\ \E group \in Groups : \E order \in Orders(group) : \E ds \in DraftChoices(order) :
         /\ Condense \/ Ascending(order)
-        /\ LET rows == [i \in DOMAIN order |-> NewRow(order[i])]
-               mirror == \E i \in DOMAIN rows : rows[i].prev_row # NONE
+        /\ LET rows == [i \in DOMAIN order |-> NewRow(order[i], i, ds[i])]
+               mirror == ~RowsState /\ \E i \in DOMAIN rows : rows[i].prev_row # NONE
                step == [slot |-> next_slot,
                         src_slot |-> IF mirror THEN queue[Len(queue)].slot ELSE NONE,
                         phase |-> SCHEDULED, rows |-> rows, host_copy |-> <<>>,
                         accepted |-> <<>>, host_counts |-> <<>>]
                \* With drafts: r's row in this step yields (1 + spec placeholders), and drafts
-               \* follow only this step's rows.
+               \* follow this step's rows (with state rows a skipped request keeps its own).
                Yields(r) == /\ r \in Range(order)
                             /\ ~rows[CHOOSE i \in DOMAIN order : order[i] = r].partial
                Owed(r) == 1 + rows[CHOOSE i \in DOMAIN order : order[i] = r].spec
@@ -355,8 +430,9 @@ Schedule ==
                                 IF SpecTokens = 0 THEN Stepped(r)
                                 ELSE [Stepped(r) EXCEPT
                                         !.placeholders = @ + (IF Yields(r) THEN Owed(r) ELSE 0),
-                                        !.drafts_ready = Yields(r)]]
-    /\ UNCHANGED <<allocated, slots, broken>>
+                                        !.drafts_ready = IF r \in Range(order) THEN Yields(r)
+                                                         ELSE RowsState /\ @]]
+    /\ UNCHANGED <<allocated, slots, broken, table>>
 
 \* Build step q's input ids on device: host ids, or the previous slot through the row map.
 Combine(q) ==
@@ -365,29 +441,40 @@ Combine(q) ==
     /\ IF q = 1 THEN TRUE ELSE queue[q - 1].phase >= LAUNCHED  \* previous slot written
     /\ LET st == queue[q]
            Value(row) == IF row.prev_row = NONE THEN HostToken(row.req, row.pos)
+                         ELSE IF RowsState THEN table[row.idx].newest
                          ELSE ReadSlot(st.src_slot, row.prev_row)
            \* With drafts: newest token, position and drafts from the host (a host row, staged
-           \* when scheduled) or the previous slot (a mirror row); pos := the true position.
+           \* when scheduled), or on the device: the previous slot (the ring) or the row's state
+           \* row (state rows), its draft count from the step's per-row counts (the known-bad
+           \* variant: the first row's); pos := the true position.
+           count(row) == IF DraftCountOfAnotherRow THEN st.rows[1].spec ELSE row.spec
            WithDrafts(row) ==
                IF row.prev_row = NONE
                THEN [row EXCEPT !.pos = TruePos(q, row.req),
                                 !.consumed = HostToken(row.req, row.placed)]
+               ELSE IF RowsState
+               THEN LET newest == table[row.idx].newest
+                    IN [row EXCEPT !.pos = TruePos(q, row.req), !.consumed = newest,
+                                   !.placed = IF newest # GARBAGE THEN table[row.idx].position
+                                              ELSE -1,
+                                   !.drafts = DraftsAfter(newest, count(row))]
                ELSE LET newest == ReadSlot(st.src_slot, row.prev_row)
                         src == slots[st.src_slot]
                         readable == newest # GARBAGE /\ row.prev_row < Len(src.positions)
                     IN [row EXCEPT !.pos = TruePos(q, row.req), !.consumed = newest,
                                    !.placed = IF readable THEN src.positions[row.prev_row + 1]
                                               ELSE -1,
-                                   !.drafts = DraftsAfter(newest, row.spec)]
+                                   !.drafts = DraftsAfter(newest, count(row))]
            Combined(row) == IF SpecTokens > 0 THEN WithDrafts(row)
                             ELSE [row EXCEPT !.consumed = Value(row)]
            rows == [i \in RowIds(q) |-> IF ~st.rows[i].live THEN st.rows[i]
                                         ELSE Combined(st.rows[i])]
-           mirror == \E i \in RowIds(q) : st.rows[i].live /\ st.rows[i].prev_row # NONE
+           mirror == ~RowsState /\ \E i \in RowIds(q) :
+                                      st.rows[i].live /\ st.rows[i].prev_row # NONE
        IN /\ queue' = [queue EXCEPT ![q] = [st EXCEPT !.phase = COMBINED, !.rows = rows]]
           /\ broken' = IF mirror /\ slots[st.src_slot].released
                        THEN broken \cup {READ_RELEASED} ELSE broken
-    /\ UNCHANGED <<allocated, next_slot, slots, requests>>
+    /\ UNCHANGED <<allocated, next_slot, slots, requests, table>>
 
 \* Run step q's forward and sampler; the sampler writes its tokens into the step's slot. With
 \* drafts, verification accepts acc[i] drafts of row i (chosen: the model does not know which
@@ -410,21 +497,40 @@ Launch(q) ==
            Advanced(row, a) ==
                IF ~Yields(row) THEN -1
                ELSE row.placed + (IF PositionsAdvanceBySpec THEN 1 + row.spec ELSE a + 1)
-       IN /\ broken' = IF ReadersOutstanding(st.slot, q)
-                       THEN broken \cup {REWRITE_WITH_READER} ELSE broken
+           \* With state rows (Python: _post_update): each row's newest token and position go
+           \* to the state row its idx names (the last row naming it wins), dropped rows too,
+           \* forgotten there; scattering into a row its request no longer holds is a break.
+           Hits(k) == {i \in RowIds(q) : st.rows[i].idx = k}
+           Last(k) == CHOOSE i \in Hits(k) : \A j \in Hits(k) : j <= i
+           Scatter(newest, position) ==
+               [k \in StateRowIds |->
+                   IF Hits(k) = {} THEN table[k]
+                   ELSE [table[k] EXCEPT
+                           !.newest = IF st.rows[Last(k)].live THEN newest[Last(k)] ELSE GARBAGE,
+                           !.position = IF SpecTokens > 0 /\ st.rows[Last(k)].live
+                                        THEN position[Last(k)] ELSE -1]]
+           unheld == RowsState /\ \E i \in RowIds(q) : table[st.rows[i].idx].owner # st.rows[i].req
+       IN /\ broken' = broken \cup (IF ReadersOutstanding(st.slot, q)
+                                    THEN {REWRITE_WITH_READER} ELSE {})
+                             \cup (IF unheld THEN {WRITE_UNHELD_ROW} ELSE {})
           /\ IF SpecTokens = 0
-             THEN /\ slots' = [slots EXCEPT ![st.slot] =
-                                 [@ EXCEPT !.written = TRUE, !.released = FALSE,
-                                  !.content = [i \in RowIds(q) |-> Sampled(st.rows[i])]]]
-                  /\ queue' = [queue EXCEPT ![q].phase = LAUNCHED]
+             THEN LET content == [i \in RowIds(q) |-> Sampled(st.rows[i])]
+                  IN /\ slots' = [slots EXCEPT ![st.slot] =
+                                    [@ EXCEPT !.written = TRUE, !.released = FALSE,
+                                     !.content = content]]
+                     /\ queue' = [queue EXCEPT ![q].phase = LAUNCHED]
+                     /\ table' = IF RowsState THEN Scatter(content, content) ELSE table
              ELSE \E acc \in Choices(q) :
-                  /\ slots' = [slots EXCEPT ![st.slot] =
-                                 [@ EXCEPT !.written = TRUE, !.released = FALSE,
-                                  !.content = [i \in RowIds(q) |-> Newest(st.rows[i], acc[i])],
-                                  !.counts = [i \in RowIds(q) |-> Count(st.rows[i], acc[i])],
-                                  !.positions = [i \in RowIds(q) |->
-                                                   Advanced(st.rows[i], acc[i])]]]
-                  /\ queue' = [queue EXCEPT ![q].phase = LAUNCHED, ![q].accepted = acc]
+                  LET content == [i \in RowIds(q) |-> Newest(st.rows[i], acc[i])]
+                      advanced == [i \in RowIds(q) |-> Advanced(st.rows[i], acc[i])]
+                  IN /\ slots' = [slots EXCEPT ![st.slot] =
+                                    [@ EXCEPT !.written = TRUE, !.released = FALSE,
+                                     !.content = content,
+                                     !.counts = [i \in RowIds(q) |-> Count(st.rows[i], acc[i])],
+                                     \* with state rows the positions go to the state rows
+                                     !.positions = IF RowsState THEN <<>> ELSE advanced]]
+                     /\ queue' = [queue EXCEPT ![q].phase = LAUNCHED, ![q].accepted = acc]
+                     /\ table' = IF RowsState THEN Scatter(content, advanced) ELSE table
     /\ UNCHANGED <<allocated, next_slot, requests>>
 
 \* Enqueue the non-blocking copy of step q's slot to a host tensor, and its event.
@@ -432,7 +538,7 @@ ReadbackIssue(q) ==
     /\ q <= Len(queue)
     /\ queue[q].phase = LAUNCHED
     /\ queue' = [queue EXCEPT ![q].phase = READBACK_ISSUED]
-    /\ UNCHANGED <<allocated, next_slot, slots, requests, broken>>
+    /\ UNCHANGED <<allocated, next_slot, slots, requests, broken, table>>
 
 \* Step q's readback event completes: the host tensor now holds the slot's content.
 ReadbackComplete(q) ==
@@ -448,7 +554,7 @@ ReadbackComplete(q) ==
                                                             ReadCount(st.slot, i - 1)]]]
           /\ broken' = IF slots[st.slot].released \/ Writer(st.slot) # q
                        THEN broken \cup {READ_RELEASED} ELSE broken
-    /\ UNCHANGED <<allocated, next_slot, slots, requests>>
+    /\ UNCHANGED <<allocated, next_slot, slots, requests, table>>
 
 \* Retire the oldest step: deliver each live row's tokens; max tokens finishes a request, and
 \* drops its rows still in flight (with drafts a later step may carry it).
@@ -487,6 +593,7 @@ Apply ==
                                    /\ HasRowIn(rest, r)}
        IN /\ queue' = DropQueueOf(rest, dropped)
           /\ slots' = DropSlots(dropped)
+          /\ table' = DropTable(dropped)
           /\ requests' = [r \in Req |->
                             IF r \in dropped
                             THEN [applied[r] EXCEPT !.placeholders = 0, !.drafts_ready = FALSE]
@@ -504,7 +611,18 @@ Release(k) ==
             /\ ~\E j \in 1 .. Len(queue) : queue[j].src_slot = k /\ queue[j].phase = SCHEDULED
     /\ slots' = [slots EXCEPT ![k] = [written |-> TRUE, content |-> <<>>, released |-> TRUE,
                                       counts |-> <<>>, positions |-> <<>>]]
-    /\ UNCHANGED <<allocated, next_slot, queue, requests, broken>>
+    /\ UNCHANGED <<allocated, next_slot, queue, requests, broken, table>>
+
+\* With state rows: hand state row k back once its owner closed and no in-flight step will
+\* still scatter into it (the known-bad variant: at close); the next arrival may take it.
+ReleaseRow(k) ==
+    /\ RowsState
+    /\ table[k].owner # NONE
+    /\ requests[table[k].owner].status \in Closed
+    /\ ~RowInFlight(k) \/ StateRowReusedInFlight
+    /\ table' = [table EXCEPT ![k] = FreeRow]
+    /\ requests' = [requests EXCEPT ![table[k].owner].state_row = NONE]
+    /\ UNCHANGED <<allocated, next_slot, queue, slots, broken>>
 
 \* The newest delivered token was a stop token: the request finishes, in-flight rows drop.
 FinishReq(r) ==
@@ -513,6 +631,7 @@ FinishReq(r) ==
     /\ requests[r].unchecked
     /\ queue' = DropQueue({r})
     /\ slots' = DropSlots({r})
+    /\ table' = DropTable({r})
     /\ requests' = [requests EXCEPT ![r].status = FINISHED,
                                     ![r].closed_at = Len(requests[r].delivered),
                                     ![r].unchecked = FALSE,
@@ -525,6 +644,7 @@ AbortReq(r) ==
     /\ requests[r].status \in {WAITING, RUNNING, PREEMPTED}
     /\ queue' = DropQueue({r})
     /\ slots' = DropSlots({r})
+    /\ table' = DropTable({r})
     /\ requests' = [requests EXCEPT ![r].status = ABORTED,
                                     ![r].closed_at = Len(requests[r].delivered),
                                     ![r].unchecked = FALSE,
@@ -540,6 +660,7 @@ PreemptReq(r) ==
     /\ requests[r].preemptions < Preemptions
     /\ queue' = IF PreemptKeep THEN queue ELSE DropQueue({r})
     /\ slots' = IF PreemptKeep THEN slots ELSE DropSlots({r})
+    /\ table' = IF PreemptKeep THEN table ELSE DropTable({r})
     /\ requests' = [requests EXCEPT ![r].status = PREEMPTED, ![r].unchecked = FALSE,
                                     ![r].preemptions = @ + 1, ![r].prefill_left = 0,
                                     ![r].drafts_ready = FALSE,
@@ -552,7 +673,7 @@ Resume(r) ==
     /\ requests[r].status = PREEMPTED
     /\ Placeholders(r) = 0 \/ ResumeWithPlaceholder
     /\ requests' = [requests EXCEPT ![r].status = WAITING]
-    /\ UNCHANGED <<allocated, next_slot, queue, slots, broken>>
+    /\ UNCHANGED <<allocated, next_slot, queue, slots, broken, table>>
 
 \* The device fails step q before its readback completed: every request with a live row in it
 \* fails, its rows in the other in-flight step drop (unless FaultSparesLaterRows), and the step
@@ -566,6 +687,7 @@ FaultStep(q) ==
            dropped == IF FaultSparesLaterRows THEN queue ELSE DropQueue(F)
        IN /\ queue' = SubSeq(dropped, 1, q - 1) \o SubSeq(dropped, q + 1, Len(dropped))
           /\ slots' = IF FaultSparesLaterRows THEN slots ELSE DropSlots(F)
+          /\ table' = IF FaultSparesLaterRows THEN table ELSE DropTable(F)
           /\ next_slot' = IF q = Len(queue) THEN queue[q].slot ELSE next_slot
           /\ requests' = [r \in Req |->
                             IF r \in F
@@ -577,12 +699,14 @@ FaultStep(q) ==
                             ELSE requests[r]]
     /\ UNCHANGED <<allocated, broken>>
 
-\* Everything is over: every request closed, nothing in flight, every written slot back.
+\* Everything is over: every request closed, nothing in flight, every written slot and every
+\* state row back.
 IsFinal ==
     /\ allocated
     /\ queue = <<>>
     /\ \A r \in Req : requests[r].status \in Closed
     /\ \A k \in SlotIds : ~slots[k].written \/ slots[k].released
+    /\ \A k \in StateRowIds : table[k].owner = NONE
 
 \* A final state stutters, so TLC's deadlock check flags only real deadlocks.
 Done == IsFinal /\ UNCHANGED vars
@@ -603,6 +727,7 @@ Next ==
     \/ \E r \in Req : PreemptReq(r)
     \/ \E r \in Req : Resume(r)
     \/ \E q \in 1 .. Depth : FaultStep(q)
+    \/ \E k \in StateRowIds : ReleaseRow(k)
     \/ Done
 
 Spec == Init /\ [][Next]_vars
@@ -646,9 +771,36 @@ FailedRequestsQuiet ==
 \* A request the next step would combine from the mirror has its newest token in the newest
 \* in-flight step: the one slot that combine reads, at any depth.
 NewestTokenInNewestStep ==
-    Guard /\ queue # <<>> =>
+    Guard /\ queue # <<>> /\ ~Subsets =>
         \A r \in Eligible :
             (requests[r].status # WAITING /\ ~IsHostSync(r)) =>
                 ((\E q \in 1 .. Len(queue) : MirrorRows(q, r) # {})
                     => MirrorRows(Len(queue), r) # {})
+
+\* No launch ever scattered a row into a state row its request no longer held (released,
+\* or another's).
+NoWriteToUnheldStateRow == WRITE_UNHELD_ROW \notin broken
+
+\* Each arrived, unreleased request owns exactly the state row it names, and each owned state
+\* row names its owner.
+StateRowsOwned ==
+    /\ \A r \in Req :
+          /\ requests[r].status \in {WAITING, RUNNING, PREEMPTED} => requests[r].state_row # NONE
+          /\ requests[r].state_row # NONE => table[requests[r].state_row].owner = r
+    /\ \A k \in StateRowIds : table[k].owner # NONE => requests[table[k].owner].state_row = k
+
+\* A request whose in-flight steps have all launched holds its newest token in its state row
+\* (and with drafts its position): what its next combine gathers, however many steps ago it ran.
+NewestTokenInStateRow ==
+    Guard =>
+        \A r \in Req :
+            (/\ requests[r].state_row # NONE /\ requests[r].status \notin Closed
+             /\ NewestOnDevice(r)) =>
+                LET steps == {q \in 1 .. Len(queue) : \E i \in RowIds(q) :
+                                  queue[q].rows[i].live /\ queue[q].rows[i].req = r}
+                    last == CHOOSE q \in steps : \A p \in steps : p <= q
+                    newest == <<r, IF SpecTokens > 0
+                                   THEN Len(requests[r].delivered) + YieldedBefore(Len(queue) + 1, r)
+                                   ELSE Len(requests[r].delivered) + LiveCount(r)>>
+                IN queue[last].phase >= LAUNCHED => table[requests[r].state_row].newest = newest
 =======================================================================================

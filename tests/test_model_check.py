@@ -16,9 +16,11 @@ Explored = Callable[[Bounds], Exploration]
 OPTION_ONLY = {"partial_prefill_beside_mirror", "host_sync_skipped", "fault_spares_bystander",
                "fault_after_launch", "mirror_read_three_in_flight", "accepted_0", "accepted_1",
                "accepted_2", "accepted_counts_differ", "reentry_beside_device_drafts",
-               "preempt_with_drafts_in_flight"}
+               "preempt_with_drafts_in_flight", "skipped_with_step_in_flight", "fewer_drafts",
+               "no_drafts_beside_all", "absent_after_own", "state_row_reused",
+               "closed_owner_row_written"}
 """Sometimes checks of options that are off at the default bounds (chunking, host sync,
-faults, depth 3, spec decoding)."""
+faults, depth 3, spec decoding, subsets, state rows)."""
 
 
 def test_default_bounds_hold_and_every_situation_occurs(default_run: Exploration) -> None:

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import NoReturn
 
 from .impl.mutations import BUGS
-from .model.state import SPEC_VARIANTS, VARIANTS, Bounds, validate_bounds
+from .model.state import ROWS_VARIANTS, SPEC_VARIANTS, VARIANTS, Bounds, validate_bounds
 
 DEFAULTS = Bounds()
 
@@ -51,10 +51,16 @@ def add_bounds(p: argparse.ArgumentParser) -> None:
     """The model's bounds and feature switches, as options of `p`."""
     g = p.add_argument_group("bounds")
     g.add_argument("--depth", type=int, default=DEFAULTS.depth,
-                   help="max_concurrent_batches D: 1 (sync), 2 (async) or 3 (pipeline "
-                   "parallelism of 3) (default %(default)s)")
+                   help="max_concurrent_batches D: 1 (sync), 2 (async), 3 or 4 (pipeline "
+                   "parallelism of that size) (default %(default)s)")
     g.add_argument("--slots", type=int, default=DEFAULTS.slots,
                    help="mirror slots K in the ring (default %(default)s)")
+    g.add_argument("--state", choices=("ring", "rows"), default=None,
+                   help="where in-flight tokens live on the device: ring (a step's slot, read "
+                        "through the previous-row map) or rows (a state row per request) "
+                        f"(default {DEFAULTS.state}; rows with a state-row --variant)")
+    g.add_argument("--state-rows", type=int, default=DEFAULTS.state_rows,
+                   help="with --state rows: state rows on the device (default: one per request)")
     g.add_argument("--requests", type=int, default=DEFAULTS.requests,
                    help="requests (default %(default)s)")
     g.add_argument("--max-tokens", type=int, default=None,
@@ -90,6 +96,11 @@ def add_bounds(p: argparse.ArgumentParser) -> None:
     t.add_argument("--faults", action=bool_flag, default=None,
                    help="the device may fail any step before its readback completes "
                         "(default off; on with --variant fault-spares-later-rows)")
+    t.add_argument("--subsets", action=bool_flag, default=None,
+                   help="vLLM's scheduler freedoms: a step holds any non-empty subset of the "
+                        "schedulable requests, each decoding row any number of its drafts "
+                        f"(default {'on' if DEFAULTS.subsets else 'off'}; on with a --variant "
+                        "that needs it)")
     t.add_argument("--spec-tokens", type=int, default=None,
                    help="K draft tokens per decoding row, verified on the device "
                         f"(default {DEFAULTS.spec_tokens}: no drafts; 1 with a spec-decode "
@@ -123,8 +134,15 @@ def bounds_from(ns: argparse.Namespace) -> Bounds:
     if faults is None:
         faults = variant == "fault-spares-later-rows"
     spec = ns.spec_tokens
+    if spec is None and variant in SPEC_VARIANTS:
+        spec = 1
+    state = ns.state or ("rows" if variant in ROWS_VARIANTS else DEFAULTS.state)
+    subsets = ns.subsets
+    if subsets is None:
+        subsets = DEFAULTS.subsets or variant in (
+            "draft-count-of-another-row", "skipped-from-previous-step")
     if spec is None:
-        spec = 1 if variant in SPEC_VARIANTS else DEFAULTS.spec_tokens
+        spec = 1 if variant == "draft-count-of-another-row" else DEFAULTS.spec_tokens
     b = Bounds(
         depth=ns.depth, slots=ns.slots, requests=ns.requests,
         max_tokens=ns.max_tokens if ns.max_tokens is not None
@@ -134,6 +152,7 @@ def bounds_from(ns: argparse.Namespace) -> Bounds:
         release_at="issue" if variant == "release-at-issue" else ns.release_at,
         preempt_policy=ns.preempt_policy, prefill_chunks=chunks, host_sync=host_sync,
         variant=variant if variant in VARIANTS else "", faults=faults, spec_tokens=spec,
+        state=state, state_rows=ns.state_rows, subsets=subsets,
     )
     if ns.preemptions < 0:
         raise UsageError(f"--preemptions must be 0 or more, got {ns.preemptions}")

@@ -5,12 +5,13 @@ from __future__ import annotations
 from typing import Any
 
 from .model.explore import Exploration, changes
-from .model.invariants import GRAPH_PROPERTIES, INVARIANTS, SOMETIMES
+from .model.invariants import GRAPH_PROPERTIES, SOMETIMES, invariants_for
 
 
 def verdicts(ex: Exploration) -> dict[str, str]:
     """Invariant and graph property name -> "ok" or "violated"."""
-    out = {inv.name: ("violated" if inv.name in ex.violations else "ok") for inv in INVARIANTS}
+    out = {inv.name: ("violated" if inv.name in ex.violations else "ok")
+           for inv in invariants_for(ex.bounds)}
     out["NoDeadlock"] = "violated" if ex.deadlocks else "ok"
     out["CanAlwaysFinish"] = "violated" if ex.cannot_finish else "ok"
     assert set(GRAPH_PROPERTIES) <= set(out)
