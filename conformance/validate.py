@@ -298,7 +298,10 @@ def validate(events: Iterable[Event], bounds: Bounds,
         if event.action == FAULT:  # rule 12: a run that met a device fault
             b = b._replace(faults=True)
         known = event.action in (*ALL_ACTIONS, FAULT, "chunk_prefill")
-        action = Action(event.action, args)
+        drafts: tuple[int, ...] = ()
+        if event.action == "schedule" and b.subsets and b.spec_tokens:
+            drafts = tuple(r.spec for r in event.get("rows"))  # the scheduler's choice
+        action = Action(event.action, args, drafts)
         after = take(s, b, action) if known else None
         if after is None:
             allowed = tuple(a.label() for a, _ in successors(s, b))
@@ -397,4 +400,5 @@ def bounds_of(events: Sequence[Event] | Event) -> Bounds:
                           "this model (depth 1 or 2, K and chunks 1 or more, policy keep or "
                           "drop, spec tokens 0 to 2)")
     return Bounds(depth=depth, slots=slots, preemptions=0, guard=bool(load.get("guard")),
-                  preempt_policy=policy, prefill_chunks=chunks, spec_tokens=spec)
+                  preempt_policy=policy, prefill_chunks=chunks, spec_tokens=spec,
+                  subsets=bool(load.get("subsets")))

@@ -7,7 +7,8 @@ mirror's (`backend.Mirror`); the runner decides what it does and when.
 
     allocate                       load: the ring and every persistent tensor (before any trace)
     arrive(r, prompt)              r is WAITING: its next step prefills from host ids
-    schedule(order) -> q           a step over every eligible request, rows in `order`
+    schedule(order, drafts) -> q   a step over the eligible requests in `order` (every one, or
+                                   any with `subsets`), each decoding row's drafts
     combine(q)                     stage host ids + previous-row map + mask; combine on device
     launch(q)                      forward + sample into the step's slot
     readback_issue(q)              non-blocking copy of the slot to the host, with its event
@@ -126,6 +127,10 @@ class RunnerConfig:
     drafts: DraftSpec | None = None
     """Speculative decoding (spec rule 13): K drafts per decoding row that was in the previous
     step, verified on the device; None = no drafts."""
+    subsets: bool = False
+    """vLLM's scheduler freedoms (spec rule 14): a step holds any non-empty subset of the
+    eligible requests, and each decoding row whose drafts exist any number of them (the
+    caller's `schedule(order, drafts)`); False: every eligible request, K drafts each."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "mutations", mutations(self.mutations))
@@ -366,6 +371,8 @@ class Runner:
             raise failure
         # With drafts the model instance has K spec tokens (absent: none, as before drafts).
         spec: dict[str, Any] = {"spec_tokens": c.drafts.k} if c.drafts is not None else {}
+        if c.subsets:  # absent: every eligible request in every step (as before subsets)
+            spec["subsets"] = True
         self.events.record("allocate", depth=c.depth, slots=c.slots, guard=c.guard,
                            preempt_policy=c.preempt_policy, prefill_chunks=c.prefill_chunks,
                            device_waits=self.backend.reports_device_waits, **spec)
@@ -499,16 +506,20 @@ class Runner:
         self.events.record("chunk_prefill", (req, int(partial)))
 
     # --- step phases -----------------------------------------------------------------------------
-    def schedule(self, order: Sequence[int] | None = None) -> int:
-        """Schedule a step over every eligible request, rows in `order` (default: by id).
+    def schedule(self, order: Sequence[int] | None = None,
+                 drafts: Sequence[int] | None = None) -> int:
+        """Schedule a step over the eligible requests in `order` (default: every one, by id;
+        with `subsets` any non-empty subset), with `drafts[i]` drafts on row i where the
+        scheduler chooses them (`subsets` and drafts; default: all it has).
 
         Builds the previous-row map: a request with a live row in the previous in-flight step
         reads its newest token from that step's slot at that row. Returns the queue position.
         """
         self._need_allocated("schedule")
         rows_order = self._step_order(order)
+        counts = self._draft_counts(rows_order, drafts)
         prev = self.queue[-1] if self.queue else None
-        rows = self._rows(rows_order, prev)
+        rows = self._rows(rows_order, prev, counts)
         step = _Step(
             index=self.steps,
             slot=self.next_slot,
@@ -530,13 +541,15 @@ class Runner:
 
     def _owe(self, rows: tuple[Row, ...]) -> None:
         """With drafts: each row that will yield owes 1 + spec placeholders, and the drafter
-        proposes after the newest token only of this step's rows past their prompt."""
+        proposes after the newest token of this step's rows past their prompt; a request the
+        scheduler left out (`subsets`) keeps its own (read back by its next step at depth 2)."""
         scheduled = {row.req: row for row in rows}
         for r in self.open_requests():
             req, row = self.requests[r], scheduled.get(r)
             if row is not None and not row.partial:
                 req.placeholders += 1 + row.spec
-            req.drafts_ready = row is not None and not row.partial
+            if row is not None or not self.config.subsets:
+                req.drafts_ready = row is not None and not row.partial
 
     def _step_order(self, order: Sequence[int] | None) -> list[int]:
         """The next step's rows, in order: every eligible request once, within depth and rows."""
@@ -549,7 +562,13 @@ class Runner:
         if not todo:
             raise PhaseError("schedule: no request is eligible (WAITING/RUNNING with budget)")
         rows_order = list(todo if order is None else order)
-        if sorted(rows_order) != todo:
+        if self.config.subsets:
+            if not rows_order or len(set(rows_order)) != len(rows_order) or not set(
+                    rows_order) <= set(todo):
+                raise PhaseError(
+                    f"schedule{tuple(rows_order)}: the order must hold eligible requests, each "
+                    f"once, at least one: {todo}")
+        elif sorted(rows_order) != todo:
             raise PhaseError(
                 f"schedule{tuple(rows_order)}: the order must hold every eligible request "
                 f"exactly once: {todo}"
@@ -561,7 +580,26 @@ class Runner:
             )
         return rows_order
 
-    def _rows(self, rows_order: list[int], prev: _Step | None) -> tuple[Row, ...]:
+    def _draft_counts(self, rows_order: list[int], drafts: Sequence[int] | None) -> list[int]:
+        """Each row's drafts: those the caller chose (`subsets`: any up to the drafts it has),
+        else all it has (`spec_due`)."""
+        due = [self.spec_due(r, self.requests[r].prefill_left > 0) for r in rows_order]
+        if drafts is None:
+            return due
+        if not self.config.subsets or self.config.drafts is None:
+            raise PhaseError("schedule: drafts per row are the scheduler's choice only with "
+                             "subsets and drafts")
+        if len(drafts) != len(rows_order):
+            raise PhaseError(f"schedule: {len(drafts)} draft count(s) for {len(rows_order)} "
+                             "row(s)")
+        for r, d, top in zip(rows_order, drafts, due, strict=True):
+            if not 0 <= d <= top:
+                raise PhaseError(f"schedule: request {r}'s row carries {d} draft(s); it has "
+                                 f"{top} (rule 13)")
+        return list(drafts)
+
+    def _rows(self, rows_order: list[int], prev: _Step | None,
+              counts: list[int]) -> tuple[Row, ...]:
         """The rows of a step over `rows_order`: each request's position, and where its newest
         token is read from (the guard: the previous step's slot while it is in flight there)."""
         prev_rows = self._previous_rows(prev)
@@ -579,19 +617,18 @@ class Runner:
             if self.config.drafts is None:
                 rows.append(Row(req=r, pos=self.next_pos(r), prev_row=prev_row, partial=partial))
             else:
-                rows.append(self._drafted_row(r, prev_row, partial))
+                rows.append(self._drafted_row(r, prev_row, partial, counts[i]))
         return tuple(rows)
 
-    def _drafted_row(self, r: int, prev_row: int | None, partial: bool) -> Row:
-        """A row with drafts (rule 13): K drafts if the drafter proposed them (it was in the
-        last scheduled step past its prompt), else none. A mirror row's newest token, position
-        and drafts are on the device; a host row's position is the host's count of computed
-        tokens (delivered plus owed), its drafts those read back."""
+    def _drafted_row(self, r: int, prev_row: int | None, partial: bool, spec: int) -> Row:
+        """A row with `spec` drafts (rule 13; at most K, those the drafter proposed after its
+        newest token). A mirror row's newest token, position and drafts are on the device; a
+        host row's position is the host's count of computed tokens (delivered plus owed), its
+        drafts the first `spec` of those read back."""
         req = self.requests[r]
-        spec = self.spec_due(r, partial)
         if prev_row is not None:
             return Row(req=r, pos=-1, prev_row=prev_row, partial=partial, spec=spec)
-        drafts = req.host_drafts if spec else ()
+        drafts = req.host_drafts[:spec] if spec else ()
         if not spec and req.delivered and not partial and self._planted(
                 "reentering-drafts-from-device"):
             # planted: a request re-entering past its prompt is scheduled with K placeholder
@@ -603,9 +640,9 @@ class Runner:
                    partial=partial, spec=spec, drafts=drafts)
 
     def spec_due(self, req: int, partial: bool = False) -> int:
-        """Drafts `req`'s row of the next step carries (rule 13): K if the drafter proposed them
-        (it was in the last scheduled step past its prompt, and is not re-entering), else 0; 0
-        for a prefill chunk, and without drafts."""
+        """Drafts `req`'s row of the next step may carry (rule 13): K if the drafter proposed
+        them (it was in the last scheduled step past its prompt, or with `subsets` its own last
+        step was, and is not re-entering), else 0; 0 for a prefill chunk, and without drafts."""
         r, drafts = self.requests[req], self.config.drafts
         ready = r.drafts_ready and r.status != Status.WAITING and not partial
         return drafts.k if drafts is not None and ready else 0

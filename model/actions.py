@@ -400,11 +400,13 @@ def schedule(s: State, b: Bounds, order: tuple[int, ...],
         for i, req in enumerate(s.requests)
     )
     if b.spec_tokens:
-        # Placeholders: 1 + spec per row that will yield. Drafts follow this step's rows; with
-        # the ring only them (the next combine reads this step's slot), with state rows a
-        # skipped request keeps those in its state row.
+        # Placeholders: 1 + spec per row that will yield. Drafts follow this step's rows. A
+        # request the scheduler left out keeps its own: in its state row (state rows), or with
+        # the ring in the slot of its last step, read back by its next step at depth 2 (deeper,
+        # the ring cannot reach them: `ring-subsets-depth-3`). Without subsets only a request
+        # that could not be scheduled is left out, and it keeps none (the ring's first rule).
         by_req = {row.req: row for row in rows}
-        keeps = b.state == "rows"
+        keeps = b.state == "rows" or b.subsets
         requests = tuple(
             req._replace(
                 placeholders=req.placeholders + (

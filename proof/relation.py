@@ -42,6 +42,8 @@ class Options:
     variant: str = ""
     slots_below_depth: bool = False
     """The known-bad ring of K = D - 1 slots; else any K >= D."""
+    state: str = "ring"
+    subsets: bool = False
 
     @staticmethod
     def of(b: Bounds) -> Options:
@@ -49,7 +51,17 @@ class Options:
         return Options(depth=b.depth, spec_tokens=b.spec_tokens, finish=b.finish, abort=b.abort,
                        preempt=b.preempt, condense=b.condense, guard=b.guard,
                        release_at=b.release_at, preempt_policy=b.preempt_policy,
-                       faults=b.faults, variant=b.variant, slots_below_depth=b.slots < b.depth)
+                       faults=b.faults, variant=b.variant, slots_below_depth=b.slots < b.depth,
+                       state=b.state, subsets=b.subsets)
+
+    def unencoded(self) -> str | None:
+        """What of this option set the solver's encoding does not cover yet, or None."""
+        missing = [what for what, yes in (
+            ("per-request state rows (--state rows)", self.state != "ring"),
+            ("vLLM's scheduler freedoms (--subsets)", self.subsets),
+            ("depth 4", self.depth > 3),
+            ("more than two spec tokens", self.spec_tokens > 2)) if yes]
+        return ", ".join(missing) or None
 
 
 @dataclass

@@ -82,6 +82,9 @@ class ServingConfig:
     seeded shuffle per step, or vLLM's condense-on-removal. Tokens do not depend on it."""
     row_order_seed: int = 0
     """The seed of the `shuffle` policy."""
+    subsets: bool = False
+    """Steps hold what a foreign scheduler chose (spec rule 14): any of the eligible requests,
+    any number of a row's drafts (`ScheduledEngine` sets it); False: every eligible request."""
     spec_tokens: int = 0
     """Speculative decoding (spec rule 13): K = 1 or 2 drafts per decoding row, proposed on the
     device by the model's drafter (`models.drafter_for`) and verified there; 0: none. A decoding
@@ -173,6 +176,7 @@ class ServingEngine(Engine):
                 readback_timeout_s=c.readback_timeout_s,
                 mutations=c.mutations,
                 drafts=DraftSpec(k=self.k) if self.k else None,
+                subsets=c.subsets,
             ),
             chosen,
         )

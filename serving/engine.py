@@ -79,6 +79,10 @@ class EngineConfig:
     drafts: DraftSpec | None = None
     """Speculative decoding (spec rule 13): K drafts per decoding row, verified on the device;
     async scheduling then needs a draft-aware combine. None = no drafts."""
+    subsets: bool = False
+    """A foreign scheduler's freedoms (spec rule 14): a step may leave eligible requests out and
+    carry fewer drafts on a row (`Runner.schedule(order, drafts)`); False: every eligible
+    request in every step, K drafts each."""
     drain_on_layout_change: bool = False
     """The TT plugin's policy, for comparison only: before a step whose rows differ from the
     previous step's (arrival, finish, preemption, reorder), retire every step in flight. The
@@ -110,6 +114,7 @@ class Engine:
                 readback_timeout_s=c.readback_timeout_s,
                 mutations=c.mutations,
                 drafts=c.drafts,
+                subsets=c.subsets,
             ),
         )
         self.order: Order = order or (lambda eligible: eligible)

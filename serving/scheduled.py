@@ -105,7 +105,8 @@ class Collected:
 
 class ScheduledEngine(ServingEngine):
     def __init__(self, backend: ServingBackend, config: ServingConfig | None = None) -> None:
-        super().__init__(backend, config)
+        # A foreign scheduler leaves requests out of steps and trims drafts (rule 14).
+        super().__init__(backend, dataclasses.replace(config or ServingConfig(), subsets=True))
         self.closed_as: dict[int, str] = {}
         """How each request the plans finished was closed here: finish, abort or refused."""
         self.refused: dict[int, str] = {}
@@ -144,10 +145,6 @@ class ScheduledEngine(ServingEngine):
                 self._refusing(req, self._check_row, plan, req)
         rows = [req for req in plan.rows if req not in self.refused]
         eligible = r.eligible()
-        for req in sorted(set(eligible) - set(rows)):
-            self._refuse(req, f"the scheduler left request {req} out of a step while it was "
-                         f"eligible (the plan's step holds {sorted(rows)}); the mirror's step "
-                         "holds every eligible request")
         for req in sorted(set(rows) - set(eligible)):
             self._refuse(req, f"request {req} is in the plan's step but not eligible in the "
                          f"model's ({r.status(req).name})")
@@ -156,7 +153,11 @@ class ScheduledEngine(ServingEngine):
             return -1  # a plan of closes only, or of refused rows: no step
         self._plan_chunks(plan, rows)
         self.masks = plan.masks
-        q = r.schedule(rows)
+        drafts = None
+        if r.config.drafts is not None:  # each decoding row's drafts, as its scheduler chose
+            drafts = [0 if req in self.needs_prefill else len(plan.spec.get(req, ()))
+                      for req in rows]
+        q = r.schedule(rows, drafts)
         step: int = r.queue[q].index
         fault = self._issue(q)
         if fault is not None:
@@ -341,10 +342,10 @@ class ScheduledEngine(ServingEngine):
         r = self.runner
         if req not in self.needs_prefill:
             drafts, due = plan.spec.get(req, ()), r.spec_due(req)
-            if len(drafts) != due or plan.tokens[req] != 1 + due:
+            if len(drafts) > due or plan.tokens[req] != 1 + len(drafts):
                 raise Disagreement(f"request {req} decodes {plan.tokens[req]} tokens with "
                                    f"{len(drafts)} draft(s) in the plan; the runner's row "
-                                   f"carries {due} draft(s) (rule 13)")
+                                   f"has {due} draft(s) (rule 13)")
             # Known drafts lead (vLLM pads those its grammar rejected with -1 after them).
             known = tuple(itertools.takewhile(lambda d: d >= 0, drafts))
             held = r.requests[req].host_drafts[:due]

@@ -416,7 +416,8 @@ Schedule ==
                         phase |-> SCHEDULED, rows |-> rows, host_copy |-> <<>>,
                         accepted |-> <<>>, host_counts |-> <<>>]
                \* With drafts: r's row in this step yields (1 + spec placeholders), and drafts
-               \* follow this step's rows (with state rows a skipped request keeps its own).
+               \* follow this step's rows (a request left out by Subsets, or with state rows,
+               \* keeps its own).
                Yields(r) == /\ r \in Range(order)
                             /\ ~rows[CHOOSE i \in DOMAIN order : order[i] = r].partial
                Owed(r) == 1 + rows[CHOOSE i \in DOMAIN order : order[i] = r].spec
@@ -431,7 +432,7 @@ Schedule ==
                                 ELSE [Stepped(r) EXCEPT
                                         !.placeholders = @ + (IF Yields(r) THEN Owed(r) ELSE 0),
                                         !.drafts_ready = IF r \in Range(order) THEN Yields(r)
-                                                         ELSE RowsState /\ @]]
+                                                         ELSE (RowsState \/ Subsets) /\ @]]
     /\ UNCHANGED <<allocated, slots, broken, table>>
 
 \* Build step q's input ids on device: host ids, or the previous slot through the row map.

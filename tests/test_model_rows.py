@@ -159,14 +159,20 @@ def test_the_known_bad_draft_count_of_another_row_feeds_the_wrong_drafts() -> No
     assert "StaleHostIdsGuard" in broken(s, b)
 
 
-def test_a_skipped_request_keeps_its_drafts_in_its_state_row() -> None:
-    s = run(*BOTH, ("schedule", 0, 1, "+", 0, 0), ("combine", 0), ("launch", 0, 0, 0),
-            ("schedule", 1, "+", 2), b=DRAFTS)
+def test_a_skipped_request_keeps_its_drafts() -> None:
+    steps = (*BOTH, ("schedule", 0, 1, "+", 0, 0), ("combine", 0), ("launch", 0, 0, 0),
+             ("schedule", 1, "+", 2))
+    s = run(*steps, b=DRAFTS)
     assert s.requests[0].drafts_ready  # its state row still holds them
+    # The ring at depth 2: by r0's next step the step it was in has been applied, so its
+    # newest token and drafts come from the readback, as a host row's.
     ring = DRAFTS._replace(state="ring")
-    s = run(*BOTH, ("schedule", 0, 1, "+", 0, 0), ("combine", 0), ("launch", 0, 0, 0),
-            ("schedule", 1, "+", 2), b=ring)
-    assert not s.requests[0].drafts_ready  # the ring: the next combine reads q1's slot only
+    s = run(*steps, ("readback_issue", 0), ("readback_complete", 0), ("apply",), b=ring)
+    assert s.requests[0].drafts_ready
+    t = A.schedule(s, ring, (0,), (2,))
+    assert t is not None
+    row = t.queue[-1].rows[0]
+    assert (row.prev_row, row.placed, row.drafts) == (None, 1, ((0, 2), (0, 3)))
 
 
 def test_a_dropped_row_scatters_garbage_and_the_request_restarts_from_host_ids() -> None:

@@ -41,7 +41,8 @@ OPTIONS: dict[str, tuple[str, Any]] = {
     "preempt_policy": ("--preempt-policy", None), "prefill_chunks": ("--prefill-chunks", None),
     "host_sync": ("--host-sync", True), "faults": ("--faults", True),
     "spec_tokens": ("--spec-tokens", None),
-    "variant": ("--variant", None),
+    "variant": ("--variant", None), "state": ("--state", None),
+    "state_rows": ("--state-rows", None), "subsets": ("--subsets", True),
 }
 """Bounds field -> the `ttmirror check` option that sets it (and the value a bare flag means)."""
 
@@ -76,7 +77,11 @@ class Entry:
 def flags(bounds: Bounds) -> str:
     """The command-line options that select ``bounds``."""
     out: list[str] = []
-    for field, value in _changed(bounds).items():
+    changed = _changed(bounds)
+    if bounds.spec_tokens and "max_tokens" not in changed:
+        # With drafts `check` defaults to its own max tokens (arguments.SPEC_MAX_TOKENS).
+        changed = {"max_tokens": bounds.max_tokens, **changed}
+    for field, value in changed.items():
         option, bare = OPTIONS[field]
         out.append(option if bare is not None else f"{option} {value}")
     return " ".join(out)
