@@ -45,8 +45,16 @@ VARS = ["allocated", "next_slot", "queue", "slots", "requests", "broken",
         "mbt::actionTaken", "mbt::nondetPicks"]
 
 
-_VALIDATION = ("max_tokens_of", "host_sync_of", "chunk_per_step")
-"""Bounds only a validated serving run sets; left out of a trace where they are unset."""
+_VALIDATION = ("max_tokens_of", "host_sync_of", "chunk_per_step", "state", "state_rows",
+               "subsets")
+"""Bounds only a validated serving run sets, and the bounds of spec rule 14; left out of a trace
+where they are at their defaults, so that the traces written before them stay as they were."""
+_BOUNDS_DEFAULTS = Bounds()
+
+_AT_DEFAULT: dict[tuple[str, str], Any] = {("Row", "idx"): -1, ("Request", "state_row"): -1,
+                                           ("State", "table"): ()}
+"""Record fields of spec rule 14 (state rows), left out of a state where they hold this value
+(always with the ring): a trace written before them encodes the same states."""
 
 
 class TraceError(ValueError):
@@ -54,6 +62,9 @@ class TraceError(ValueError):
 
 
 NONE = {"tag": "None", "value": {"#tup": []}}
+
+
+_NO_DEFAULT = object()
 
 
 def encode(value: Any, optional: bool = False) -> Any:
@@ -69,10 +80,12 @@ def encode(value: Any, optional: bool = False) -> Any:
     if isinstance(value, bool | int | str):
         return value
     if hasattr(value, "_fields"):  # a record (NamedTuple)
+        kind = type(value).__name__
         hints = getattr(type(value), "__annotations__", {})
         return {
             f: encode(getattr(value, f), optional="None" in str(hints.get(f, "")))
             for f in value._fields
+            if _AT_DEFAULT.get((kind, f), _NO_DEFAULT) != getattr(value, f)
         }
     if isinstance(value, tuple | list):
         return {"#tup": [encode(v) for v in value]}
@@ -107,8 +120,10 @@ def _picks(move: Move) -> dict[str, Any]:
     if move.kind == "device":
         return {"cq": a.args[0], **({"through": "effect"} if a.name == EFFECT else {})}
     if move.kind == "refuse":
-        return {"action": a.name, "args": {"#tup": list(a.args)}}
-    return {"args": {"#tup": list(a.args)}}
+        return {"action": a.name, "args": {"#tup": list(a.args)},
+                **({"drafts": {"#tup": list(a.drafts)}} if a.drafts else {})}
+    return {"args": {"#tup": list(a.args)},
+            **({"drafts": {"#tup": list(a.drafts)}} if a.drafts else {})}
 
 
 def to_itf(
@@ -140,7 +155,8 @@ def to_itf(
         "model": MODEL,
         "version": VERSION,
         # The validation-only bounds are unset here: traces stay as they were before them.
-        "bounds": {k: v for k, v in bounds._asdict().items() if k not in _VALIDATION or v},
+        "bounds": {k: v for k, v in bounds._asdict().items()
+                   if k not in _VALIDATION or v != getattr(_BOUNDS_DEFAULTS, k)},
         "backend": backend,
         "config": config or CONFIGS[backend][0],
         "sampling": sampling,
@@ -232,9 +248,10 @@ def _move(row: dict[str, Any]) -> Move:
         kind = EFFECT if picks.get("through") == "effect" else "device"
         return Move("device", Action(kind, (int(picks["cq"]),)))
     args = tuple(int(a) for a in picks["args"]["#tup"])
+    drafts = tuple(int(d) for d in picks["drafts"]["#tup"]) if "drafts" in picks else ()
     if name == "refuse":
-        return Move("refuse", Action(str(picks["action"]), args))
-    return Move("act", Action(str(name), args))
+        return Move("refuse", Action(str(picks["action"]), args, drafts))
+    return Move("act", Action(str(name), args, drafts))
 
 
 # --- recorded runs (`ttmirror validate`) ---------------------------------------------------------
@@ -277,8 +294,9 @@ assert tuple(_ROW_FIELDS) == Row._fields
 _SCHEMA: dict[str, tuple[int | None, dict[str, Any], frozenset[str]]] = {
     # action: (arguments (None: one or more), detail name -> type, optional details)
     "allocate": (0, {"depth": _INT, "slots": _INT, "guard": _BOOL, "preempt_policy": _STR,
-                     "prefill_chunks": _INT, "device_waits": _BOOL, "spec_tokens": _INT},
-                 frozenset({"device_waits", "spec_tokens"})),
+                     "prefill_chunks": _INT, "device_waits": _BOOL, "spec_tokens": _INT,
+                     "subsets": _BOOL},
+                 frozenset({"device_waits", "spec_tokens", "subsets"})),
     "arrive": (1, {"prompt": _INT, "max_tokens": _INT, "host_sync": _BOOL,
                    "prefill_chunks": _INT, "seed": _INT}, frozenset({"seed"})),
     "schedule": (None, {"slot": _INT, "rows": _ROWS}, frozenset()),

@@ -157,6 +157,7 @@ class Lockstep:
             max_tokens=bounds.max_tokens, guard=bounds.guard, probe=probe,
             trace=config == "traced", preempt_policy=bounds.preempt_policy,
             prefill_chunks=bounds.prefill_chunks, mutations=mutations([bug]), drafts=drafts,
+            subsets=bounds.subsets,
         ))
         self.observer: DeviceObserver | HostObserver | None = None
         """Sees device data as it comes into being; None before load, and on a chip."""
@@ -490,7 +491,7 @@ class Lockstep:
                 r.arrive(args[0], self.prompts[args[0]], max_tokens=self.bounds.max_tokens,
                          host_sync=A.is_host_sync(self.bounds, args[0]))
             case "schedule":
-                r.schedule(list(args))
+                r.schedule(list(args), list(action.drafts) if action.drafts else None)
             case "apply":
                 r.apply()
             case name if name in A.STEP_ACTIONS or name in A.REQUEST_ACTIONS or name == "release":

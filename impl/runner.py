@@ -518,6 +518,8 @@ class Runner:
         self._need_allocated("schedule")
         rows_order = self._step_order(order)
         counts = self._draft_counts(rows_order, drafts)
+        if self.config.subsets:
+            self._count_freedoms(rows_order, counts)
         prev = self.queue[-1] if self.queue else None
         rows = self._rows(rows_order, prev, counts)
         step = _Step(
@@ -579,6 +581,21 @@ class Runner:
                 "rows; admit fewer requests or raise rows"
             )
         return rows_order
+
+    def _count_freedoms(self, rows_order: list[int], counts: list[int]) -> None:
+        """What the scheduler's freedoms did in this step (rule 14): eligible requests left out
+        (those with a step in flight apart), decoding rows with fewer drafts than they have,
+        a row with none of its drafts beside one with all K."""
+        left = set(self.eligible()) - set(rows_order)
+        self.stats["skipped_rows"] += len(left)
+        self.stats["skipped_in_flight"] += sum(self.has_step_in_flight(r) for r in left)
+        if self.config.drafts is None:
+            return
+        tops = [self.spec_due(r, self.requests[r].prefill_left > 0) for r in rows_order]
+        self.stats["fewer_drafts"] += sum(d < top for d, top in zip(counts, tops, strict=True))
+        k = self.config.drafts.k
+        self.stats["none_beside_all"] += (
+            any(d == 0 < top for d, top in zip(counts, tops, strict=True)) and k in counts)
 
     def _draft_counts(self, rows_order: list[int], drafts: Sequence[int] | None) -> list[int]:
         """Each row's drafts: those the caller chose (`subsets`: any up to the drafts it has),

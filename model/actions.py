@@ -326,7 +326,7 @@ def schedule(s: State, b: Bounds, order: tuple[int, ...],
     """Schedule a step over the eligible requests in ``order`` (every one of them, or with
     ``subsets`` any non-empty subset), building the previous-row map (the ring) or the
     ``idx_mapping`` (state rows); with ``subsets`` and drafts, ``drafts[i]`` is how many of its
-    drafts row i carries (any up to the drafts it has)."""
+    drafts row i carries (any up to the drafts it has; () = all of them)."""
     if not s.allocated or len(s.queue) >= b.depth or not order:
         return None
     todo = eligible(s, b)
@@ -337,8 +337,9 @@ def schedule(s: State, b: Bounds, order: tuple[int, ...],
             return None
     elif sorted(order) != todo or (not b.condense and list(order) != todo):
         return None
-    chosen = bool(b.subsets and b.spec_tokens)
-    if len(drafts) != (len(order) if chosen else 0):
+    # Drafts per row are the scheduler's to choose with subsets (none given: all each row has).
+    chosen = bool(b.subsets and b.spec_tokens and drafts)
+    if drafts and not (b.subsets and b.spec_tokens and len(drafts) == len(order)):
         return None
     prev = s.queue[-1] if s.queue else None
     rows = []

@@ -48,9 +48,19 @@ SCENARIOS: dict[str, dict[str, Any]] = {
     "drafts-preempt-chunked": {"max_num_seqs": 4, "max_num_batched_tokens": 12,
                                "num_gpu_blocks": 4, "max_model_len": 48, "scale": 2,
                                "spec_tokens": 1},
+    # vLLM's scheduler freedoms (spec rule 14). An 8-token step budget for up to 8 rows that
+    # want 1 + K = 3 tokens each: vLLM leaves running requests out of steps, their last step
+    # still in flight under async scheduling.
+    "drafts-budget": {"max_num_seqs": 8, "max_num_batched_tokens": 8, "scale": 1,
+                      "spec_tokens": 2},
+    # Requests asking for more than max_model_len = 16 holds (`_to_the_limit`): near the limit
+    # vLLM schedules fewer drafts, none beside all in one step, and each stops at the limit.
+    "drafts-context-limit": {"max_num_seqs": 4, "max_num_batched_tokens": 256,
+                             "max_model_len": 16, "scale": 1, "spec_tokens": 2},
 }
 MODES = {"async": True, "sync": False}
-GREEDY_SCENARIOS = ("plain", "preempt-chunked", "drafts", "drafts-preempt-chunked")
+GREEDY_SCENARIOS = ("plain", "preempt-chunked", "drafts", "drafts-preempt-chunked",
+                    "drafts-budget", "drafts-context-limit")
 
 
 DRAFT_LOGPROBS = 3
@@ -59,6 +69,11 @@ that deliver several tokens at once."""
 UNSEEDED = 1
 """Requests i % 4 == UNSEEDED of the sampling scenario reach vLLM without a seed (its default):
 the worker draws theirs from the engine's seeded stream."""
+
+
+def _to_the_limit(p: RequestPlan) -> RequestPlan:
+    """Request i of the context-limit scenario: 40 tokens asked, no stop, no abort."""
+    return replace(p, max_tokens=40, stop_ids=frozenset(), abort_after=None)
 
 
 def _sampled(p: RequestPlan) -> RequestPlan:
@@ -87,6 +102,7 @@ def served(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFact
     plans = {scenario: standard_plan(model.vocab, scale=sizes["scale"])
              for scenario, sizes in SCENARIOS.items()}
     plans["sampling"] = [_sampled(p) for p in plans["sampling"]]
+    plans["drafts-context-limit"] = [_to_the_limit(p) for p in plans["drafts-context-limit"]]
     cells, keys = [], []
     for scenario, sizes in SCENARIOS.items():
         for mode, on in MODES.items():
@@ -151,8 +167,9 @@ def test_greedy_tokens_are_the_models_own(served: dict[str, Any], scenario: str)
         got = run["tokens"][str(p.req)]
         assert got == _greedy(served["model"], p, len(got)), p.req
         reason = run["finish"][str(p.req)]
+        limit = SCENARIOS[scenario].get("max_model_len", 128) - len(p.prompt)
         if reason == "length":
-            assert len(got) == p.max_tokens
+            assert len(got) == min(p.max_tokens, limit)
         elif reason == "stop":
             assert got[-1] in p.stop_ids and not set(got[:-1]) & p.stop_ids
         else:
@@ -248,3 +265,23 @@ def test_logprobs_with_drafts_are_one_entry_per_token(served: dict[str, Any]) ->
     others = {str(p.req) for p in served["plans"]["drafts"]} - {str(p.req) for p in asked}
     assert not others & set(run["logprobs"])
     assert all(run["worker"]["stats"].get(f"accepted_{a}", 0) > 0 for a in (1, 2))
+
+
+def test_vllms_scheduler_freedoms_really_occurred(served: dict[str, Any]) -> None:
+    """Spec rule 14, in vLLM's own decisions and the runner's count of the plans it executed:
+    under a tight budget vLLM left running requests out of steps while a step of theirs was in
+    flight; near max_model_len it scheduled decoding rows with fewer drafts than they had, and
+    one with none beside one with all K; every request of that scenario stopped at the limit.
+    The runs serve to completion, async equals sync, and their events validate (the tests
+    above)."""
+    runs = served["runs"]
+    budget = runs["drafts-budget", "async"]["worker"]
+    assert budget["stats"].get("skipped_in_flight", 0) > 0, budget["stats"]
+    assert budget["vllm"]["skipped_in_flight"] > 0, budget["vllm"]
+    for mode in MODES:
+        limit = runs["drafts-context-limit", mode]
+        stats, decided = limit["worker"]["stats"], limit["worker"]["vllm"]
+        assert stats.get("fewer_drafts", 0) > 0 and decided["fewer_drafts"] > 0, decided
+        assert stats.get("none_beside_all", 0) > 0 and decided["none_beside_all"] > 0, decided
+        assert set(limit["finish"].values()) == {"length"}
+

@@ -111,10 +111,10 @@ class MirrorExecutor(Executor):
         self.rejected: dict[str, int] = {}
         """Drafts the last collected step rejected, per vLLM request id."""
         self.closed: dict[str, Any] | None = None
-        self.decisions = wire.Decisions()
         sched = self.vllm_config.scheduler_config
         spec = self.vllm_config.speculative_config
         k = spec.num_speculative_tokens if spec is not None else 0
+        self.decisions = wire.Decisions(k)
         self.mask_stride = 1 + k  # rows of vLLM's grammar bitmask a structured request owns
         seed = os.environ.get(SEED)
         self.facts = self._ask("init", {

@@ -29,13 +29,20 @@ class Decisions:
     """What vLLM's scheduler decided, counted from its outputs: steps, arrivals, prefill chunks
     that stopped short of the prompt, preemptions, resumes, closes, rows scheduled while the
     request's previous step was still in flight (each one a placeholder in vLLM's books, filled
-    on the device by the mirror), (re)entries whose prefix vLLM's cache held, and rows launched
-    with vLLM's grammar bitmask (`masked_rows`)."""
+    on the device by the mirror), (re)entries whose prefix vLLM's cache held, rows launched
+    with vLLM's grammar bitmask (`masked_rows`), and its freedoms of spec rule 14: running
+    requests left out of a step while a step of theirs was in flight (`skipped_in_flight`),
+    decoding rows with fewer than its K drafts (`fewer_drafts`), and steps holding a decoding
+    row with none beside one with all K (`none_beside_all`)."""
 
-    def __init__(self) -> None:
+    def __init__(self, k: int = 0) -> None:
+        self.k = k
         self.steps = self.arrivals = self.partial_chunks = self.preemptions = 0
         self.resumes = self.finished = self.rows_over_placeholders = self.max_rows = 0
         self.prefix_hits = self.masked_rows = 0
+        self.skipped_in_flight = self.fewer_drafts = self.none_beside_all = 0
+        self._running: set[int] = set()
+        self._prompt: dict[int, int] = {}
 
     def count(self, plan: dict[str, Any], in_flight: set[int]) -> None:
         self.steps += bool(plan["rows"])  # a plan of closes only is no step
@@ -49,9 +56,22 @@ class Decisions:
         # (Re)entries with tokens already computed: vLLM's prefix cache had their first blocks.
         entering = [n["req"] for n in plan["new"]] + plan["resumed"]
         self.prefix_hits += sum(1 for req in entering if plan["computed"].get(str(req), 0) > 0)
+        # Running requests: scheduled before, not closed or preempted since.
+        self._running -= {*plan["finished"], *plan["preempted"]}
+        rows = set(plan["rows"])
+        self.skipped_in_flight += len((self._running & in_flight) - rows)
+        self._prompt.update({n["req"]: len(n["prompt"]) for n in plan["new"]})
+        if self.k:
+            # Decoding rows: running, not (re)entering, past their prompt.
+            drafts = [len(plan["spec"].get(str(req), ())) for req in plan["rows"]
+                      if req in self._running and req not in entering
+                      and plan["computed"][str(req)] >= self._prompt[req]]
+            self.fewer_drafts += sum(d < self.k for d in drafts)
+            self.none_beside_all += 0 in drafts and self.k in drafts
+        self._running |= rows
 
     def as_dict(self) -> dict[str, int]:
-        return dict(vars(self))
+        return {k: v for k, v in vars(self).items() if not k.startswith("_") and k != "k"}
 
 
 def unsupported(params: Any) -> list[str]:
