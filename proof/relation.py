@@ -57,10 +57,7 @@ class Options:
     def unencoded(self) -> str | None:
         """What of this option set the solver's encoding does not cover yet, or None."""
         missing = [what for what, yes in (
-            ("per-request state rows (--state rows)", self.state != "ring"),
-            ("vLLM's scheduler freedoms (--subsets)", self.subsets),
-            ("depth 4", self.depth > 3),
-            ("more than two spec tokens", self.spec_tokens > 2)) if yes]
+            ("per-request state rows (--state rows)", self.state != "ring"),) if yes]
         return ", ".join(missing) or None
 
 
@@ -401,13 +398,19 @@ def arrive(c: Ctx, s: StateV) -> Result:
 
 
 def schedule(c: Ctx, s: StateV) -> Result:
-    """Schedule a step over every eligible request in some order, building the previous-row
-    map: the order is a free bijection between rows 0..n-1 and the eligible requests."""
+    """Schedule a step over every eligible request (with subsets: over the eligible requests a
+    free choice picks) in some order, building the previous-row map: the order is a free
+    bijection between rows 0..n-1 and the scheduled requests. With subsets and drafts each row
+    carries a free number of drafts, up to those it has."""
     z, smt, INT = c.smt.z, c.smt, c.smt.Int
     n = c.fresh("nrows", INT)
     order = c.fresh("order", smt.IntArr)  # row -> request
     row_of = c.fresh("row_of", smt.IntArr)  # request -> row
-    el = lambda r: eligible(c, s, r)  # noqa: E731
+    if c.opts.subsets:
+        picked = c.fresh("picked", smt.BoolArr)  # the scheduler's choice among the eligible
+        el = lambda r: z.And(eligible(c, s, r), picked[r])  # noqa: E731
+    else:
+        el = lambda r: eligible(c, s, r)  # noqa: E731
     c.side += [
         n >= 1,
         c.forall(lambda x: z.Implies(z.And(x >= 0, x < n),
@@ -421,6 +424,13 @@ def schedule(c: Ctx, s: StateV) -> Result:
     if not c.opts.condense:  # rows in request order
         c.side.append(c.forall2(lambda x, y: z.Implies(z.And(x >= 0, x < y, y < n),
                                                         order[x] < order[y])))
+    if c.opts.subsets and c.opts.spec_tokens:
+        chosen = c.fresh("drafts", smt.IntArr)  # row -> drafts it carries
+        c.side.append(c.forall(lambda x: z.Implies(z.And(x >= 0, x < n), z.And(
+            chosen[x] >= 0, chosen[x] <= drafts_scheduled(c, s, order[x])))))
+        spec_of = lambda i: chosen[i]  # noqa: E731
+    else:
+        spec_of = lambda i: drafts_scheduled(c, s, order[i])  # noqa: E731
     cases = []
     for qlen in range(c.opts.depth):
         prev = s.queue[qlen - 1] if qlen else None
@@ -434,7 +444,8 @@ def schedule(c: Ctx, s: StateV) -> Result:
 
         uses = c.exists(lambda i: z.And(i >= 0, i < n, prev_row(order[i]) >= 0)) \
             if prev is not None and c.opts.guard else False
-        spec_fields = _scheduled_drafts(c, s, order, prev_row) if c.opts.spec_tokens else {
+        spec_fields = _scheduled_drafts(c, s, order, prev_row, spec_of) if c.opts.spec_tokens \
+            else {
             "pos": lam(c, INT, lambda i: next_pos(c, s, order[i])),
             "spec": z.K(INT, z.IntVal(0)), "placed": z.K(INT, z.IntVal(NONE_INT)),
             "drafts": s.queue[qlen].drafts, "ndrafts": z.K(INT, z.IntVal(0))}
@@ -462,13 +473,16 @@ def schedule(c: Ctx, s: StateV) -> Result:
         placeholders=rq.placeholders, drafts_ready=rq.drafts_ready,
     )
     if c.opts.spec_tokens:
-        # Placeholders: 1 + spec per row that will yield; drafts follow only this step's rows.
+        # Placeholders: 1 + spec per row that will yield; drafts follow this step's rows (a
+        # request left out by subsets keeps its own).
         yields = lambda r: z.And(el(r), rq.prefill_left[r] <= 0)  # noqa: E731
+        ready = (lambda r: z.If(el(r), yields(r), rq.drafts_ready[r])) if c.opts.subsets \
+            else yields
         requests = RequestsV(**{
             **requests.__dict__,
             "placeholders": lam(c, INT, lambda r: rq.placeholders[r] + z.If(
-                yields(r), 1 + drafts_scheduled(c, s, r), 0)),
-            "drafts_ready": lam(c, INT, yields)})
+                yields(r), 1 + spec_of(row_of[r]), 0)),
+            "drafts_ready": lam(c, INT, ready)})
     pre = z.And(s.allocated, s.qlen < c.opts.depth, c.exists(el))
     nxt = s.next_slot + 1
     t = pick(c, s.qlen, cases)
@@ -476,11 +490,12 @@ def schedule(c: Ctx, s: StateV) -> Result:
                         next_slot=z.If(nxt >= c.params.K, 0, nxt))
 
 
-def _scheduled_drafts(c: Ctx, s: StateV, order: Term,
-                      prev_row: Callable[[Term], Term]) -> dict[str, Term]:
-    """With drafts, a new step's rows: position -1 (fixed at the combine), the drafts scheduled,
-    and for a host row the host's position and the drafts read back after its newest token
-    (placeholders where the host has none); a mirror row's come from the device."""
+def _scheduled_drafts(c: Ctx, s: StateV, order: Term, prev_row: Callable[[Term], Term],
+                      spec_of: Callable[[Term], Term]) -> dict[str, Term]:
+    """With drafts, a new step's rows: position -1 (fixed at the combine), the drafts scheduled
+    (row i: ``spec_of(i)``), and for a host row the host's position and the drafts read back
+    after its newest token (placeholders where the host has none); a mirror row's come from the
+    device."""
     z, smt, INT, rq = c.smt.z, c.smt, c.smt.Int, s.requests
 
     def host(i: Term) -> Term:
@@ -496,10 +511,10 @@ def _scheduled_drafts(c: Ctx, s: StateV, order: Term,
 
     return {
         "pos": z.K(INT, z.IntVal(-1)),
-        "spec": lam(c, INT, lambda i: drafts_scheduled(c, s, order[i])),
+        "spec": lam(c, INT, spec_of),
         "placed": lam(c, INT, lambda i: z.If(host(i), placed(order[i]), NONE_INT)),
         "drafts": lam(c, INT, lambda i: lam(c, INT, lambda j: draft(i, j))),
-        "ndrafts": lam(c, INT, lambda i: z.If(host(i), drafts_scheduled(c, s, order[i]), 0)),
+        "ndrafts": lam(c, INT, lambda i: z.If(host(i), spec_of(i), 0)),
     }
 
 

@@ -41,7 +41,7 @@ def register(add_parser: AddParser) -> None:
         "explorer reaches it.",
     )
     p.add_argument("--depth", type=int, default=2,
-                   help="max_concurrent_batches D: 1, 2 or 3 (default %(default)s)")
+                   help="max_concurrent_batches D: 1 to 4 (default %(default)s)")
     p.add_argument("--spec-tokens", type=int, default=0,
                    help="K spec tokens per decoding row (default %(default)s)")
     p.add_argument("--slots", type=int, default=None,
@@ -52,6 +52,9 @@ def register(add_parser: AddParser) -> None:
     p.add_argument("--abort", action=flag, default=True, help="user aborts")
     p.add_argument("--preempt", action=flag, default=True, help="preemption")
     p.add_argument("--condense", action=flag, default=True, help="rows may be reordered")
+    p.add_argument("--subsets", action=flag, default=False,
+                   help="vLLM's scheduler freedoms: any subset of the eligible requests per step, "
+                        "any number of a row's drafts (spec rule 14)")
     p.add_argument("--guard", action=flag, default=True,
                    help="the stale-host-ids guard (--no-guard: the known-bad variant)")
     p.add_argument("--release-at", choices=("complete", "issue"), default="complete")
@@ -80,10 +83,10 @@ def options_from(ns: argparse.Namespace) -> Any:
     from .model.state import VARIANTS
     from .proof.relation import Options
 
-    if ns.depth not in (1, 2, 3):
-        raise UsageError(f"--depth must be 1, 2 or 3, got {ns.depth}")
-    if not 0 <= ns.spec_tokens <= 2:
-        raise UsageError(f"--spec-tokens must be 0, 1 or 2, got {ns.spec_tokens}")
+    if not 1 <= ns.depth <= 4:
+        raise UsageError(f"--depth must be between 1 and 4, got {ns.depth}")
+    if not 0 <= ns.spec_tokens <= 4:
+        raise UsageError(f"--spec-tokens must be between 0 and 4, got {ns.spec_tokens}")
     if ns.variant and ns.variant not in VARIANTS:
         raise UsageError(f"--variant {ns.variant!r} is unknown; choose one of: "
                          f"{', '.join(VARIANTS)}")
@@ -98,7 +101,7 @@ def options_from(ns: argparse.Namespace) -> Any:
     return Options(depth=ns.depth, spec_tokens=ns.spec_tokens, finish=ns.finish,
                    abort=ns.abort, preempt=ns.preempt, condense=ns.condense, guard=ns.guard,
                    release_at=ns.release_at, preempt_policy=ns.preempt_policy, faults=faults,
-                   variant=ns.variant, slots_below_depth=below)
+                   variant=ns.variant, slots_below_depth=below, subsets=ns.subsets)
 
 
 def manifest_option_sets() -> list[Any]:
