@@ -11,7 +11,19 @@ from __future__ import annotations
 from typing import Any
 
 from ..model.actions import budget, is_host_sync
-from ..model.state import Bounds, Phase, Request, Row, Slot, State, Status, Step, Token
+from ..model.state import (
+    Bounds,
+    Phase,
+    Request,
+    Row,
+    Slot,
+    State,
+    StateRow,
+    Status,
+    Step,
+    Token,
+    state_row_count,
+)
 from .symbolic import NONE_AT, NONE_INT, Params, Smt, StateV, Term
 
 
@@ -22,6 +34,8 @@ def _opt(v: int | None) -> int:
 def pin_params(smt: Smt, p: Params, b: Bounds) -> list[Term]:
     """The parameters a model bound sets."""
     out = [b.requests == p.N, b.slots == p.K, b.preemptions == p.P, b.prefill_chunks == p.C]
+    if b.state == "rows":
+        out.append(state_row_count(b) == p.S)
     for r in range(b.requests):
         out += [p.M[r] == budget(b, r), p.HS[r] == is_host_sync(b, r)]
     return out
@@ -44,6 +58,12 @@ def pin(smt: Smt, v: StateV, s: State, b: Bounds) -> list[Term]:
     out = [v.allocated == s.allocated, v.next_slot == s.next_slot, v.qlen == len(s.queue),
            v.broken_read == ("NoReadOfReleasedOrOverwrittenSlot" in s.broken),
            v.broken_rewrite == ("NoRewriteWhileReaderOutstanding" in s.broken)]
+    rows = b.state == "rows"
+    if rows:
+        out.append(v.broken_unheld == ("NoWriteToUnheldStateRow" in s.broken))
+        for k, entry in enumerate(s.table):
+            out += [v.table.owner[k] == entry.owner, v.table.newest[k] == _tok(smt, entry.newest),
+                    v.table.position[k] == entry.position]
     for q, step in enumerate(s.queue):
         st = v.queue[q]
         out += [st.slot == step.slot, st.src == _opt(step.src_slot), st.phase == int(step.phase),
@@ -51,6 +71,9 @@ def pin(smt: Smt, v: StateV, s: State, b: Bounds) -> list[Term]:
                 st.has_accepted == bool(step.accepted),
                 st.has_host_counts == bool(step.host_counts)]
         for i, row in enumerate(step.rows):
+            if rows:  # a dropped row keeps its request there; the solver's is -1, `was` keeps it
+                out += [st.idx[i] == row.idx, st.was[i] == row.req]
+                row = row._replace(req=row.req if row.live else -1)
             out += [st.req[i] == row.req, st.pos[i] == row.pos, st.prev[i] == _opt(row.prev_row),
                     st.consumed[i] == _tok(smt, row.consumed), st.partial[i] == row.partial,
                     st.spec[i] == row.spec, st.placed[i] == _opt(row.placed),
@@ -63,8 +86,12 @@ def pin(smt: Smt, v: StateV, s: State, b: Bounds) -> list[Term]:
             if step.host_counts:
                 out.append(st.host_counts[i] == step.host_counts[i])
         for r in range(b.requests):
-            rows = [i for i, row in enumerate(step.rows) if row.live and row.req == r]
-            out.append(st.row_of[r] == (rows[0] if rows else -1))
+            mine = [i for i, row in enumerate(step.rows) if row.live and row.req == r]
+            out.append(st.row_of[r] == (mine[0] if mine else -1))
+        if rows:
+            for k in range(len(s.table)):
+                named = [i for i, row in enumerate(step.rows) if row.idx == k]
+                out.append(st.row_at[k] == (named[-1] if named else -1))
     sl = v.slots
     for k, slot in enumerate(s.slots):
         out += [sl.unwritten[k] == (slot.content is None), sl.released[k] == slot.released,
@@ -76,6 +103,8 @@ def pin(smt: Smt, v: StateV, s: State, b: Bounds) -> list[Term]:
         out += [sl.positions[k][i] == n for i, n in enumerate(slot.positions)]
     rq = v.requests
     for r, req in enumerate(s.requests):
+        if rows:
+            out.append(rq.state_row[r] == req.state_row)
         out += [rq.status[r] == int(req.status), rq.ndelivered[r] == len(req.delivered),
                 rq.closed_at[r] == _opt(req.closed_at), rq.unchecked[r] == req.unchecked,
                 rq.preemptions[r] == req.preemptions, rq.prefill_left[r] == req.prefill_left,
@@ -115,10 +144,12 @@ class Reader:
         return None if v == NONE_INT else v
 
 
-def decode(smt: Smt, model: Any, v: StateV, requests: int, slots: int) -> State:
+def decode(smt: Smt, model: Any, v: StateV, requests: int, slots: int,
+           state_rows: int = 0) -> State:
     """The model state the solver state ``v`` is in ``model``, for a bound of ``requests``
-    requests and ``slots`` slots."""
+    requests and ``slots`` slots (and ``state_rows`` state rows: 0 with the ring)."""
     rd = Reader(smt, model)
+    rows_mode = state_rows > 0
     queue = []
     for q in range(rd.num(v.qlen)):
         st = v.queue[q]
@@ -126,11 +157,14 @@ def decode(smt: Smt, model: Any, v: StateV, requests: int, slots: int) -> State:
         for i in range(rd.num(st.nrows)):
             placed = rd.opt(st.placed[i])
             drafts = tuple(rd.tok(st.drafts[i][j]) for j in range(rd.num(st.ndrafts[i])))
-            rows.append(Row(req=rd.num(st.req[i]), pos=rd.num(st.pos[i]),
+            live = rd.num(st.req[i]) >= 0
+            req = rd.num(st.was[i]) if rows_mode and not live else rd.num(st.req[i])
+            rows.append(Row(req=req, pos=rd.num(st.pos[i]),
                             prev_row=rd.opt(st.prev[i]), consumed=rd.tok(st.consumed[i]),
-                            live=rd.num(st.req[i]) >= 0, partial=rd.flag(st.partial[i]),
+                            live=live, partial=rd.flag(st.partial[i]),
                             spec=rd.num(st.spec[i]), placed=placed,
-                            drafts=drafts))  # type: ignore[arg-type]
+                            drafts=drafts,  # type: ignore[arg-type]
+                            idx=rd.num(st.idx[i]) if rows_mode else -1))
         n = len(rows)
         queue.append(Step(
             slot=rd.num(st.slot), src_slot=rd.opt(st.src), phase=Phase(rd.num(st.phase)),
@@ -148,9 +182,11 @@ def decode(smt: Smt, model: Any, v: StateV, requests: int, slots: int) -> State:
         content = None if rd.flag(sl.unwritten[k]) else tuple(
             rd.token(sl.content[k][i]) for i in range(rd.num(sl.length[k])))
         m = rd.num(sl.ncounts[k])
+        # With state rows the positions go to the state rows, not to the readback.
         slot_list.append(Slot(content=content, released=rd.flag(sl.released[k]),
                               counts=tuple(rd.num(sl.counts[k][i]) for i in range(m)),
-                              positions=tuple(rd.num(sl.positions[k][i]) for i in range(m))))
+                              positions=() if rows_mode else
+                              tuple(rd.num(sl.positions[k][i]) for i in range(m))))
     rq = v.requests
     reqs = []
     for r in range(requests):
@@ -160,11 +196,15 @@ def decode(smt: Smt, model: Any, v: StateV, requests: int, slots: int) -> State:
                             for i in range(rd.num(rq.ndelivered[r]))),
             closed_at=rd.opt(rq.closed_at[r]), unchecked=rd.flag(rq.unchecked[r]),
             preemptions=rd.num(rq.preemptions[r]), prefill_left=rd.num(rq.prefill_left[r]),
-            placeholders=rd.num(rq.placeholders[r]), drafts_ready=rd.flag(rq.drafts_ready[r])))
-    broken = frozenset(
-        name for name, flag in (("NoReadOfReleasedOrOverwrittenSlot", v.broken_read),
-                                ("NoRewriteWhileReaderOutstanding", v.broken_rewrite))
-        if rd.flag(flag))
+            placeholders=rd.num(rq.placeholders[r]), drafts_ready=rd.flag(rq.drafts_ready[r]),
+            state_row=rd.num(rq.state_row[r]) if rows_mode else -1))
+    flags = [("NoReadOfReleasedOrOverwrittenSlot", v.broken_read),
+             ("NoRewriteWhileReaderOutstanding", v.broken_rewrite)]
+    if rows_mode:
+        flags.append(("NoWriteToUnheldStateRow", v.broken_unheld))
+    broken = frozenset(name for name, flag in flags if rd.flag(flag))
+    table = tuple(StateRow(owner=rd.num(v.table.owner[k]), newest=rd.token(v.table.newest[k]),
+                           position=rd.num(v.table.position[k])) for k in range(state_rows))
     return State(allocated=rd.flag(v.allocated), next_slot=rd.num(v.next_slot),
                  queue=tuple(queue), slots=tuple(slot_list), requests=tuple(reqs),
-                 broken=broken)
+                 broken=broken, table=table)

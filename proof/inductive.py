@@ -17,15 +17,18 @@ from .relation import (
     Ctx,
     counts_row,
     eligible,
+    has_row,
     in_flight,
     in_range,
     inputs_right,
     is_writer,
     live,
     mirror_row,
+    newest_on_device,
     read_slot,
     ring,
     true_pos,
+    yielded,
 )
 from .symbolic import NONE_INT, StateV, StepV, Term
 
@@ -356,6 +359,175 @@ def host_rows_staged(c: Ctx, s: StateV) -> Term:
     return _live_rows(c, s, staged)
 
 
+# --- per-request state rows (spec rule 14) ---------------------------------------------------
+
+
+def _active(c: Ctx, s: StateV, r: Term) -> Term:
+    st = s.requests.status[r]
+    return c.smt.z.Or(st == _W, st == _R, st == _P)
+
+
+def no_write_to_unheld_state_row(c: Ctx, s: StateV) -> Term:
+    """No launch ever scattered a row into a state row its request no longer held."""
+    return c.smt.z.Not(s.broken_unheld)
+
+
+def state_rows_owned(c: Ctx, s: StateV) -> Term:
+    """Each arrived, unreleased request owns exactly the state row it names, and each owned
+    state row names its owner."""
+    z, rq, tb = c.smt.z, s.requests, s.table
+
+    def request(r: Term) -> Term:
+        sr = rq.state_row[r]
+        absent = rq.status[r] == int(Status.ABSENT)
+        return z.And(z.Implies(_active(c, s, r), sr >= 0), z.Implies(absent, sr == -1),
+                     z.Implies(sr >= 0, z.And(sr < c.params.S, tb.owner[sr] == r)))
+
+    rows = c.forall(lambda k: z.Implies(z.And(k >= 0, k < c.params.S, tb.owner[k] >= 0), z.And(
+        tb.owner[k] < c.params.N, rq.state_row[tb.owner[k]] == k)))
+    return z.And(_requests(c, request), rows)
+
+
+def _launched_sum(c: Ctx, s: StateV, r: Term) -> Term:
+    """The tokens ``r``'s launched in-flight rows yielded (one each without drafts)."""
+    z = c.smt.z
+    terms = []
+    for q, st in enumerate(s.queue):
+        launched = z.And(q < s.qlen, st.phase >= _LAUNCH)
+        each = yielded(c, s, q, r) if c.opts.spec_tokens else z.If(counts_row(c, s, q, r), 1, 0)
+        terms.append(z.If(launched, each, 0))
+    return z.Sum(0, *terms)
+
+
+def newest_token_in_state_row(c: Ctx, s: StateV) -> Term:
+    """A request whose in-flight steps have all launched holds its newest token in its state row
+    (and with drafts its position): what its next combine gathers, however many steps ago it
+    ran."""
+    z, smt, rq = c.smt.z, c.smt, s.requests
+    if not c.opts.guard:
+        return z.BoolVal(True)
+
+    def holds(r: Term) -> Term:
+        sr = rq.state_row[r]
+        all_launched = z.And(*[z.Implies(has_row(c, s, q, r), st.phase >= _LAUNCH)
+                               for q, st in enumerate(s.queue)])
+        newest = smt.tok(r, rq.ndelivered[r] + _launched_sum(c, s, r))
+        applies = z.And(sr >= 0, _active(c, s, r), newest_on_device(c, s, r), all_launched)
+        return z.Implies(applies, s.table.newest[sr] == newest)
+
+    return _requests(c, holds)
+
+
+def rows_hold_their_state_row(c: Ctx, s: StateV) -> Term:
+    """With state rows: every in-flight row, dropped or not, names a state row its request (the
+    one it was scheduled for) still owns, a live row its request's own; no two rows of a step
+    name one state row, and the step's inverse index finds each."""
+    z = c.smt.z
+
+    def place(q: int, st: StepV) -> Term:
+        rows = _rows(c, s, q, lambda i: z.And(
+            st.idx[i] >= 0, st.idx[i] < c.params.S, st.was[i] >= 0, st.was[i] < c.params.N,
+            s.table.owner[st.idx[i]] == st.was[i], st.row_at[st.idx[i]] == i,
+            z.Implies(live(st, i), z.And(st.was[i] == st.req[i],
+                                         st.idx[i] == s.requests.state_row[st.req[i]])),
+            z.Implies(st.prev[i] != NONE_INT, st.prev[i] == st.idx[i])))
+        inverse = c.forall(lambda k: z.Implies(st.row_at[k] >= 0, z.And(
+            st.row_at[k] < st.nrows, st.idx[st.row_at[k]] == k)))
+        return z.And(rows, z.Implies(q < s.qlen, inverse))
+
+    return z.And(*[place(q, st) for q, st in enumerate(s.queue)])
+
+
+def dropped_rows_first(c: Ctx, s: StateV) -> Term:
+    """With state rows: of the in-flight rows naming one state row, the dropped ones are in
+    older steps than the live ones, so a live row's scatter is the last."""
+    z = c.smt.z
+    out = []
+    for q, st in enumerate(s.queue):
+        for q2 in range(q + 1, c.opts.depth):
+            later = s.queue[q2]
+
+            def fine(i: Term, st: StepV = st, later: StepV = later, q2: int = q2) -> Term:
+                j = later.row_at[st.idx[i]]
+                return z.Implies(z.And(q2 < s.qlen, live(st, i), j >= 0), live(later, j))
+
+            out.append(_rows(c, s, q, fine))
+    return z.And(*out)
+
+
+def device_rows_over_live_rows(c: Ctx, s: StateV) -> Term:
+    """With state rows: a live row still to combine from its state row has no dropped row naming
+    that state row in an older step, and a partial row of its request in an older step only with
+    a token-yielding one after it (it was scheduled while its request's token was in flight; a
+    drop since would have dropped it too)."""
+    z = c.smt.z
+    out = []
+    for q, st in enumerate(s.queue):
+        def fine(i: Term, st: StepV = st, q: int = q) -> Term:
+            r = st.req[i]
+            pending = z.And(live(st, i), st.phase == _SCHED, st.prev[i] != NONE_INT)
+            no_dropped = [z.Implies(older.row_at[st.idx[i]] >= 0,
+                                    live(older, older.row_at[st.idx[i]]))
+                          for older in s.queue[:q]]
+            partial_before = z.Or(*[z.And(has_row(c, s, j, r),
+                                          s.queue[j].partial[s.queue[j].row_of[r]])
+                                    for j in range(q)]) if q else False
+            counting_before = z.Or(*[counts_row(c, s, j, r) for j in range(q)]) if q else False
+            return z.Implies(pending, z.And(*no_dropped,
+                                            z.Implies(partial_before, counting_before)))
+
+        out.append(_rows(c, s, q, fine))
+    return z.And(*out)
+
+
+def partial_rows_first(c: Ctx, s: StateV) -> Term:
+    """A request's partial-prefill rows in flight are in older steps than its token-yielding
+    ones (its last chunk ends its prefill)."""
+    z = c.smt.z
+    out = []
+    for q in range(c.opts.depth):
+        for q2 in range(q + 1, c.opts.depth):
+            later = s.queue[q2]
+
+            def fine(r: Term, later: StepV = later, q2: int = q2, q: int = q) -> Term:
+                partial_later = z.And(has_row(c, s, q2, r), later.partial[later.row_of[r]])
+                return z.Implies(counts_row(c, s, q, r), z.Not(partial_later))
+
+            out.append(_requests(c, fine))
+    return z.And(*out)
+
+
+def state_rows_hold_newest(c: Ctx, s: StateV) -> Term:
+    """With state rows, for an active request: once a token-yielding row of it in flight has
+    launched, its state row holds the newest token those launches yielded (with drafts, and its
+    position); and while a row of it still to combine reads the device with no token-yielding
+    row before it in flight, its state row holds its newest delivered token."""
+    z, smt, rq, tb = c.smt.z, c.smt, s.requests, s.table
+
+    def holds(r: Term) -> Term:
+        sr = rq.state_row[r]
+        nd = rq.ndelivered[r]
+        launched = z.Or(*[z.And(counts_row(c, s, q, r), st.phase >= _LAUNCH)
+                          for q, st in enumerate(s.queue)])
+        at = nd + _launched_sum(c, s, r)
+        written = [tb.newest[sr] == smt.tok(r, at)]
+        delivered = [tb.newest[sr] == smt.tok(r, nd)]
+        if c.opts.spec_tokens:
+            written.append(tb.position[sr] == at)
+            delivered.append(tb.position[sr] == nd)
+        pending = []
+        for q, st in enumerate(s.queue):
+            i = st.row_of[r]
+            before = z.Or(*[counts_row(c, s, j, r) for j in range(q)]) if q else False
+            pending.append(z.And(has_row(c, s, q, r), st.phase == _SCHED,
+                                 st.prev[i] != NONE_INT, z.Not(before)))
+        return z.Implies(z.And(sr >= 0, _active(c, s, r)), z.And(
+            z.Implies(launched, z.And(*written)),
+            z.Implies(z.And(z.Not(launched), z.Or(*pending)), z.And(*delivered))))
+
+    return _requests(c, holds)
+
+
 class Conjunct(NamedTuple):
     name: str
     holds: Callable[[Ctx, StateV], Term]
@@ -363,10 +535,14 @@ class Conjunct(NamedTuple):
     """One of the model's invariants (else a strengthening conjunct)."""
     drafts: bool | None = None
     """Part of the invariant only with drafts (True), only without (False), or always."""
+    state: str | None = None
+    """Part of the invariant only with the ring ("ring"), only with state rows ("rows"), or
+    always."""
 
-    def applies(self, spec_tokens: int) -> bool:
-        """Part of the invariant of an option set with ``spec_tokens`` drafts."""
-        return self.drafts is None or self.drafts == bool(spec_tokens)
+    def applies(self, spec_tokens: int, state: str = "ring") -> bool:
+        """Part of the invariant of an option set with ``spec_tokens`` drafts and ``state``."""
+        return ((self.drafts is None or self.drafts == bool(spec_tokens))
+                and (self.state is None or self.state == state))
 
 
 SAFETY: tuple[Conjunct, ...] = (
@@ -376,7 +552,10 @@ SAFETY: tuple[Conjunct, ...] = (
     Conjunct("DepthBound", depth_bound, True),
     Conjunct("OutputIntegrity", output_integrity, True),
     Conjunct("FailedRequestsQuiet", failed_requests_quiet, True),
-    Conjunct("NewestTokenInNewestStep", newest_token_in_newest_step, True),
+    Conjunct("NewestTokenInNewestStep", newest_token_in_newest_step, True, state="ring"),
+    Conjunct("NoWriteToUnheldStateRow", no_write_to_unheld_state_row, True, state="rows"),
+    Conjunct("StateRowsOwned", state_rows_owned, True, state="rows"),
+    Conjunct("NewestTokenInStateRow", newest_token_in_state_row, True, state="rows"),
 )
 
 STRENGTHENING: tuple[Conjunct, ...] = (
@@ -391,7 +570,12 @@ STRENGTHENING: tuple[Conjunct, ...] = (
     Conjunct("WithinBudget", within_budget, False, drafts=False),
     Conjunct("PositionsConsecutive", positions_consecutive, False),
     Conjunct("HostRowsOweNothing", host_rows_owe_nothing, False),
-    Conjunct("MirrorRowsFollow", mirror_rows_follow, False),
+    Conjunct("MirrorRowsFollow", mirror_rows_follow, False, state="ring"),
+    Conjunct("RowsHoldTheirStateRow", rows_hold_their_state_row, False, state="rows"),
+    Conjunct("DroppedRowsFirst", dropped_rows_first, False, state="rows"),
+    Conjunct("DeviceRowsOverLiveRows", device_rows_over_live_rows, False, state="rows"),
+    Conjunct("PartialRowsFirst", partial_rows_first, False, state="rows"),
+    Conjunct("StateRowsHoldNewest", state_rows_hold_newest, False, state="rows"),
     Conjunct("LaunchedSlotHoldsTokens", launched_slot_holds_tokens, False),
     Conjunct("HostCopyHoldsTokens", host_copy_holds_tokens, False),
     Conjunct("PlaceholdersCountRows", placeholders_count_rows, False, drafts=True),

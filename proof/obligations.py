@@ -94,7 +94,8 @@ class Setup:
     @property
     def invariant(self) -> tuple[Conjunct, ...]:
         """The conjuncts of this option set's invariant."""
-        return tuple(cj for cj in self.conjuncts if cj.applies(self.opts.spec_tokens))
+        return tuple(cj for cj in self.conjuncts
+                     if cj.applies(self.opts.spec_tokens, self.opts.state))
 
     def ctx(self, params: Params) -> Ctx:
         return Ctx(self.smt, params, self.opts, domain=self.domain)
@@ -107,10 +108,10 @@ def assumptions(c: Ctx, s: StateV | None = None) -> list[Any]:
     SEARCH_REQUESTS requests and a ring of D slots (so the explorer can look it up)."""
     z, p, d = c.smt.z, c.params, c.opts.depth
     ring = d - 1 == p.K if c.opts.slots_below_depth else d <= p.K
-    out = [p.N >= 1, ring, p.K >= 1, p.P >= 0, p.C >= 1,
+    out = [p.N >= 1, ring, p.K >= 1, p.P >= 0, p.C >= 1, p.S >= 1,
            c.forall(lambda r: z.Implies(in_range(c, r), p.M[r] >= 1))]
     if c.domain is not None:
-        out += [p.N <= SEARCH_REQUESTS, max(d, 1) >= p.K, p.P <= 1, p.C <= 2,
+        out += [p.N <= SEARCH_REQUESTS, max(d, 1) >= p.K, p.P <= 1, p.C <= 2, p.S <= p.N,
                 c.forall(lambda r: p.M[r] <= c.domain)]
         if s is not None:
             out += [st.nrows <= c.domain for st in s.queue]
@@ -150,9 +151,12 @@ def initial(c: Ctx, s: StateV) -> Any:
     arrived, every slot unwritten."""
     z, INT = c.smt.z, c.smt.Int
     rq, sl = s.requests, s.slots
+    tb = s.table
     return z.And(
         z.Not(s.allocated), s.next_slot == 0, s.qlen == 0,
-        z.Not(s.broken_read), z.Not(s.broken_rewrite),
+        z.Not(s.broken_read), z.Not(s.broken_rewrite), z.Not(s.broken_unheld),
+        rq.state_row == z.K(INT, z.IntVal(-1)), tb.owner == z.K(INT, z.IntVal(-1)),
+        tb.newest == z.K(INT, c.smt.GARBAGE), tb.position == z.K(INT, z.IntVal(-1)),
         sl.unwritten == z.K(INT, z.BoolVal(True)), sl.released == z.K(INT, z.BoolVal(False)),
         sl.ncounts == z.K(INT, z.IntVal(0)),
         rq.status == z.K(INT, z.IntVal(int(Status.ABSENT))), rq.ndelivered == z.K(INT, z.IntVal(0)),
@@ -175,7 +179,9 @@ def bounds_of(reader: Reader, p: Params, opts: Options, n: int) -> Bounds:
         prefill_chunks=reader.num(p.C), host_sync=bool(host_sync), variant=opts.variant,
         max_tokens_of=budgets if len(set(budgets)) > 1 else (),
         host_sync_of=host_sync if host_sync and host_sync != (0,) else (),
-        faults=opts.faults, spec_tokens=opts.spec_tokens)
+        faults=opts.faults, spec_tokens=opts.spec_tokens, state=opts.state,
+        state_rows=0 if not opts.rows or reader.num(p.S) == n else reader.num(p.S),
+        subsets=opts.subsets)
 
 
 Hyps = list[tuple[str, Any]]
@@ -209,8 +215,9 @@ def _check(setup: Setup, build: Build, broken_of: Broken, action: str) -> tuple[
         rd = Reader(setup.smt, model)
         n, k = rd.num(p.N), rd.num(p.K)
         broken = [name for name, bad in flags if rd.flag(bad)]
-        before = decode(setup.smt, model, s, n, k)
-        after = decode(setup.smt, model, t, n, k) if t is not None else before
+        rows = rd.num(p.S) if setup.opts.rows else 0
+        before = decode(setup.smt, model, s, n, k, rows)
+        after = decode(setup.smt, model, t, n, k, rows) if t is not None else before
         bounds = bounds_of(rd, p, setup.opts, n)
         found = Cti(action, broken, before, after, bounds)
         cti = cti or found
@@ -333,7 +340,8 @@ def names(opts: Options) -> list[tuple[str, str]]:
     """The obligations of an option set, in order: initiation, consecution per action, safety
     per invariant."""
     return [("initiation", "init"), *(("consecution", a) for a, _ in actions(opts)),
-            *(("safety", inv.name) for inv in SAFETY)]
+            *(("safety", inv.name) for inv in SAFETY
+              if inv.applies(opts.spec_tokens, opts.state))]
 
 
 def discharge(setup: Setup, kind: str, name: str) -> Result:

@@ -17,7 +17,7 @@ from itertools import count
 from typing import Any
 
 from ..model.state import Bounds, Phase, Status
-from .symbolic import NONE_INT, Params, RequestsV, SlotsV, Smt, StateV, StepV, Term
+from .symbolic import NONE_INT, Params, RequestsV, SlotsV, Smt, StateV, StepV, TableV, Term
 
 _W, _R, _P = int(Status.WAITING), int(Status.RUNNING), int(Status.PREEMPTED)
 _CLOSED = (int(Status.FINISHED), int(Status.ABORTED), int(Status.FAILED))
@@ -56,9 +56,12 @@ class Options:
 
     def unencoded(self) -> str | None:
         """What of this option set the solver's encoding does not cover yet, or None."""
-        missing = [what for what, yes in (
-            ("per-request state rows (--state rows)", self.state != "ring"),) if yes]
-        return ", ".join(missing) or None
+        return None
+
+    @property
+    def rows(self) -> bool:
+        """Per-request state rows (spec rule 14), not the ring."""
+        return self.state == "rows"
 
 
 @dataclass
@@ -190,6 +193,20 @@ def mirror_row(c: Ctx, st: StepV, r: Term) -> Term:
     i = st.row_of[r]
     feeds = c.opts.variant == "partial-prefill-feeds-mirror"
     return z.If(z.And(i >= 0, z.Or(feeds, z.Not(st.partial[i]))), i, -1)
+
+
+def newest_on_device(c: Ctx, s: StateV, r: Term) -> Term:
+    """``r``'s newest token is in flight: some in-flight step has a token-yielding live row of
+    it (a partial prefill's too, in the known-bad variant)."""
+    return c.smt.z.Or(*[c.smt.z.And(q < s.qlen, mirror_row(c, s.queue[q], r) >= 0)
+                        for q in range(c.opts.depth)])
+
+
+def row_in_flight(c: Ctx, s: StateV, k: Term) -> Term:
+    """With state rows: some in-flight step has a row, live or dropped, naming state row ``k``
+    (its launch still scatters there)."""
+    return c.smt.z.Or(*[c.smt.z.And(q < s.qlen, st.row_at[k] >= 0)
+                        for q, st in enumerate(s.queue)])
 
 
 def launched_into(c: Ctx, s: StateV, q: int, k: Term) -> Term:
@@ -343,6 +360,7 @@ def drop(c: Ctx, s: StateV, gone: Callable[[Term], Term]) -> StateV:
             host_copy=scrub(st.host_copy), has_host_copy=st.has_host_copy,
             accepted=st.accepted, has_accepted=st.has_accepted,
             host_counts=st.host_counts, has_host_counts=st.has_host_counts,
+            idx=st.idx, was=st.was, row_at=st.row_at,  # the device still scatters there
         )
 
     queue = [dropped(st) for st in s.queue]
@@ -362,8 +380,17 @@ def drop(c: Ctx, s: StateV, gone: Callable[[Term], Term]) -> StateV:
         prefill_left=rq.prefill_left,
         placeholders=lam(c, INT, lambda r: z.If(gone(r), 0, rq.placeholders[r])),
         drafts_ready=lam(c, INT, lambda r: z.And(z.Not(gone(r)), rq.drafts_ready[r])),
+        state_row=rq.state_row,
     )
-    return s.with_(queue=tuple(queue), slots=slots, requests=requests)
+    tb = s.table
+    if c.opts.rows:  # its state row is read again only after a host row of it rewrote it
+        def theirs(k: Term) -> Term:
+            return z.And(tb.owner[k] >= 0, gone(tb.owner[k]))
+
+        tb = TableV(owner=tb.owner,
+                    newest=lam(c, INT, lambda k: z.If(theirs(k), smt.GARBAGE, tb.newest[k])),
+                    position=lam(c, INT, lambda k: z.If(theirs(k), -1, tb.position[k])))
+    return s.with_(queue=tuple(queue), slots=slots, requests=requests, table=tb)
 
 
 def set_request(c: Ctx, s: StateV, r: Term, **values: Term) -> StateV:
@@ -390,11 +417,20 @@ def allocate(c: Ctx, s: StateV) -> Result:
 
 
 def arrive(c: Ctx, s: StateV) -> Result:
-    """A request arrives; its first step prefills from host ids."""
-    z = c.smt.z
+    """A request arrives; its first step prefills from host ids. With state rows it is given the
+    lowest free state row (none free: it waits)."""
+    z, smt = c.smt.z, c.smt
     r = c.fresh("r", c.smt.Int)
     pre = z.And(s.allocated, in_range(c, r), s.requests.status[r] == int(Status.ABSENT))
-    return pre, set_request(c, s, r, status=z.IntVal(_W))
+    if not c.opts.rows:
+        return pre, set_request(c, s, r, status=z.IntVal(_W))
+    k, tb = c.fresh("k", c.smt.Int), s.table
+    lowest = c.forall(lambda j: z.Implies(z.And(j >= 0, j < k), tb.owner[j] >= 0))
+    pre = z.And(pre, k >= 0, k < c.params.S, tb.owner[k] < 0, lowest)
+    t = set_request(c, s, r, status=z.IntVal(_W), state_row=k)
+    return pre, t.with_(table=TableV(owner=store(c, tb.owner, k, r),
+                                     newest=store(c, tb.newest, k, smt.GARBAGE),
+                                     position=store(c, tb.position, k, z.IntVal(-1))))
 
 
 def schedule(c: Ctx, s: StateV) -> Result:
@@ -435,25 +471,45 @@ def schedule(c: Ctx, s: StateV) -> Result:
     for qlen in range(c.opts.depth):
         prev = s.queue[qlen - 1] if qlen else None
 
-        def prev_row(r: Term, prev: StepV | None = prev) -> Term:
+        def idx_of(i: Term, prev: StepV | None = prev) -> Term:
+            """Row i's idx_mapping entry (the known-bad variant: the previous step's)."""
+            own = s.requests.state_row[order[i]]
+            if prev is None or c.opts.variant != "idx-from-previous-order":
+                return own
+            return z.If(i < prev.nrows, prev.idx[i], own)
+
+        def prev_row(i: Term, prev: StepV | None = prev, qlen: int = qlen) -> Term:
+            r = order[i]
             if prev is None or not c.opts.guard:
                 return z.IntVal(NONE_INT)
             from_host = z.Or(s.requests.status[r] == _W, c.params.HS[r])
+            if c.opts.rows:  # its state row, if its newest token is in flight anywhere
+                if c.opts.variant == "skipped-from-previous-step":
+                    on_device = mirror_row(c, prev, r) >= 0
+                else:
+                    on_device = z.Or(*[mirror_row(c, s.queue[j], r) >= 0 for j in range(qlen)])
+                return z.If(z.Or(from_host, z.Not(on_device)), NONE_INT, idx_of(i))
             m = mirror_row(c, prev, r)
             return z.If(z.Or(from_host, m < 0), NONE_INT, m)
 
-        uses = c.exists(lambda i: z.And(i >= 0, i < n, prev_row(order[i]) >= 0)) \
-            if prev is not None and c.opts.guard else False
+        uses = c.exists(lambda i: z.And(i >= 0, i < n, prev_row(i) >= 0)) \
+            if prev is not None and c.opts.guard and not c.opts.rows else False
         spec_fields = _scheduled_drafts(c, s, order, prev_row, spec_of) if c.opts.spec_tokens \
             else {
             "pos": lam(c, INT, lambda i: next_pos(c, s, order[i])),
             "spec": z.K(INT, z.IntVal(0)), "placed": z.K(INT, z.IntVal(NONE_INT)),
             "drafts": s.queue[qlen].drafts, "ndrafts": z.K(INT, z.IntVal(0))}
+        if c.opts.rows:
+            idx = lam(c, INT, idx_of)
+            rows_fields = {"idx": idx, "was": order, "row_at": _last_row_at(c, idx, n)}
+        else:
+            rows_fields = {"idx": z.K(INT, z.IntVal(NONE_INT)), "was": order,
+                           "row_at": z.K(INT, z.IntVal(-1))}
         st = StepV(
             slot=s.next_slot,
             src=z.If(uses, prev.slot, NONE_INT) if prev is not None else z.IntVal(NONE_INT),
             phase=z.IntVal(_SCHED), nrows=n, req=order, row_of=row_of,
-            prev=lam(c, INT, lambda i: prev_row(order[i])),
+            prev=lam(c, INT, prev_row), **rows_fields,
             consumed=z.K(INT, smt.NONE),
             partial=lam(c, INT, lambda i: s.requests.prefill_left[order[i]] > 0),
             **spec_fields,
@@ -470,14 +526,14 @@ def schedule(c: Ctx, s: StateV) -> Result:
         preemptions=rq.preemptions,
         prefill_left=lam(c, INT, lambda r: z.If(z.And(el(r), rq.prefill_left[r] > 0),
                                               rq.prefill_left[r] - 1, rq.prefill_left[r])),
-        placeholders=rq.placeholders, drafts_ready=rq.drafts_ready,
+        placeholders=rq.placeholders, drafts_ready=rq.drafts_ready, state_row=rq.state_row,
     )
     if c.opts.spec_tokens:
         # Placeholders: 1 + spec per row that will yield; drafts follow this step's rows (a
         # request left out by subsets keeps its own).
         yields = lambda r: z.And(el(r), rq.prefill_left[r] <= 0)  # noqa: E731
-        ready = (lambda r: z.If(el(r), yields(r), rq.drafts_ready[r])) if c.opts.subsets \
-            else yields
+        keeps = c.opts.subsets or c.opts.rows
+        ready = (lambda r: z.If(el(r), yields(r), rq.drafts_ready[r])) if keeps else yields
         requests = RequestsV(**{
             **requests.__dict__,
             "placeholders": lam(c, INT, lambda r: rq.placeholders[r] + z.If(
@@ -490,7 +546,24 @@ def schedule(c: Ctx, s: StateV) -> Result:
                         next_slot=z.If(nxt >= c.params.K, 0, nxt))
 
 
-def _scheduled_drafts(c: Ctx, s: StateV, order: Term, prev_row: Callable[[Term], Term],
+def _last_row_at(c: Ctx, idx: Term, n: Term) -> Term:
+    """A fresh array: state row -> the last of the rows 0..n-1 whose ``idx`` names it, -1 if
+    none (the inverse the post-update scatters through)."""
+    z = c.smt.z
+    row_at = c.fresh("row_at", c.smt.IntArr)
+
+    def entry(k: Term) -> Term:
+        at = row_at[k]
+        named = z.And(at < n, idx[at] == k, c.forall(
+            lambda j: z.Implies(z.And(j > at, j < n), idx[j] != k)))
+        unnamed = c.forall(lambda j: z.Implies(z.And(j >= 0, j < n), idx[j] != k))
+        return z.If(at >= 0, named, z.And(at == -1, unnamed))
+
+    c.side.append(c.forall(entry))
+    return row_at
+
+
+def _scheduled_drafts(c: Ctx, s: StateV, order: Term, prev_of: Callable[[Term], Term],
                       spec_of: Callable[[Term], Term]) -> dict[str, Term]:
     """With drafts, a new step's rows: position -1 (fixed at the combine), the drafts scheduled
     (row i: ``spec_of(i)``), and for a host row the host's position and the drafts read back
@@ -499,7 +572,7 @@ def _scheduled_drafts(c: Ctx, s: StateV, order: Term, prev_row: Callable[[Term],
     z, smt, INT, rq = c.smt.z, c.smt, c.smt.Int, s.requests
 
     def host(i: Term) -> Term:
-        return prev_row(order[i]) == NONE_INT
+        return prev_of(i) == NONE_INT
 
     def placed(r: Term) -> Term:
         return rq.ndelivered[r] + rq.placeholders[r]
@@ -544,6 +617,9 @@ def ite_state(c: Ctx, cond: Term, a: StateV, b: StateV) -> StateV:
                               for f in a.requests.__dataclass_fields__}),
         broken_read=ite(a.broken_read, b.broken_read),
         broken_rewrite=ite(a.broken_rewrite, b.broken_rewrite),
+        table=TableV(**{f: ite(getattr(a.table, f), getattr(b.table, f))
+                        for f in a.table.__dataclass_fields__}),
+        broken_unheld=ite(a.broken_unheld, b.broken_unheld),
     )
 
 
@@ -554,15 +630,23 @@ def combine(c: Ctx, s: StateV, q: int) -> Result:
     st = s.queue[q]
     pre = z.And(q < s.qlen, st.phase == _SCHED,
                 z.Or(q == 0, s.queue[q - 1].phase >= _LAUNCH) if q else True)
-    reads = c.exists(lambda i: z.And(i >= 0, i < st.nrows, live(st, i), st.prev[i] != NONE_INT))
-    broken = z.Or(s.broken_read, z.And(reads, s.slots.released[st.src]))
+    if c.opts.rows:  # the combine reads state rows, no slot
+        broken = s.broken_read
+    else:
+        reads = c.exists(lambda i: z.And(i >= 0, i < st.nrows, live(st, i),
+                                         st.prev[i] != NONE_INT))
+        broken = z.Or(s.broken_read, z.And(reads, s.slots.released[st.src]))
     if c.opts.spec_tokens:
         st2 = _combine_with_drafts(c, s, q)
     else:
+        def device(i: Term) -> Term:
+            if c.opts.rows:
+                return s.table.newest[st.idx[i]]
+            return read_slot(c, s, st.src, st.prev[i])
+
         consumed = lam(c, INT, lambda i: z.If(
             z.Not(live(st, i)), st.consumed[i],
-            z.If(st.prev[i] == NONE_INT, host_token(c, s, st.req[i], st.pos[i]),
-                 read_slot(c, s, st.src, st.prev[i]))))
+            z.If(st.prev[i] == NONE_INT, host_token(c, s, st.req[i], st.pos[i]), device(i))))
         st2 = StepV(**{**st.__dict__, "phase": z.IntVal(_COMB), "consumed": consumed})
     return pre, set_step(s, q, st2).with_(broken_read=broken)
 
@@ -577,14 +661,22 @@ def _combine_with_drafts(c: Ctx, s: StateV, q: int) -> StepV:
     def host(i: Term) -> Term:
         return st.prev[i] == NONE_INT
 
+    tb = s.table
+
     def newest(i: Term) -> Term:
-        return z.If(host(i), host_token(c, s, st.req[i], st.placed[i]),
-                    read_slot(c, s, st.src, st.prev[i]))
+        device = tb.newest[st.idx[i]] if c.opts.rows else read_slot(c, s, st.src, st.prev[i])
+        return z.If(host(i), host_token(c, s, st.req[i], st.placed[i]), device)
 
     def placed(i: Term) -> Term:
         p = st.prev[i]
+        if c.opts.rows:
+            return z.If(host(i), st.placed[i],
+                        z.If(newest(i) != smt.GARBAGE, tb.position[st.idx[i]], -1))
         readable = z.And(newest(i) != smt.GARBAGE, p < sl.ncounts[st.src])
         return z.If(host(i), st.placed[i], z.If(readable, sl.positions[st.src][p], -1))
+
+    def count(i: Term) -> Term:  # the known-bad variant: the first row's for every row
+        return st.spec[0] if c.opts.variant == "draft-count-of-another-row" else st.spec[i]
 
     def keep(arr: Term, value: Callable[[Term], Term]) -> Term:
         return lam(c, INT, lambda i: z.If(live(st, i), value(i), arr[i]))
@@ -596,7 +688,7 @@ def _combine_with_drafts(c: Ctx, s: StateV, q: int) -> StepV:
         "placed": keep(st.placed, placed),
         "drafts": keep(st.drafts, lambda i: z.If(host(i), st.drafts[i], lam(
             c, INT, lambda j: drafts_after(c, newest(i), j)))),
-        "ndrafts": keep(st.ndrafts, lambda i: st.spec[i]),
+        "ndrafts": keep(st.ndrafts, lambda i: z.If(host(i), st.spec[i], count(i))),
     })
 
 
@@ -608,7 +700,8 @@ def launch(c: Ctx, s: StateV, q: int) -> Result:
     pre = z.And(q < s.qlen, st.phase == _COMB)
     broken = z.Or(s.broken_rewrite, readers_outstanding(c, s, st.slot, q))
     if c.opts.spec_tokens:
-        return pre, _launch_with_drafts(c, s, q).with_(broken_rewrite=broken)
+        t = _launch_with_drafts(c, s, q).with_(broken_rewrite=broken)
+        return pre, _post_update(c, s, t, q) if c.opts.rows else t
     content = lam(c, INT, lambda i: z.If(
         z.And(live(st, i), z.Not(st.partial[i]), st.consumed[i] == smt.tok(st.req[i], st.pos[i])),
         smt.tok(st.req[i], st.pos[i] + 1), smt.GARBAGE))
@@ -619,7 +712,38 @@ def launch(c: Ctx, s: StateV, q: int) -> Result:
                       "content": store(c, sl.content, st.slot, content),
                       "released": store(c, sl.released, st.slot, z.BoolVal(False))})
     st2 = StepV(**{**st.__dict__, "phase": z.IntVal(_LAUNCH)})
-    return pre, set_step(s, q, st2).with_(slots=slots, broken_rewrite=broken)
+    t = set_step(s, q, st2).with_(slots=slots, broken_rewrite=broken)
+    return pre, _post_update(c, s, t, q) if c.opts.rows else t
+
+
+def _post_update(c: Ctx, s: StateV, t: StateV, q: int) -> StateV:
+    """With state rows: step q's launch scatters each row's newest token (what it just wrote
+    into its slot, garbage for a dropped row; with drafts the advanced position) into the state
+    row its idx names, the last row naming one winning; scattering into a row whose owner is
+    not the row's request breaks the state rows' ownership rule (`model.actions._post_update`)."""
+    z, smt, INT = c.smt.z, c.smt, c.smt.Int
+    st, tb = s.queue[q], s.table
+    sl = t.slots
+
+    def written(k: Term) -> Term:
+        return st.row_at[k] >= 0
+
+    def newest(k: Term) -> Term:
+        i = st.row_at[k]
+        return z.If(live(st, i), sl.content[st.slot][i], smt.GARBAGE)
+
+    def position(k: Term) -> Term:
+        if not c.opts.spec_tokens:
+            return z.IntVal(-1)
+        i = st.row_at[k]
+        return z.If(live(st, i), sl.positions[st.slot][i], -1)
+
+    unheld = c.exists(lambda i: z.And(i >= 0, i < st.nrows, tb.owner[st.idx[i]] != st.was[i]))
+    table = TableV(
+        owner=tb.owner,
+        newest=lam(c, INT, lambda k: z.If(written(k), newest(k), tb.newest[k])),
+        position=lam(c, INT, lambda k: z.If(written(k), position(k), tb.position[k])))
+    return t.with_(table=table, broken_unheld=z.Or(s.broken_unheld, unheld))
 
 
 def _launch_with_drafts(c: Ctx, s: StateV, q: int) -> StateV:
@@ -777,6 +901,23 @@ def release(c: Ctx, s: StateV) -> Result:
     return z.And(*pre), s.with_(slots=slots)
 
 
+def release_row(c: Ctx, s: StateV) -> Result:
+    """With state rows: hand a state row back once its owner closed and no in-flight step will
+    still scatter into it (the known-bad variant: at close)."""
+    z, smt, INT = c.smt.z, c.smt, c.smt.Int
+    k = c.fresh("k", INT)
+    tb, rq = s.table, s.requests
+    owner = tb.owner[k]
+    status = rq.status[owner]
+    pre = [k >= 0, k < c.params.S, owner >= 0, z.Or(*[status == x for x in _CLOSED])]
+    if c.opts.variant != "state-row-reused-in-flight":
+        pre.append(z.Not(row_in_flight(c, s, k)))
+    t = set_request(c, s, owner, state_row=z.IntVal(-1))
+    return z.And(*pre), t.with_(table=TableV(owner=store(c, tb.owner, k, z.IntVal(-1)),
+                                             newest=store(c, tb.newest, k, smt.GARBAGE),
+                                             position=store(c, tb.position, k, z.IntVal(-1))))
+
+
 def _close(c: Ctx, s: StateV, r: Term, status: Status) -> StateV:
     """Drop ``r``'s rows and close it with what it was delivered."""
     z = c.smt.z
@@ -870,6 +1011,8 @@ def actions(opts: Options) -> list[tuple[str, Callable[[Ctx, StateV], Result]]]:
     out: list[tuple[str, Callable[[Ctx, StateV], Result]]] = []
     for name, fn in REQUEST_ACTIONS.items():
         out.append((name, fn))
+    if opts.rows:
+        out.append(("release_row", release_row))
     for name, sfn in STEP_ACTIONS.items():
         if name == "fault" and not opts.faults:
             continue

@@ -93,6 +93,8 @@ class Params:
     """Chunks of each prompt's first prefill."""
     HS: Term
     """Per request, whether it is host-sync (needs its newest token on the host)."""
+    S: Term
+    """With state rows: how many state rows the device holds (ids 0..S-1)."""
 
 
 @dataclass(frozen=True)
@@ -128,6 +130,14 @@ class StepV:
     has_accepted: Term
     host_counts: Term
     has_host_counts: Term
+    idx: Term
+    """With state rows: row -> its idx_mapping entry (kept by a dropped row)."""
+    was: Term
+    """With state rows: row -> the request it was scheduled for (kept by a dropped row, whose
+    ``req`` is -1)."""
+    row_at: Term
+    """With state rows: state row -> the last row of this step naming it, -1 if none: the
+    inverse of ``idx``, kept so that the post-update needs no search over rows."""
 
 
 @dataclass(frozen=True)
@@ -162,6 +172,17 @@ class RequestsV:
     prefill_left: Term
     placeholders: Term
     drafts_ready: Term
+    state_row: Term
+    """With state rows: the state row it holds, -1 if none."""
+
+
+@dataclass(frozen=True)
+class TableV:
+    """With state rows: `model.state.StateRow` per state row, as arrays by state row."""
+
+    owner: Term
+    newest: Term
+    position: Term
 
 
 @dataclass(frozen=True)
@@ -179,6 +200,9 @@ class StateV:
     """Ghost: NoReadOfReleasedOrOverwrittenSlot was broken."""
     broken_rewrite: Term
     """Ghost: NoRewriteWhileReaderOutstanding was broken."""
+    table: TableV
+    broken_unheld: Term
+    """Ghost: NoWriteToUnheldStateRow was broken."""
 
     def with_(self, **changes: Any) -> StateV:
         """A copy with the named fields changed."""
@@ -191,6 +215,7 @@ _STEP_SORTS = {
     "partial": "BoolArr", "spec": "IntArr", "placed": "IntArr", "drafts": "TokArr2",
     "ndrafts": "IntArr", "host_copy": "TokArr", "has_host_copy": "Bool", "accepted": "IntArr",
     "has_accepted": "Bool", "host_counts": "IntArr", "has_host_counts": "Bool",
+    "idx": "IntArr", "was": "IntArr", "row_at": "IntArr",
 }
 _SLOT_SORTS = {
     "unwritten": "BoolArr", "length": "IntArr", "content": "TokArr2", "released": "BoolArr",
@@ -199,8 +224,9 @@ _SLOT_SORTS = {
 _REQUEST_SORTS = {
     "status": "IntArr", "ndelivered": "IntArr", "delivered": "TokArr2", "closed_at": "IntArr",
     "unchecked": "BoolArr", "preemptions": "IntArr", "prefill_left": "IntArr",
-    "placeholders": "IntArr", "drafts_ready": "BoolArr",
+    "placeholders": "IntArr", "drafts_ready": "BoolArr", "state_row": "IntArr",
 }
+_TABLE_SORTS = {"owner": "IntArr", "newest": "TokArr", "position": "IntArr"}
 
 
 def fresh_state(smt: Smt, name: str, depth: int) -> StateV:
@@ -220,6 +246,8 @@ def fresh_state(smt: Smt, name: str, depth: int) -> StateV:
         slots=SlotsV(**{f: const(f"slot.{f}", srt) for f, srt in _SLOT_SORTS.items()}),
         requests=RequestsV(**{f: const(f"req.{f}", srt) for f, srt in _REQUEST_SORTS.items()}),
         broken_read=const("broken_read", "Bool"), broken_rewrite=const("broken_rewrite", "Bool"),
+        table=TableV(**{f: const(f"table.{f}", srt) for f, srt in _TABLE_SORTS.items()}),
+        broken_unheld=const("broken_unheld", "Bool"),
     )
 
 
@@ -227,4 +255,4 @@ def fresh_params(smt: Smt) -> Params:
     """The option set's unbounded parameters as solver constants."""
     z = smt.z
     return Params(N=z.Int("N"), K=z.Int("K"), M=z.Const("M", smt.IntArr),
-                  P=z.Int("P"), C=z.Int("C"), HS=z.Const("HS", smt.BoolArr))
+                  P=z.Int("P"), C=z.Int("C"), HS=z.Const("HS", smt.BoolArr), S=z.Int("S"))

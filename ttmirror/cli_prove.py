@@ -52,6 +52,9 @@ def register(add_parser: AddParser) -> None:
     p.add_argument("--abort", action=flag, default=True, help="user aborts")
     p.add_argument("--preempt", action=flag, default=True, help="preemption")
     p.add_argument("--condense", action=flag, default=True, help="rows may be reordered")
+    p.add_argument("--state", choices=("ring", "rows"), default="ring",
+                   help="where in-flight tokens live on the device: the ring, or a state row per "
+                        "request (spec rule 14) (default %(default)s)")
     p.add_argument("--subsets", action=flag, default=False,
                    help="vLLM's scheduler freedoms: any subset of the eligible requests per step, "
                         "any number of a row's drafts (spec rule 14)")
@@ -101,7 +104,8 @@ def options_from(ns: argparse.Namespace) -> Any:
     return Options(depth=ns.depth, spec_tokens=ns.spec_tokens, finish=ns.finish,
                    abort=ns.abort, preempt=ns.preempt, condense=ns.condense, guard=ns.guard,
                    release_at=ns.release_at, preempt_policy=ns.preempt_policy, faults=faults,
-                   variant=ns.variant, slots_below_depth=below, subsets=ns.subsets)
+                   variant=ns.variant, slots_below_depth=below, subsets=ns.subsets,
+                   state=ns.state)
 
 
 def manifest_option_sets() -> list[Any]:
