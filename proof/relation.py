@@ -54,10 +54,6 @@ class Options:
                        faults=b.faults, variant=b.variant, slots_below_depth=b.slots < b.depth,
                        state=b.state, subsets=b.subsets)
 
-    def unencoded(self) -> str | None:
-        """What of this option set the solver's encoding does not cover yet, or None."""
-        return None
-
     @property
     def rows(self) -> bool:
         """Per-request state rows (spec rule 14), not the ring."""

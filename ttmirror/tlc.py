@@ -358,6 +358,20 @@ CONFIGS: dict[str, Bounds] = {
     # At one request a placeholder drained by 1 first misplaces a host row at four tokens.
     "MC_placeholders_drain_by_one.cfg": SPEC_SMALL._replace(
         max_tokens=4, variant="placeholders-drain-by-one"),
+    # Rule 14: per-request state rows and vLLM's scheduler freedoms.
+    "MC_rows.cfg": Bounds(state="rows"),
+    "MC_rows_subsets.cfg": Bounds(state="rows", subsets=True),
+    "MC_rows_subsets_depth3.cfg": Bounds(state="rows", subsets=True, depth=3, slots=3),
+    "MC_rows_spec_small.cfg": SPEC_SMALL._replace(state="rows", subsets=True),
+    "MC_ring_subsets_depth3.cfg": Bounds(subsets=True, depth=3, slots=3),
+    "MC_state_row_reused_in_flight.cfg": Bounds(state="rows",
+                                                variant="state-row-reused-in-flight"),
+    "MC_idx_from_previous_order.cfg": Bounds(state="rows", variant="idx-from-previous-order"),
+    "MC_draft_count_of_another_row.cfg": Bounds(
+        state="rows", subsets=True, spec_tokens=1, max_tokens=2, abort=False, preempt=False,
+        finish=False, variant="draft-count-of-another-row"),
+    "MC_skipped_from_previous_step.cfg": Bounds(
+        state="rows", subsets=True, depth=3, slots=3, variant="skipped-from-previous-step"),
 }
 """The committed model configurations in specs/, one per bound or variant."""
 

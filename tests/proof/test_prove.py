@@ -25,13 +25,13 @@ from ttmirror.proof.relation import Ctx, Options, actions, step
 from ttmirror.proof.symbolic import Smt, fresh_params, fresh_state
 
 SMT = Smt("z3")
-PASSING = [o for o in manifest_option_sets() if o.unencoded() is None]
-"""Every option set the manifest lists as passing that the encoding covers, drafts included (as
-`make prove`; the others `prove` names as not encoded)."""
+PASSING = manifest_option_sets()
+"""Every option set the manifest lists as passing, drafts and state rows included (as `make
+prove`)."""
 FAILING_RLIMIT = 10_000_000
 """Work per query where an obligation is expected to fail: far above what any obligation without
 drafts needs (under two million), so the small search that follows is reached sooner."""
-KNOWN_BAD = [e for e in load() if e.violated and Options.of(e.bounds).unencoded() is None and (
+KNOWN_BAD = [e for e in load() if e.violated and (
     e.size == "small" or (e.bounds.spec_tokens and e.size == "default"))]
 """The manifest's small known-bad entries, and those with drafts (one request: their default
 size is the smallest the manifest lists)."""
@@ -64,12 +64,12 @@ def test_the_proof_goes_past_the_manifest(opts: Options) -> None:
 
 def test_the_option_sets_cover_the_manifest() -> None:
     # Each passing manifest entry, with drafts or without, belongs to one of the proved sets.
-    entries = [e for e in load() if e.violated is None
-               and Options.of(e.bounds).unencoded() is None]
+    entries = [e for e in load() if e.violated is None]
     assert len(entries) >= 10 and any(e.bounds.spec_tokens for e in entries)
     assert all(Options.of(e.bounds) in PASSING for e in entries)
-    assert {o.depth for o in PASSING} == {1, 2, 3}
-    assert {o.spec_tokens for o in PASSING} == {0, 1, 2}
+    assert {o.depth for o in PASSING} == {1, 2, 3, 4}
+    assert {o.spec_tokens for o in PASSING} == {0, 1, 2, 4}
+    assert {o.state for o in PASSING} == {"ring", "rows"} and any(o.subsets for o in PASSING)
     assert Options(depth=3, spec_tokens=1) in PASSING
     assert {o.preempt_policy for o in PASSING} == {"keep", "drop"}
     assert any(o.faults for o in PASSING)
@@ -144,6 +144,17 @@ AGREEMENT_BOUNDS = [
     Bounds(subsets=True),
     Bounds(subsets=True, requests=2, max_tokens=2, spec_tokens=1),
     Bounds(subsets=True, depth=3, slots=3, abort=False, preempt=False, finish=False),
+    # Per-request state rows (rule 14), and their known-bad variants.
+    Bounds(state="rows"), Bounds(state="rows", state_rows=1, max_tokens=2),
+    Bounds(state="rows", subsets=True, requests=2, max_tokens=2, spec_tokens=1),
+    Bounds(state="rows", subsets=True, depth=3, slots=3, abort=False, preempt=False,
+           finish=False),
+    Bounds(state="rows", requests=1, variant="state-row-reused-in-flight"),
+    Bounds(state="rows", variant="idx-from-previous-order", abort=False, preempt=False),
+    Bounds(state="rows", subsets=True, spec_tokens=1, max_tokens=2, abort=False, preempt=False,
+           variant="draft-count-of-another-row"),
+    Bounds(state="rows", subsets=True, depth=3, slots=3, abort=False, preempt=False,
+           finish=False, variant="skipped-from-previous-step"),
     *(Bounds(requests=1, max_tokens=4 if v == "placeholders-drain-by-one" else 3,
              spec_tokens=1, variant=v) for v in SPEC_VARIANTS),
 ]
@@ -216,7 +227,7 @@ def _assert_satisfy(b: Bounds, states: list[State]) -> None:
         sol.pop()
 
 
-ENCODED = [e for e in load() if Options.of(e.bounds).unencoded() is None]
+ENCODED = load()
 
 
 @pytest.mark.parametrize("entry", [e for e in ENCODED if e.violated is None
