@@ -456,25 +456,26 @@ def dropped_rows_first(c: Ctx, s: StateV) -> Term:
 
 
 def device_rows_over_live_rows(c: Ctx, s: StateV) -> Term:
-    """With state rows: a live row still to combine from its state row has no dropped row naming
-    that state row in an older step, and a partial row of its request in an older step only with
-    a token-yielding one after it (it was scheduled while its request's token was in flight; a
-    drop since would have dropped it too)."""
+    """With state rows: a live row still to combine from its state row has, after any dropped
+    row naming that state row or partial row of its request in an older step, a token-yielding
+    row of its request in a step between (it was scheduled while its request's token was in
+    flight; a drop since would have dropped it too)."""
     z = c.smt.z
     out = []
     for q, st in enumerate(s.queue):
         def fine(i: Term, st: StepV = st, q: int = q) -> Term:
             r = st.req[i]
             pending = z.And(live(st, i), st.phase == _SCHED, st.prev[i] != NONE_INT)
-            no_dropped = [z.Implies(older.row_at[st.idx[i]] >= 0,
-                                    live(older, older.row_at[st.idx[i]]))
-                          for older in s.queue[:q]]
-            partial_before = z.Or(*[z.And(has_row(c, s, j, r),
-                                          s.queue[j].partial[s.queue[j].row_of[r]])
-                                    for j in range(q)]) if q else False
-            counting_before = z.Or(*[counts_row(c, s, j, r) for j in range(q)]) if q else False
-            return z.Implies(pending, z.And(*no_dropped,
-                                            z.Implies(partial_before, counting_before)))
+            covered = []
+            for j in range(q):
+                older = s.queue[j]
+                at = older.row_at[st.idx[i]]
+                stale = z.Or(z.And(j < s.qlen, at >= 0, z.Not(live(older, at))),
+                             z.And(has_row(c, s, j, r), older.partial[older.row_of[r]]))
+                between = [counts_row(c, s, k, r) for k in range(j + 1, q)]
+                after = z.Or(*between) if between else z.BoolVal(False)
+                covered.append(z.Implies(stale, after))
+            return z.Implies(pending, z.And(*covered))
 
         out.append(_rows(c, s, q, fine))
     return z.And(*out)
