@@ -112,7 +112,8 @@ def decode(value: Any) -> Any:
 
 
 def encode_state(s: State) -> dict[str, Any]:
-    return {name: encode(getattr(s, name)) for name in State._fields}
+    return {name: encode(getattr(s, name)) for name in State._fields
+            if _AT_DEFAULT.get(("State", name), _NO_DEFAULT) != getattr(s, name)}
 
 
 def _picks(move: Move) -> dict[str, Any]:

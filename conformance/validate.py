@@ -126,16 +126,21 @@ def _decided(event: Event, before: State, after: State, ids: _Requests, b: Bound
 NEWEST = "NewestTokenInNewestStep"
 """Reads the queue's live rows and who is eligible: whatever adds or retires a step, drops rows
 or changes a status can falsify it."""
+ROWS_NEWEST = "NewestTokenInStateRow"
+"""With state rows: reads the table and the in-flight rows (checked where `NEWEST` is, and after
+every launch, which writes the table)."""
 CHECKED_AFTER: dict[str, tuple[str, ...]] = {
-    "schedule": ("DepthBound", NEWEST),
+    "arrive": ("StateRowsOwned",),
+    "schedule": ("DepthBound", NEWEST, ROWS_NEWEST),
     "combine": ("StaleHostIdsGuard", READ_RELEASED),
-    "launch": (REWRITE_WITH_READER,),
+    "launch": (REWRITE_WITH_READER, "NoWriteToUnheldStateRow", ROWS_NEWEST),
     "readback_complete": (READ_RELEASED,),
-    "apply": ("OutputIntegrity", NEWEST),
-    "finish": ("OutputIntegrity", NEWEST),
-    "abort": ("OutputIntegrity", NEWEST),
-    "preempt": (NEWEST,),
-    FAULT: ("FailedRequestsQuiet", "OutputIntegrity", NEWEST),
+    "apply": ("OutputIntegrity", NEWEST, ROWS_NEWEST),
+    "finish": ("OutputIntegrity", NEWEST, ROWS_NEWEST),
+    "abort": ("OutputIntegrity", NEWEST, ROWS_NEWEST),
+    "preempt": (NEWEST, ROWS_NEWEST),
+    FAULT: ("FailedRequestsQuiet", "OutputIntegrity", NEWEST, ROWS_NEWEST),
+    "release_row": ("StateRowsOwned",),
 }
 """The invariants each action can falsify (the others read nothing it writes): checking only
 those keeps validation linear and cheap."""

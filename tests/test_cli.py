@@ -24,7 +24,7 @@ def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
 @pytest.mark.parametrize(
     "args",
     [
-        ["check", "--depth", "4"],
+        ["check", "--depth", "5"],
         ["check", "--slots", "0"],
         ["check", "--requests", "9"],
         ["check", "--max-tokens", "x"],

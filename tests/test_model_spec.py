@@ -152,8 +152,8 @@ def test_a_request_done_at_its_budget_drops_its_later_rows() -> None:
 
 
 def test_spec_bounds_are_checked() -> None:
-    with pytest.raises(ValueError, match="--spec-tokens must be 0, 1 or 2"):
-        validate_bounds(Bounds(spec_tokens=3))
+    with pytest.raises(ValueError, match="--spec-tokens must be between 0 and 4"):
+        validate_bounds(Bounds(spec_tokens=5))
     for variant in SPEC_VARIANTS:
         with pytest.raises(ValueError, match="needs --spec-tokens 1 or more"):
             validate_bounds(Bounds(variant=variant))
