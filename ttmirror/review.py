@@ -64,8 +64,10 @@ def invariant_text(name: str) -> str:
 
 
 def plain_state(s: State) -> dict[str, Any]:
-    """Every variable of a model state, JSON-friendly."""
-    return {k: report.plain(v) for k, v in s._asdict().items()}
+    """Every variable of a model state, JSON-friendly (the state-row table only where it has
+    rows)."""
+    # The state-row table exists only with state rows (the ring's is always empty).
+    return {k: report.plain(v) for k, v in s._asdict().items() if k != "table" or v}
 
 
 # --- the views: the graphs with their nodes' states ---------------------------------------------
