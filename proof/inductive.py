@@ -431,8 +431,9 @@ def rows_hold_their_state_row(c: Ctx, s: StateV) -> Term:
             z.Implies(live(st, i), z.And(st.was[i] == st.req[i],
                                          st.idx[i] == s.requests.state_row[st.req[i]])),
             z.Implies(st.prev[i] != NONE_INT, st.prev[i] == st.idx[i])))
-        inverse = c.forall(lambda k: z.Implies(st.row_at[k] >= 0, z.And(
-            st.row_at[k] < st.nrows, st.idx[st.row_at[k]] == k)))
+        inverse = c.forall(lambda k: z.Implies(
+            z.And(k >= 0, k < c.params.S, st.row_at[k] >= 0),
+            z.And(st.row_at[k] < st.nrows, st.idx[st.row_at[k]] == k)))
         return z.And(rows, z.Implies(q < s.qlen, inverse))
 
     return z.And(*[place(q, st) for q, st in enumerate(s.queue)])
