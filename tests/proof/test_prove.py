@@ -100,7 +100,7 @@ def test_each_known_bad_variant_fails_with_a_reachable_counterexample(entry) -> 
     assert len(path) >= 2
     if entry.bounds.state == "rows" and entry.bounds.depth >= 3:
         # Its own search at depth 3 needs more than FAILING_RLIMIT (the solver confirmed the
-        # crossing above); `ttmirror prove` finds it with the default budget.
+        # crossing above); `ttmirror prove` searches with its default budget.
         return
     # And the obligation of that action fails on its own, with a counterexample printed.
     result = consecution(setup, cti.action)
