@@ -517,9 +517,10 @@ class Runner:
         """
         self._need_allocated("schedule")
         rows_order = self._step_order(order)
-        counts = self._draft_counts(rows_order, drafts)
+        due = [self.spec_due(r, self.requests[r].prefill_left > 0) for r in rows_order]
+        counts = self._draft_counts(rows_order, drafts, due)
         if self.config.subsets:
-            self._count_freedoms(rows_order, counts)
+            self._count_freedoms(rows_order, counts, due)
         prev = self.queue[-1] if self.queue else None
         rows = self._rows(rows_order, prev, counts)
         step = _Step(
@@ -582,25 +583,25 @@ class Runner:
             )
         return rows_order
 
-    def _count_freedoms(self, rows_order: list[int], counts: list[int]) -> None:
+    def _count_freedoms(self, rows_order: list[int], counts: list[int],
+                        due: list[int]) -> None:
         """What the scheduler's freedoms did in this step (rule 14): eligible requests left out
-        (those with a step in flight apart), decoding rows with fewer drafts than they have,
-        a row with none of its drafts beside one with all K."""
+        (those with a step in flight apart), decoding rows with fewer drafts than they have
+        (`due`), a row with none of its drafts beside one with all K."""
         left = set(self.eligible()) - set(rows_order)
         self.stats["skipped_rows"] += len(left)
         self.stats["skipped_in_flight"] += sum(self.has_step_in_flight(r) for r in left)
         if self.config.drafts is None:
             return
-        tops = [self.spec_due(r, self.requests[r].prefill_left > 0) for r in rows_order]
-        self.stats["fewer_drafts"] += sum(d < top for d, top in zip(counts, tops, strict=True))
+        self.stats["fewer_drafts"] += sum(d < top for d, top in zip(counts, due, strict=True))
         k = self.config.drafts.k
         self.stats["none_beside_all"] += (
-            any(d == 0 < top for d, top in zip(counts, tops, strict=True)) and k in counts)
+            any(d == 0 < top for d, top in zip(counts, due, strict=True)) and k in counts)
 
-    def _draft_counts(self, rows_order: list[int], drafts: Sequence[int] | None) -> list[int]:
-        """Each row's drafts: those the caller chose (`subsets`: any up to the drafts it has),
-        else all it has (`spec_due`)."""
-        due = [self.spec_due(r, self.requests[r].prefill_left > 0) for r in rows_order]
+    def _draft_counts(self, rows_order: list[int], drafts: Sequence[int] | None,
+                      due: list[int]) -> list[int]:
+        """Each row's drafts: those the caller chose (`subsets`: any up to `due`, the drafts it
+        has), else all it has."""
         if drafts is None:
             return due
         if not self.config.subsets or self.config.drafts is None:

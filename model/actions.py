@@ -371,7 +371,7 @@ def schedule(s: State, b: Bounds, order: tuple[int, ...],
             rows.append(Row(req=r, pos=next_pos(s, r), prev_row=prev_row, consumed=None,
                             live=True, partial=partial, idx=idx))
             continue
-        spec = _drafts_scheduled(s, b, r, partial)
+        spec = drafts_scheduled(s, b, r, partial)
         if chosen:
             if not 0 <= drafts[i] <= spec:
                 return None
@@ -423,7 +423,7 @@ def schedule(s: State, b: Bounds, order: tuple[int, ...],
     )
 
 
-def _drafts_scheduled(s: State, b: Bounds, r: int, partial: bool) -> int:
+def drafts_scheduled(s: State, b: Bounds, r: int, partial: bool) -> int:
     """How many drafts the host may schedule after ``r``'s newest token: K if the drafter
     proposed them, else none (with ``subsets`` the scheduler takes any number up to it)."""
     req = s.requests[r]
@@ -841,13 +841,15 @@ def schedule_choices(s: State, b: Bounds) -> Iterator[tuple[tuple[int, ...], tup
         groups = [c for n in range(1, len(todo) + 1) for c in combinations(todo, n)]
     else:
         groups = [tuple(todo)]
+    chosen = b.subsets and b.spec_tokens
+    top = {r: drafts_scheduled(s, b, r, s.requests[r].prefill_left > 0)
+           for r in todo} if chosen else {}
     for group in groups:
         for order in permutations(group) if b.condense else [group]:
-            if not (b.subsets and b.spec_tokens):
+            if not chosen:
                 yield order, ()
                 continue
-            tops = [_drafts_scheduled(s, b, r, s.requests[r].prefill_left > 0) for r in order]
-            for drafts in product(*(range(top + 1) for top in tops)):
+            for drafts in product(*(range(top[r] + 1) for r in order)):
                 yield order, drafts
 
 

@@ -13,6 +13,7 @@ from .actions import (
     WRITE_UNHELD_ROW,
     Action,
     budget,
+    drafts_scheduled,
     eligible,
     has_step_in_flight,
     in_flight,
@@ -333,29 +334,22 @@ def skipped_with_step_in_flight(s: State, a: Action, t: State, b: Bounds) -> boo
         r not in a.args and has_step_in_flight(s, r) for r in eligible(s, b))
 
 
-def _decoding_drafts(s: State, a: Action) -> list[tuple[int, int]]:
-    """A schedule's decoding rows whose drafts exist: (drafts carried, drafts it had)."""
-    return [(d, top) for r, d in zip(a.args, a.drafts, strict=False)
-            for top in [_top(s, r)] if top > 0]
-
-
-def _top(s: State, r: int) -> int:
-    """1 if ``r``'s drafts exist (it would carry K without ``subsets``), else 0."""
-    req = s.requests[r]
-    return int(req.drafts_ready and req.status != Status.WAITING and req.prefill_left == 0)
+def _decoding_drafts(s: State, a: Action, b: Bounds) -> list[int]:
+    """A schedule's drafts on its rows whose drafts exist (rows it could give K)."""
+    return [d for r, d in zip(a.args, a.drafts, strict=False)
+            if drafts_scheduled(s, b, r, s.requests[r].prefill_left > 0)]
 
 
 def fewer_drafts(s: State, a: Action, t: State, b: Bounds) -> bool:
     """A decoding row was scheduled with fewer drafts than the drafter proposed (K)."""
-    return a.name == "schedule" and any(
-        d < b.spec_tokens for d, _ in _decoding_drafts(s, a))
+    return a.name == "schedule" and any(d < b.spec_tokens for d in _decoding_drafts(s, a, b))
 
 
 def no_drafts_beside_all(s: State, a: Action, t: State, b: Bounds) -> bool:
     """One step held a decoding row with none of its drafts beside a row with all K."""
     if a.name != "schedule":
         return False
-    counts = {d for d, _ in _decoding_drafts(s, a)}
+    counts = set(_decoding_drafts(s, a, b))
     return 0 in counts and b.spec_tokens in counts
 
 

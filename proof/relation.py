@@ -251,9 +251,10 @@ def drafts_after(c: Ctx, token: Term, j: Term) -> Term:
 
 
 def drafts_scheduled(c: Ctx, s: StateV, r: Term) -> Term:
-    """How many drafts the host schedules after ``r``'s newest token (`_drafts_scheduled`): K if
-    the drafter proposed them, none for a prefill chunk or a new, resumed or re-entering
-    request (the known-bad variant: K for a re-entering one past its prompt)."""
+    """How many drafts the host schedules after ``r``'s newest token (the model's
+    `drafts_scheduled`): K if the drafter proposed them, none for a prefill chunk or a new,
+    resumed or re-entering request (the known-bad variant: K for a re-entering one past its
+    prompt)."""
     z, rq, k = c.smt.z, s.requests, c.opts.spec_tokens
     reenters = rq.ndelivered[r] > 0
     bad = c.opts.variant == "reentering-drafts-from-device"
