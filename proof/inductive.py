@@ -295,9 +295,11 @@ def launched_slot_holds_tokens(c: Ctx, s: StateV) -> Term:
             if not c.opts.spec_tokens:
                 return sl.content[k][i] == smt.tok(st.req[i], st.pos[i] + 1)
             n = st.accepted[i] + 1
+            # With state rows the positions live in the table (StateRowsHoldNewest), not here.
+            placed = sl.positions[k][i] == st.pos[i] + n if not c.opts.rows else True
             return z.And(st.accepted[i] >= 0, st.accepted[i] <= st.spec[i],
                          sl.content[k][i] == smt.tok(st.req[i], st.pos[i] + n),
-                         sl.counts[k][i] == n, sl.positions[k][i] == st.pos[i] + n)
+                         sl.counts[k][i] == n, placed)
 
         if c.opts.spec_tokens:
             held = z.And(held, sl.ncounts[k] == st.nrows, st.has_accepted)

@@ -107,10 +107,11 @@ def test_each_known_bad_variant_fails_with_a_reachable_counterexample(entry) -> 
     assert result.verdict == "fails" and result.cti is not None and result.cti.broken
 
 
-# Each conjunct at the option set it belongs to: those of both kinds without drafts, those only
-# with drafts (PlaceholdersCountRows, HostRowsStaged) with one draft place per row.
-DROPS = [*((c, Options()) for c in STRENGTHENING if c.applies(0)),
-         *((c, Options(spec_tokens=1)) for c in STRENGTHENING if not c.applies(0))]
+# Each conjunct at the option set it belongs to: without drafts where it applies there, those only
+# with drafts (PlaceholdersCountRows, HostRowsStaged) with one draft place per row; those of the
+# state rows (RowsHoldTheirStateRow, ...) with state rows.
+DROPS = [(c, Options(spec_tokens=0 if c.applies(0, c.state or "ring") else 1,
+                     state=c.state or "ring")) for c in STRENGTHENING]
 
 
 @pytest.mark.parametrize(("dropped", "opts"), DROPS, ids=lambda x: getattr(x, "name", ""))
