@@ -18,7 +18,7 @@ logprob ring copied beside the ids, and every delivered token's logprobs checked
 model's own log-softmax), so the ring's events and fences meet every fault too.
 
 `check()` runs every scenario; `kill(bug)` does so with a planted bug of
-`mutations.FAULT_HANDLING_BUGS`.
+`bugs.FAULT_HANDLING_BUGS`.
 """
 
 from __future__ import annotations
@@ -34,7 +34,6 @@ import ttnn
 
 from ..emulator import Emulator, HazardError, ProcessScheduler, SeededScheduler, open_device
 from ..impl.events import Event
-from ..impl.mutations import mutations
 from ..impl.runner import Status
 from ..impl.tt_backend import TtBackend
 from ..serving.backend import ServingBackend
@@ -42,6 +41,7 @@ from ..serving.batching import ServingConfig, ServingEngine
 from ..serving.context import SamplingParams
 from ..serving.models import load_model
 from ..serving.workload import Outcome, RequestPlan, run_workload, standard_plan
+from .planted import overrides
 from .serving import LOGPROBS, logprob_errors, logprob_plan
 from .validate import bounds_of, validate
 
@@ -120,7 +120,7 @@ def engine_on(device: Any, *, depth2: bool = True, trace: bool = False,
                        SamplingParams(seed=SEED) if logprobs else None),
         ServingConfig(async_scheduling="auto" if depth2 else "off", rows=ROWS,
                       kv_tokens=KV_TOKENS, trace=trace, readback_timeout_s=timeout,
-                      max_logprobs=LOGPROBS if logprobs else 0, mutations=mutations([bug]),
+                      max_logprobs=LOGPROBS if logprobs else 0, overrides=overrides([bug]),
                       spec_tokens=spec_tokens),
     )
 

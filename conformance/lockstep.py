@@ -35,9 +35,8 @@ from typing import Any
 
 from ..impl.cpu_backend import CpuBackend
 from ..impl.drafts import DraftReference, DraftSpec
-from ..impl.mutations import mutations
 from ..impl.probe import ProbeReference, ProbeSpec
-from ..impl.runner import PhaseError, Runner, RunnerConfig
+from ..impl.runner import PhaseError, Runner, RunnerConfig, make_runner
 from ..impl.runner import Status as RunnerStatus
 from ..model import actions as A
 from ..model.actions import Action, take
@@ -47,6 +46,7 @@ from .abstraction import Abstract, Context, Seen, abstract, diff, project, seen_
 from .configs import check_config
 from .moves import EFFECT, Divergence, Drafter, Move
 from .observe import DeviceObserver, HostObserver
+from .planted import overrides
 
 DRAM = 1 << 20
 TRACE_REGION = 1 << 20
@@ -108,7 +108,7 @@ class Lockstep:
         `refused`: model states whose refusals were already tried (skipped, and added to);
         `config`: one of `CONFIGS[backend]` (default its first); `sampling`: one of
         `SAMPLERS`, the seeded one drawing with `sampling_seed`; `bug`: a planted bug of the
-        implementation (`impl/mutations.py`), or None; `drafter`: with spec tokens, the
+        implementation (`planted.py`), or None; `drafter`: with spec tokens, the
         probe's drafter (default `Drafter()`); `device_process`: the emulated device's queues
         in a device process of their own, each device move one command run there."""
         if bounds.release_at != "complete":
@@ -152,11 +152,11 @@ class Lockstep:
                                prefill_chunks=bounds.prefill_chunks, spec=k,
                                drafter=DraftReference(probe, drafts) if drafts else None)
         self.device: Any = None
-        self.runner = Runner(self._open_backend(backend), RunnerConfig(
+        self.runner: Runner = make_runner(self._open_backend(backend), RunnerConfig(
             depth=bounds.depth, slots=bounds.slots, rows=max(1, bounds.requests),
             max_tokens=bounds.max_tokens, guard=bounds.guard, probe=probe,
             trace=config == "traced", preempt_policy=bounds.preempt_policy,
-            prefill_chunks=bounds.prefill_chunks, mutations=mutations([bug]), drafts=drafts,
+            prefill_chunks=bounds.prefill_chunks, overrides=overrides([bug]), drafts=drafts,
             subsets=bounds.subsets,
         ))
         self.observer: DeviceObserver | HostObserver | None = None

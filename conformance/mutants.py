@@ -24,10 +24,10 @@ from typing import Any
 
 from hypothesis import Phase, settings
 
-from ..impl import mutations
 from ..model.actions import take
 from ..model.explore import Exploration, explore
 from ..model.state import Bounds, State, initial_state
+from . import bugs as catalog
 from . import campaign, itf, walks
 from .configs import CONFIGS
 from .coverage import Coverage
@@ -52,7 +52,7 @@ NEEDS_BOUNDS: dict[str, dict[str, int | bool]] = {
     "prev-row-two-back": {"max_tokens": 3},
     "partial-prefill-feeds-mirror": {"prefill_chunks": 2},
     "host-sync-unguarded": {"host_sync": True},
-    **dict.fromkeys(mutations.SPEC_BUGS, SPEC_BOUND),
+    **dict.fromkeys(catalog.SPEC_BUGS, SPEC_BOUND),
 }
 """Bounds a bug needs to occur at all (beyond the defaults): a request must have a row in three
 steps for "two back" and "one back" to differ; chunked prefill; a host-sync request; drafts."""
@@ -178,20 +178,20 @@ def model_states(bounds: Bounds, moves: list[Move]) -> list[State]:
 
 def applies(bug: str, backend: str, config: str) -> bool:
     """Can `bug` occur on `backend` in `config`? (tt-only bugs, two-queue bugs)."""
-    if backend != "tt" and bug in mutations.TT_ONLY:
+    if backend != "tt" and bug in catalog.TT_ONLY:
         return False
     return not (config == "eager-1cq" and bug in TWO_QUEUES)
 
 
 def serving_matrix(bugs: list[str] | None = None,
                    configs: list[str] | None = None) -> list[Kill]:
-    """One kill per serving-only bug (`mutations.SERVING_BUGS`) and configuration, found by the
+    """One kill per serving-only bug (`catalog.SERVING_BUGS`) and configuration, found by the
     serving half (`serving.py`: a logprob workload whose ring data is checked)."""
     from . import serving
 
     out: list[Kill] = []
     for config in configs or list(serving.CONFIGS):
-        for bug in bugs or list(mutations.SERVING_BUGS):
+        for bug in bugs or list(catalog.SERVING_BUGS):
             killed, v = serving.kill(bug, config)
             out.append(Kill(bug, killed, "serving" if killed else None, config, v.layer, None,
                             1 if killed else None, v.seconds if killed else None, None,
@@ -200,12 +200,12 @@ def serving_matrix(bugs: list[str] | None = None,
 
 
 def fault_matrix(bugs: list[str] | None = None) -> list[Kill]:
-    """One kill per fault-handling bug (`mutations.FAULT_HANDLING_BUGS`), found by the fault half
+    """One kill per fault-handling bug (`catalog.FAULT_HANDLING_BUGS`), found by the fault half
     (`fault_runs.py`: serving runs that meet one device fault each), in eager-2cq."""
     from . import fault_runs
 
     out: list[Kill] = []
-    for bug in bugs or list(mutations.FAULT_HANDLING_BUGS):
+    for bug in bugs or list(catalog.FAULT_HANDLING_BUGS):
         killed, v = fault_runs.kill(bug)
         out.append(Kill(bug, killed, "faults" if killed else None, "eager-2cq", v.layer, None,
                         1 if killed else None, v.seconds if killed else None, None, v.message))
@@ -242,7 +242,7 @@ def matrix(bounds: Bounds, backend: str, base: settings, *, bugs: list[str] | No
         graphs[explored.bounds] = lambda: explored
     out: list[Kill] = []
     for config in configs or [CONFIGS[backend][0]]:
-        for bug in bugs or list(mutations.BUGS):
+        for bug in bugs or list(catalog.BUGS):
             if not applies(bug, backend, config):
                 continue
             b = bounds_for(bug, bounds)

@@ -18,7 +18,6 @@ import torch
 import ttnn
 
 from ..emulator import Emulator, HazardError, SeededScheduler, open_device
-from ..impl.mutations import mutations
 from ..impl.tt_backend import TtBackend
 from ..serving.backend import ServingBackend
 from ..serving.batching import ServingConfig, ServingEngine
@@ -27,6 +26,7 @@ from ..serving.engine import NoProgress
 from ..serving.grammar import GRAMMARS
 from ..serving.models import DecoderModel, ProbeDecoder
 from ..serving.workload import Outcome, RequestPlan, run_workload, standard_plan
+from .planted import overrides
 
 CONFIGS = ("eager-2cq", "eager-1cq", "traced")
 """The mirror configurations the serving half runs in (as the lockstep's tt ones)."""
@@ -109,7 +109,7 @@ def serve(config: str, depth: int, plan: list[RequestPlan],
         backend = ServingBackend(TtBackend(device), model, SamplingParams(seed=SEED))
         engine = ServingEngine(backend, ServingConfig(
             async_scheduling="auto" if depth == 2 else "off", rows=6, kv_tokens=24,
-            trace=config == "traced", max_logprobs=LOGPROBS, mutations=mutations([bug])))
+            trace=config == "traced", max_logprobs=LOGPROBS, overrides=overrides([bug])))
         try:
             return run_workload(engine, plan)
         finally:

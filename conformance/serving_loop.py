@@ -34,7 +34,6 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, precondition,
 from ..emulator import Emulator, SeededScheduler, TimedScheduler, open_device
 from ..emulator.decoder import dram_bytes
 from ..impl.events import Event
-from ..impl.mutations import mutations
 from ..impl.runner import CLOSED, Status
 from ..impl.tt_backend import TtBackend
 from ..serving.backend import ServingBackend
@@ -44,6 +43,7 @@ from ..serving.engine import Watchdog
 from ..serving.models import DecoderModel, load_model
 from ..serving.workload import Outcome, RequestPlan, due_for_abort, outcome_of, run_workload
 from .itf import write_events
+from .planted import overrides
 from .validate import bounds_of, validate
 
 MODELS = ("probe", "tiny-qwen3")
@@ -110,7 +110,7 @@ class ServingLoop(RuleBasedStateMachine):
 
     tally = Tally()
     bug: str | None = None
-    """A planted bug of every run's runner (`impl/mutations.py`); the kill twin sets it."""
+    """A planted bug of every run's runner (`planted.py`); the kill twin sets it."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -135,7 +135,7 @@ class ServingLoop(RuleBasedStateMachine):
         self.model_name, self.seed, self.times = model, seed, times
         self.config = ServingConfig(rows=ROWS, kv_tokens=kv_tokens, preempt_policy=policy,
                                     prefill_chunk=prefill_chunk, trace=trace,
-                                    mutations=mutations([self.bug]))
+                                    overrides=overrides([self.bug]))
         self.engine, self.device = self._engine("auto", seed, times)
         assert self.engine.max_concurrent_batches() == 2, "async scheduling did not engage"
 

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any, NamedTuple, Protocol
 
 from .drafts import DraftSpec
-from .mutations import NONE, Mutations, mutations
+from .overrides import NONE, Overrides
 from .probe import ProbeSpec
 from .rows import Row
 
@@ -49,8 +49,8 @@ class MirrorSpec:
     readback_timeout_s: float | None = None
     """How long the host waits for a readback's event before it gives the step up as failed
     (`readback_complete` raises); None waits as long as it takes."""
-    mutations: Mutations = NONE
-    """Planted bugs of the mirror's device half (`mutations.py`); none by default."""
+    overrides: Overrides = NONE
+    """Decision overrides of the mirror and its parts (`overrides.py`); none by default."""
     drafts: DraftSpec | None = None
     """Speculative decoding (spec rule 13): K drafts per decoding row, verified by the launch,
     and the drafter that proposes them on the device; None = no drafts."""
@@ -59,7 +59,6 @@ class MirrorSpec:
     (`device_wait` or `host_read`, slot), by a mirror on a device (the runner records them)."""
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "mutations", mutations(self.mutations))
         if self.logprobs < 0:
             raise ValueError(f"logprobs must be 0 or more, got {self.logprobs}")
         if self.rows < 1:
@@ -102,15 +101,11 @@ class StepInputs:
         """Drafts scheduled per row (spec rule 13): verification accepts at most these."""
         return tuple(r.spec if r.live else 0 for r in self.rows)
 
-    def host_drafts(self, k: int, placeholders: bool = False) -> tuple[tuple[int, ...], ...]:
-        """K lanes of host-staged drafts, lane j holding each host row's draft j (else 0);
-        `placeholders`: the planted host-drafts-placeholder, -1 in place of each host row's
-        scheduled drafts."""
+    def host_drafts(self, k: int) -> tuple[tuple[int, ...], ...]:
+        """K lanes of host-staged drafts, lane j holding each host row's draft j (else 0)."""
         def staged(r: Row, j: int) -> int:
             if not (r.live and r.prev_row is None):
                 return 0
-            if placeholders and j < r.spec:
-                return -1  # planted: the async scheduler's placeholder, never filled
             return r.drafts[j] if j < len(r.drafts) else 0
 
         return tuple(tuple(staged(r, j) for r in self.rows) for j in range(k))

@@ -38,7 +38,6 @@ from typing import Any
 import ttnn
 
 from .backend import StepInputs
-from .mutations import NONE, Mutations
 from .ring import DraftSlot, allocate_ids, host_uint32
 
 
@@ -46,11 +45,10 @@ class DeviceCombine:
     """Persistent step inputs and the two combine ops writing the persistent input ids."""
 
     def __init__(self, device: Any, width: int, cq: int = 0, other_cq: int | None = None,
-                 *, identity: bool = False, mutations: Mutations = NONE, drafts: int = 0) -> None:
-        """`other_cq`: the device's second queue, if it has one (only a planted bug uses it);
+                 *, identity: bool = False, drafts: int = 0) -> None:
+        """`other_cq`: the device's second queue, if it has one (the combine stages on `cq`);
         `identity`: also stage each row's request id (a seeded sampler keys its draws on it);
-        `mutations`: planted bugs (the mirror's); `drafts`: K draft lanes (rule 13), 0: none."""
-        self.mutations = mutations
+        `drafts`: K draft lanes (rule 13), 0: none."""
         self.width = width
         self.cq = cq
         self.other_cq = other_cq
@@ -66,7 +64,6 @@ class DeviceCombine:
         )
         self.input_ids = allocate_ids(device, width, ttnn.TILE_LAYOUT)
         """What the forward consumes: the combine's output."""
-        self._staged_positions: tuple[int, ...] = ()  # for the planted positions-stale bug
         self.k = drafts
         # With drafts: staged (ROW_MAJOR) spec and host drafts, their TILE copies, the draft
         # lanes and the base positions (allocated only then: no drafts, no change).
@@ -84,30 +81,38 @@ class DeviceCombine:
 
     def stage(self, inputs: StepInputs) -> None:
         """Host writes of the step's inputs, in queue order after the previous step's reads."""
-        cq = self.cq
-        if self._planted("stage-cq1-no-event") and self.other_cq is not None:
-            cq = self.other_cq  # planted: the other queue, with no event before the combine
-        mask = inputs.use_mirror
-        if self._planted("mask-inverted"):
-            mask = tuple(1 - m for m in mask)
-        positions = inputs.positions
-        if self._planted("positions-stale") and self._staged_positions:
-            positions = self._staged_positions
-        self._staged_positions = inputs.positions
+        cq = self._stage_cq()
         staged = [
             (inputs.host_ids, self.host_ids),
             (inputs.prev_map, self.prev_map),
-            (mask, self.use_mirror),
-            (positions, self.positions),
+            (self._mask(inputs), self.use_mirror),
+            (self._positions(inputs), self.positions),
         ]
         if self.requests is not None:
             staged.append((inputs.requests, self.requests))
         if self.spec_rows is not None:
             staged.append((inputs.spec, self.spec_rows))
-            lanes = inputs.host_drafts(self.k, self._planted("host-drafts-placeholder"))
+            lanes = self._draft_lanes(inputs)
             staged.extend(zip(lanes, self.host_drafts, strict=True))
         for values, target in staged:
             ttnn.copy_host_to_device_tensor(host_uint32(values, self.width), target, cq_id=cq)
+
+    def _stage_cq(self) -> int:
+        """The queue the host inputs are written on: the combine's, so queue order keeps them
+        after the previous step's reads and before this step's combine."""
+        return self.cq
+
+    def _mask(self, inputs: StepInputs) -> tuple[int, ...]:
+        """The use-mirror mask: 1 where a row reads the previous slot."""
+        return inputs.use_mirror
+
+    def _positions(self, inputs: StepInputs) -> tuple[int, ...]:
+        """The host positions: this step's."""
+        return inputs.positions
+
+    def _draft_lanes(self, inputs: StepInputs) -> tuple[tuple[int, ...], ...]:
+        """The K host draft lanes: each host row's drafts read back."""
+        return inputs.host_drafts(self.k)
 
     def enqueue(self, source: ttnn.Tensor, drafts: DraftSlot | None = None) -> None:
         """The device half of the combine, reading `source` (the previous step's slot) and, with
@@ -116,22 +121,27 @@ class DeviceCombine:
         Rows that take host ids still gather (index 0, discarded by `where`): one op sequence
         for every batch layout, so one captured trace serves them all.
         """
-        shift = 1 if self._planted("gather-off-by-one") else 0
         with ttnn.command_queue(self.cq):
-            for rows, tiles, plus in (
-                (source, self.source, 0),
-                (self.prev_map, self.index, shift),
-                (self.use_mirror, self.mask, 0),
-                (self.host_ids, self.fallback, 0),
+            for rows, tiles in (
+                (source, self.source),
+                (self.prev_map, self.index),
+                (self.use_mirror, self.mask),
+                (self.host_ids, self.fallback),
             ):
-                ttnn.add(rows, plus, output_tensor=tiles)
+                ttnn.add(rows, self._offset(tiles), output_tensor=tiles)
             ttnn.gather(self.source, 3, self.index, out=self.gathered)
-            chosen, other = self.gathered, self.fallback
-            if self._planted("where-swapped"):
-                chosen, other = other, chosen
+            chosen, other = self._where_operands()
             ttnn.where(self.mask, chosen, other, output_tensor=self.input_ids)
             if drafts is not None:
                 self._enqueue_drafts(drafts)
+
+    def _offset(self, tiles: ttnn.Tensor) -> int:
+        """What the conversion to TILE adds: nothing (the index is the previous-row map)."""
+        return 0
+
+    def _where_operands(self) -> tuple[ttnn.Tensor, ttnn.Tensor]:
+        """`where`'s operands: mirror rows take the gathered ids, host rows the host ids."""
+        return self.gathered, self.fallback
 
     def _enqueue_drafts(self, source: DraftSlot) -> None:
         """Draft lanes and base positions through the map (rule 13); on the compute queue."""
@@ -146,6 +156,3 @@ class DeviceCombine:
                                           strict=True):
             ttnn.gather(device_part, 3, self.index, out=self.gathered)
             ttnn.where(self.mask, self.gathered, host, output_tensor=out)
-
-    def _planted(self, bug: str) -> bool:
-        return bug in self.mutations

@@ -14,6 +14,7 @@ import torch
 
 from .backend import Backend, DraftCopy, Mirror, MirrorSpec, StepInputs, TokenLogprobs, padded_rows
 from .drafts import draft_table
+from .overrides import built
 from .probe import UINT32_MASK, forward_torch, logits_table, sample_torch
 
 
@@ -56,8 +57,12 @@ class CpuMirror:
             self._requests[:n] = torch.tensor(inputs.requests)
         if self.k:
             self._spec[:n] = torch.tensor(inputs.spec)
-            lanes = inputs.host_drafts(self.k, self._planted("host-drafts-placeholder"))
+            lanes = self._draft_lanes(inputs)
             self._host_drafts[:, :n] = torch.tensor(lanes) & UINT32_MASK
+
+    def _draft_lanes(self, inputs: StepInputs) -> tuple[tuple[int, ...], ...]:
+        """The K host draft lanes the combine stages: each host row's drafts read back."""
+        return inputs.host_drafts(self.k)
 
     def combine(self, slot: int) -> None:
         src = (slot - 1) % self.spec.slots
@@ -98,22 +103,31 @@ class CpuMirror:
         match = match * (lanes < self._spec.unsqueeze(0))  # no draft scheduled: nothing accepted
         accepted = torch.cumprod(match, dim=0).sum(dim=0)
         newest = torch.gather(tokens, 0, accepted.unsqueeze(0)).squeeze(0)
-        count = accepted + (0 if self._planted("bonus-token-dropped") else 1)  # planted: a
-        position = base + count
-        if self._planted("positions-advance-by-spec"):
-            position = base + self._spec + 1  # planted: by the 1 + spec tokens scheduled
-        if self._planted("rejected-draft-delivered"):  # planted: the drafts where scheduled
-            drafted = torch.where(lanes < self._spec.unsqueeze(0), self.input_lanes[1:],
-                                  tokens[:-1])
-            tokens = torch.cat([drafted, tokens[-1:]])
-        part = slot
-        if self._planted("draft-part-previous-slot"):
-            part = (slot - 1) % self.spec.slots  # planted: the slot the combine just read
+        count = self._counted(accepted)
+        position = self._advanced(base, count)
+        tokens = self._run(tokens)
+        part = self._draft_part(slot)
         self.ring[slot] = newest
         self.ring_tokens[part] = tokens
         self.ring_counts[part] = count
         self.ring_positions[part] = position
         self.ring_drafts[part] = self._propose(newest, position)
+
+    def _counted(self, accepted: torch.Tensor) -> torch.Tensor:
+        """A row's count: its accepted drafts and the target's token after them."""
+        return accepted + 1
+
+    def _advanced(self, base: torch.Tensor, count: torch.Tensor) -> torch.Tensor:
+        """The newest token's position: advanced by the tokens the row yields."""
+        return base + count
+
+    def _run(self, tokens: torch.Tensor) -> torch.Tensor:
+        """[K + 1, rows]: the run a row yields is the target's tokens, lane by lane."""
+        return tokens
+
+    def _draft_part(self, slot: int) -> int:
+        """Whose draft part the launch writes: its own slot's."""
+        return slot
 
     def _lane(self, j: int, positions: torch.Tensor, slot: int) -> torch.Tensor:
         """The target's token after input lane j at `positions` (lane j of the slot's step)."""
@@ -132,8 +146,6 @@ class CpuMirror:
         # The copy is the readback: synchronous on the host.
         if self.k:
             counts = tuple(self.ring_counts[slot].tolist())
-            if self._planted("count-from-wrong-row"):
-                counts = counts[1:] + counts[:1]  # planted: each row's count from the next row
             return (self.ring[slot].clone(), DraftCopy(
                 tokens=tuple(map(tuple, self.ring_tokens[slot].T.tolist())), counts=counts,
                 drafts=tuple(map(tuple, self.ring_drafts[slot].T.tolist()))))
@@ -154,10 +166,6 @@ class CpuMirror:
 
     def abandon(self, pending: Any) -> None:
         pass  # the copy was made on the host at issue: nothing is still writing into it
-
-    def _planted(self, bug: str) -> bool:
-        """Is `bug` planted in this mirror (`MirrorSpec.mutations`)?"""
-        return bug in self.spec.mutations
 
     def describe(self) -> dict[str, Any]:
         return {"launches": self.launches, "trace": False}
@@ -184,7 +192,7 @@ class CpuBackend(Backend):
         if spec.logprobs:
             raise ValueError("the probe forward computes no logprobs: open the mirror with "
                              "logprobs=0, or serve a decoder model (ServingBackend)")
-        return CpuMirror(spec)
+        return built(CpuMirror, spec.overrides)(spec)
 
     def info(self) -> dict[str, Any]:
         return {"torch": torch.__version__}

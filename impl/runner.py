@@ -25,8 +25,9 @@ submission is atomic); the caller then decides, with `fail_step`, what the failu
 
 `abstract()` returns an immutable snapshot of everything an abstraction function needs, and
 `events` records every accepted call as the model's action (`events.py`). A step's rows are
-`rows.Row` records throughout. Planted bugs are a value of the configuration
-(`RunnerConfig.mutations`); each is tested beside the decision it corrupts.
+`rows.Row` records throughout. Each decision a caller may specialise is a method of its own
+(`_previous_rows`, `_release_blocker`, ...): an override (`overrides.py`) redefines one, and
+`make_runner` builds the runner with the overrides its configuration names.
 """
 
 from __future__ import annotations
@@ -42,7 +43,7 @@ from typing import Any, NamedTuple
 from .backend import Backend, DraftCopy, Mirror, MirrorSpec, StepInputs, TokenLogprobs
 from .drafts import DraftSpec
 from .events import EventLog
-from .mutations import NONE, Mutations, mutations
+from .overrides import NONE, Overrides, built
 from .probe import ProbeSpec
 from .rows import Row
 
@@ -121,9 +122,9 @@ class RunnerConfig:
     readback_timeout_s: float | None = None
     """How long `readback_complete` waits for the copy's event before it raises `DeviceFault`
     (None: as long as it takes)."""
-    mutations: Mutations = NONE
-    """Planted bugs (`mutations.py`), for the conformance suite's kill matrix; none by default.
-    The runner hands them to its mirror."""
+    overrides: Overrides = NONE
+    """Decision overrides (`overrides.py`) of the runner and its mirror; none by default (the
+    conformance suite plants its bugs as overrides). The runner hands them to its mirror."""
     drafts: DraftSpec | None = None
     """Speculative decoding (spec rule 13): K drafts per decoding row that was in the previous
     step, verified on the device; None = no drafts."""
@@ -133,7 +134,6 @@ class RunnerConfig:
     caller's `schedule(order, drafts)`); False: every eligible request, K drafts each."""
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "mutations", mutations(self.mutations))
         if self.logprobs < 0:
             raise ValueError(f"logprobs must be 0 or more, got {self.logprobs}")
         if self.depth not in (1, 2):
@@ -207,7 +207,7 @@ class RunnerView(NamedTuple):
 
 
 @dataclass
-class _Step:
+class Step:
     index: int
     slot: int
     src_slot: int | None
@@ -251,6 +251,12 @@ class _Request:
     """With drafts: the drafts read back with its newest delivered token."""
 
 
+def make_runner(backend: Backend, config: RunnerConfig | None = None) -> Runner:
+    """A runner over `backend`: a `Runner`, with the overrides `config` names."""
+    config = config or RunnerConfig()
+    return built(Runner, config.overrides)(backend, config)
+
+
 class Runner:
     """Host state and phases of the mirrored sampled ids on one backend."""
 
@@ -259,7 +265,7 @@ class Runner:
         self.config = config or RunnerConfig()
         self.mirror: Mirror | None = None
         self.next_slot = 0
-        self.queue: list[_Step] = []
+        self.queue: list[Step] = []
         self.slots = [_Slot() for _ in range(self.config.slots)]
         self.requests: dict[int, _Request] = {}
         self._open: set[int] = set()
@@ -268,7 +274,6 @@ class Runner:
         self.steps = 0  # steps scheduled since load
         self.last_runs: dict[int, tuple[int, ...]] = {}
         """With drafts: the tokens each request got from the last apply, in order."""
-        self._applied_rows: dict[int, int] = {}  # for the planted prev-row-two-back bug
         self.events = EventLog(self.config.record_events)
         """Every call accepted, as the model's action with its parameters."""
         self.stats: Counter[str] = Counter()
@@ -306,8 +311,7 @@ class Runner:
 
     def held_for_host(self, req: int) -> bool:
         """A host-sync request waits for its step in flight to be applied."""
-        return (self.requests[req].host_sync and self.has_step_in_flight(req)
-                and not self._planted("host-sync-unguarded"))
+        return self.requests[req].host_sync and self.has_step_in_flight(req)
 
     def next_pos(self, req: int) -> int:
         """Position of `req`'s newest token: delivered ones plus those still in flight. With
@@ -359,7 +363,7 @@ class Runner:
             self.mirror = self.backend.open_mirror(
                 MirrorSpec(rows=c.rows, slots=c.slots, probe=c.probe, trace=c.trace,
                            logprobs=c.logprobs, readback_timeout_s=c.readback_timeout_s,
-                           mutations=c.mutations, report=self._device_event, drafts=c.drafts)
+                           overrides=c.overrides, report=self._device_event, drafts=c.drafts)
             )
         except (PhaseError, NotImplementedError):  # a refusal of ours, or no such path here
             raise
@@ -478,14 +482,19 @@ class Runner:
         r = self._request("resume", req)
         if r.status != Status.PREEMPTED:
             raise PhaseError(f"resume(r{req}): it is {r.status.name}, not PREEMPTED")
-        owed = self.owed(req)
-        if owed and not self._planted("resume-with-placeholder"):
-            raise PhaseError(
-                f"resume(r{req}): it still owns {owed} placeholder(s): its in-flight token is "
-                "delivered first (apply), or its prefill would read a placeholder"
-            )
+        blocker = self._resume_blocker(req)
+        if blocker is not None:
+            raise PhaseError(f"resume(r{req}): {blocker}")
         r.status = Status.WAITING
         self.events.record("resume", (req,))
+
+    def _resume_blocker(self, req: int) -> str | None:
+        """Why preempted `req` may not wait again yet: placeholders it still owns (keep)."""
+        owed = self.owed(req)
+        if owed:
+            return (f"it still owns {owed} placeholder(s): its in-flight token is delivered "
+                    "first (apply), or its prefill would read a placeholder")
+        return None
 
     def chunk_prefill(self, req: int, partial: bool) -> None:
         """Whether `req`'s next row is a partial-prefill row (its id discarded) or ends its
@@ -500,10 +509,12 @@ class Runner:
         if owed:
             raise PhaseError(f"chunk_prefill(r{req}): it owns {owed} placeholder(s); a prefill "
                              "chunk reads host ids, which lack its newest token")
-        if self._planted("last-chunk-stays-partial"):
-            partial = True  # planted: the chunk that ends the prefill is partial too, forever
-        r.prefill_left = int(partial)
+        r.prefill_left = int(self._chunk_is_partial(partial))
         self.events.record("chunk_prefill", (req, int(partial)))
+
+    def _chunk_is_partial(self, partial: bool) -> bool:
+        """Whether the next chunk is a partial-prefill row: as the serving loop says."""
+        return partial
 
     # --- step phases -----------------------------------------------------------------------------
     def schedule(self, order: Sequence[int] | None = None,
@@ -523,7 +534,7 @@ class Runner:
             self._count_freedoms(rows_order, counts, due)
         prev = self.queue[-1] if self.queue else None
         rows = self._rows(rows_order, prev, counts)
-        step = _Step(
+        step = Step(
             index=self.steps,
             slot=self.next_slot,
             src_slot=prev.slot if prev is not None and any(r.from_mirror for r in rows) else None,
@@ -616,27 +627,33 @@ class Runner:
                                  f"{top} (rule 13)")
         return list(drafts)
 
-    def _rows(self, rows_order: list[int], prev: _Step | None,
+    def _rows(self, rows_order: list[int], prev: Step | None,
               counts: list[int]) -> tuple[Row, ...]:
         """The rows of a step over `rows_order`: each request's position, and where its newest
         token is read from (the guard: the previous step's slot while it is in flight there)."""
         prev_rows = self._previous_rows(prev)
-        guard = self.config.guard and not self._planted("guard-off")
+        guard = self._guarded()
         rows = []
         for i, r in enumerate(rows_order):
             req = self.requests[r]
             # Arrived and resumed requests prefill from host ids, and a host-sync request's next
             # input is built on the host: none of them reads the mirror.
             from_host = req.status == Status.WAITING or req.host_sync
-            prev_row = prev_rows.get(r) if guard and not from_host else None
-            if prev_row is not None and self._planted("prev-row-not-remapped"):
-                prev_row = i  # planted: rows assumed not to move between steps
+            prev_row = self._prev_row(i, prev_rows.get(r)) if guard and not from_host else None
             partial = req.prefill_left > 0
             if self.config.drafts is None:
                 rows.append(Row(req=r, pos=self.next_pos(r), prev_row=prev_row, partial=partial))
             else:
                 rows.append(self._drafted_row(r, prev_row, partial, counts[i]))
         return tuple(rows)
+
+    def _guarded(self) -> bool:
+        """The stale-host-ids guard: rows whose newest token is in flight read the mirror."""
+        return self.config.guard
+
+    def _prev_row(self, i: int, prev_row: int | None) -> int | None:
+        """Row i's entry of the previous-row map: its request's row in the previous step."""
+        return prev_row
 
     def _drafted_row(self, r: int, prev_row: int | None, partial: bool, spec: int) -> Row:
         """A row with `spec` drafts (rule 13; at most K, those the drafter proposed after its
@@ -646,16 +663,13 @@ class Runner:
         req = self.requests[r]
         if prev_row is not None:
             return Row(req=r, pos=-1, prev_row=prev_row, partial=partial, spec=spec)
-        drafts = req.host_drafts[:spec] if spec else ()
-        if not spec and req.delivered and not partial and self._planted(
-                "reentering-drafts-from-device"):
-            # planted: a request re-entering past its prompt is scheduled with K placeholder
-            # drafts, for a device that holds none for it
-            assert self.config.drafts is not None  # a row with drafts: the runner has them
-            spec = self.config.drafts.k
-            drafts = (PLACEHOLDER_ID,) * spec
+        spec, drafts = self._host_drafts(r, partial, spec)
         return Row(req=r, pos=len(req.delivered) + req.placeholders, prev_row=None,
                    partial=partial, spec=spec, drafts=drafts)
+
+    def _host_drafts(self, r: int, partial: bool, spec: int) -> tuple[int, tuple[int, ...]]:
+        """A host row's drafts: the first `spec` of those read back (none re-entering)."""
+        return spec, (self.requests[r].host_drafts[:spec] if spec else ())
 
     def spec_due(self, req: int, partial: bool = False) -> int:
         """Drafts `req`'s row of the next step may carry (rule 13): K if the drafter proposed
@@ -665,24 +679,13 @@ class Runner:
         ready = r.drafts_ready and r.status != Status.WAITING and not partial
         return drafts.k if drafts is not None and ready else 0
 
-    def _previous_rows(self, prev: _Step | None) -> dict[int, int]:
+    def _previous_rows(self, prev: Step | None) -> dict[int, int]:
         """The previous-row map's source: each request's row in the previous in-flight step,
         where that row will have sampled its newest token."""
         if prev is None:
             return {}
-        feeds = self._planted("partial-prefill-feeds-mirror")
-        rows = {row.req: i for i, row in enumerate(prev.rows)
-                if row.live and (feeds or not row.partial)}  # a partial row's id is discarded
-        if self._planted("prev-row-skips-dropped"):  # planted: dropped rows are not counted
-            rows = {row.req: i for i, row in enumerate(r for r in prev.rows if r.live)}
-        if self._planted("prev-row-by-id-rank"):
-            # planted: a request's row is its rank by id (right only while rows keep id order)
-            by_id = sorted(row.req for row in prev.rows)
-            rows = {r: by_id.index(r) for r in rows}
-        if self._planted("prev-row-two-back"):
-            # planted: rows as of the last applied step, one behind while a step is in flight
-            rows = {r: self._applied_rows.get(r, i) for r, i in rows.items()}
-        return rows
+        # A partial row's id is discarded: it feeds nothing.
+        return {row.req: i for i, row in enumerate(prev.rows) if row.live and not row.partial}
 
     def _count_scheduled(self, rows: tuple[Row, ...]) -> None:
         """What a new step's rows did: moved, re-entered, held back for the host."""
@@ -701,12 +704,9 @@ class Runner:
     def combine(self, q: int) -> None:
         """Stage step q's host ids, previous-row map and mask, then combine on device."""
         step = self._step("combine", q, Phase.SCHEDULED)
-        if q > 0 and self.queue[q - 1].phase < Phase.LAUNCHED and not self._planted(
-                "combine-before-launch"):
-            raise PhaseError(
-                f"combine(q={q}): the previous step is {self.queue[q - 1].phase.name}; its "
-                "sampler must have written its slot (launch it first)"
-            )
+        blocker = self._combine_blocker(q)
+        if blocker is not None:
+            raise PhaseError(f"combine(q={q}): {blocker}")
         if step.src_slot is not None and self.slots[step.src_slot].released:
             raise PhaseError(f"combine(q={q}): slot {step.src_slot} was released under it")
         rows = tuple(self._staged(row) for row in step.rows)
@@ -722,16 +722,24 @@ class Runner:
         step.phase = Phase.COMBINED
         self._record_phase("combine", step, q, rows=rows)
 
+    def _combine_blocker(self, q: int) -> str | None:
+        """Why step q may not combine yet: the previous step's sampler has not written."""
+        if q > 0 and self.queue[q - 1].phase < Phase.LAUNCHED:
+            return (f"the previous step is {self.queue[q - 1].phase.name}; its sampler must "
+                    "have written its slot (launch it first)")
+        return None
+
     def _staged(self, row: Row) -> Row:
         """`row` as the combine stages it: a live row reading host ids takes the host token table's
         id at its position (a dropped row's output is never delivered: it stages nothing)."""
         if not row.live or row.prev_row is not None:
             return row
-        pos = row.pos
-        if pos > 0 and self.requests[row.req].preemptions and self._planted(
-                "stale-host-id-on-resume"):
-            pos -= 1  # planted: a resumed request's host id one position stale
+        pos = self._host_pos(row)
         return row._replace(host_pos=pos, host_id=self.host_token(row.req, pos))
+
+    def _host_pos(self, row: Row) -> int:
+        """Where a host row's input id is in its request's host token table: its position."""
+        return row.pos
 
     def launch(self, q: int) -> None:
         """Forward + sample for step q; the sampler writes the step's slot."""
@@ -739,11 +747,7 @@ class Runner:
         blocker = self._reader_outstanding(step.slot, q)
         if blocker is not None:
             raise SlotBusyError(f"launch(q={q}): slot {step.slot} {blocker}; raise K (slots)")
-        assert self.mirror is not None
-        if self._planted("event-before-device-call"):  # planted: recorded before it happened
-            self._record_phase("launch", step, q)
-        with self.device_call("launch", q):
-            self.mirror.launch(step.slot)
+        self._launch_on_device(step, q)
         slot = self.slots[step.slot]
         if slot.written:
             self.stats["slot_reuses"] += 1
@@ -752,10 +756,15 @@ class Runner:
         slot.written, slot.released, slot.writer = True, False, step.index
         step.phase = Phase.LAUNCHED
         self.stats["launches"] += 1
-        if not self._planted("event-before-device-call"):
-            self._record_phase("launch", step, q)
+        self._record_phase("launch", step, q)
 
-    def _record_phase(self, action: str, step: _Step, q: int, **detail: Any) -> None:
+    def _launch_on_device(self, step: Step, q: int) -> None:
+        """The launch's device call (its event is recorded once it happened)."""
+        assert self.mirror is not None
+        with self.device_call("launch", q):
+            self.mirror.launch(step.slot)
+
+    def _record_phase(self, action: str, step: Step, q: int, **detail: Any) -> None:
         """A step phase's event, with the step's phase as the runner's state shows it."""
         self.events.record(action, (q,), phase=step.phase.name.lower(), **detail)
 
@@ -807,13 +816,12 @@ class Runner:
             raise PhaseError(f"apply: the oldest step's readback is not complete ({state})")
         step = self.queue.pop(0)
         assert step.host_copy is not None
-        self._applied_rows = {row.req: i for i, row in enumerate(step.rows) if row.live}
         self.last_runs = {}
         delivered = {}
         for i, (row, token) in enumerate(zip(step.rows, step.host_copy, strict=True)):
             if row.partial:
                 continue  # a partial prefill's id is no token of the sequence
-            if not row.live and not self._planted("deliver-dropped"):
+            if not self._delivers(row):
                 continue  # finished, aborted or preempted (drop) since scheduling: dropped
             r = self.requests[row.req]
             if row.live and r.status == Status.PREEMPTED:
@@ -835,6 +843,10 @@ class Runner:
                            counts=tuple(sorted((req, len(self.requests[req].delivered))
                                                for req in delivered)))
         return delivered
+
+    def _delivers(self, row: Row) -> bool:
+        """Whether apply delivers a (not partial) row's token: only while it is live."""
+        return row.live
 
     def _deliver_run(self, row: Row, r: _Request, copy: DraftCopy, i: int) -> int:
         """With drafts: deliver row i's run (its accepted drafts and the target's token after
@@ -878,25 +890,33 @@ class Runner:
             raise PhaseError(f"fail_step(q={q}): its readback completed; apply it")
         failed = sorted({row.req for row in step.rows if row.live})
         for req in failed:
-            if self._planted("fault-spares-later-rows"):  # planted: only this step's rows go
-                step.rows = tuple(r._replace(live=False) if r.live and r.req == req else r
-                                  for r in step.rows)
-            else:
-                self._drop(req, "fault_in_flight")
+            self._drop_failed(step, req)
             r = self.requests[req]
             r.status, r.closed_at, r.unchecked, r.error = (
                 Status.FAILED, len(r.delivered), False, reason)
-        if step.pending is not None and not self._planted("fault-drops-pending-copy"):
-            assert self.mirror is not None
-            self.mirror.abandon(step.pending)  # the copy may still land: its host tensor stays
+        if step.pending is not None:
+            self._abandon_copy(step)
         step.pending = None
         del self.queue[q]
-        if q == len(self.queue) and not self._planted("fault-keeps-ring-position"):
-            self.next_slot = step.slot  # the newest: the ring position goes back to its slot
+        if q == len(self.queue):
+            self._rewind_ring(step)
         self.stats["faults"] += 1
         self.stats["failed_requests"] += len(failed)
         self.events.record("fault", (q,), phase=step.phase.name.lower(), failed=tuple(failed))
         return failed
+
+    def _drop_failed(self, step: Step, req: int) -> None:
+        """A failed request's rows go, in every in-flight step."""
+        self._drop(req, "fault_in_flight")
+
+    def _abandon_copy(self, step: Step) -> None:
+        """A failed step's readback copy may still land: the mirror keeps its host tensor."""
+        assert self.mirror is not None
+        self.mirror.abandon(step.pending)
+
+    def _rewind_ring(self, step: Step) -> None:
+        """The newest step failed: the ring position goes back to its slot."""
+        self.next_slot = step.slot
 
     def close(self) -> None:
         if self.mirror is not None:
@@ -974,7 +994,7 @@ class Runner:
             raise PhaseError(f"{name}(r{req}): it never arrived")
         return r
 
-    def _step(self, name: str, q: int, phase: Phase) -> _Step:
+    def _step(self, name: str, q: int, phase: Phase) -> Step:
         self._need_allocated(name)
         if not 0 <= q < len(self.queue):
             raise PhaseError(f"{name}(q={q}): {len(self.queue)} steps in flight")
@@ -998,10 +1018,6 @@ class Runner:
         if self.config.drafts is not None:  # its placeholders go with its rows
             self.requests[req].placeholders, self.requests[req].drafts_ready = 0, False
 
-    def _planted(self, bug: str) -> bool:
-        """Is `bug` planted in this runner (`RunnerConfig.mutations`)?"""
-        return bug in self.config.mutations
-
     def _reader_outstanding(self, slot: int, q: int) -> str | None:
         """Why step q may not write `slot` now: its writer's readback or a later combine."""
         for j, step in enumerate(self.queue):
@@ -1020,17 +1036,17 @@ class Runner:
             return "it was never written"
         if s.released:
             return "it is already released"
-        # planted: readback issued counts as done (always, or while the pipeline drains)
-        early = self._planted("release-at-issue") or (
-            self._planted("release-when-draining") and not self.eligible())
         for step in self.queue:
-            writing = step.slot == slot and step.phase >= Phase.LAUNCHED
-            if writing and not (early and step.phase >= Phase.READBACK_ISSUED):
+            if step.slot == slot and self._writer_holds(step):
                 return f"its writer, step {step.index}, has not been applied"
-            if (
-                step.src_slot == slot
-                and step.phase == Phase.SCHEDULED
-                and not self._planted("release-under-combine")
-            ):
+            if step.src_slot == slot and self._combine_reads(step):
                 return f"step {step.index}'s combine still reads it"
         return None
+
+    def _writer_holds(self, step: Step) -> bool:
+        """In-flight step holds the slot it wrote until it is applied."""
+        return step.phase >= Phase.LAUNCHED
+
+    def _combine_reads(self, step: Step) -> bool:
+        """In-flight step still reads its source slot: until its combine ran."""
+        return step.phase == Phase.SCHEDULED

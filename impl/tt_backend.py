@@ -43,6 +43,7 @@ from .backend import (
 from .combine import DeviceCombine
 from .devices import DeviceProvider, default_provider, device_info, provider_of
 from .drafts import draft_table
+from .overrides import built
 from .ring import Ring
 from .trace import DecodeTraces
 from .tt_model import TtProbeModel
@@ -63,7 +64,8 @@ class PendingReadback:
     """Host copies of the slot's logprob part (values, ids), under the same event: one pair,
     or with drafts one per lane."""
     logprobs_event: Any = None
-    """The logprob copies' own event (only with `logprob-fence-ids-only` planted)."""
+    """The logprob copies' own event, where a mirror records one (none does by default: one
+    event covers the ids and the logprob part)."""
     issued: int = 0
     """Its place among the readbacks issued on the readback queue (they complete in order)."""
     drafts: tuple[ttnn.Tensor, ...] | None = None
@@ -86,15 +88,13 @@ class TtMirror:
         self.ring = Ring(device, spec.rows, spec.slots, spec.logprobs, drafts=k)
         other = readback_cq if readback_cq != COMPUTE_CQ else None
         seeded = model is None and spec.probe.sampling is not None
-        self.combiner = DeviceCombine(device, self.ring.width, COMPUTE_CQ, other, identity=seeded,
-                                      mutations=spec.mutations, drafts=k)
+        self.combiner = built(DeviceCombine, spec.overrides)(
+            device, self.ring.width, COMPUTE_CQ, other, identity=seeded, drafts=k)
         self.model = (
             model
             if model is not None
-            else TtProbeModel(
-                device, spec.probe, self.ring.width, COMPUTE_CQ, requests=self.combiner.requests,
-                mutations=spec.mutations,
-            )
+            else built(TtProbeModel, spec.overrides)(
+                device, spec.probe, self.ring.width, COMPUTE_CQ, requests=self.combiner.requests)
         )
         self.verify = self._verifier(device, model) if spec.drafts is not None else None
         self._launched: list[Any] = [None] * spec.slots  # CQ0 event after the slot's writer
@@ -119,13 +119,13 @@ class TtMirror:
         runs its own lanes and drafter (`LaneTarget`, `Drafter`)."""
         assert self.spec.drafts is not None
         width, k = self.ring.width, self.spec.drafts.k
+        verify = built(DeviceVerify, self.spec.overrides)
         if model is not None:
-            return DeviceVerify(device, k, width, self.combiner, model, model, COMPUTE_CQ,
-                                mutations=self.spec.mutations)
+            return verify(device, k, width, self.combiner, model, model, COMPUTE_CQ)
         drafter = HeadDrafter(device, draft_table(self.spec.probe, self.spec.drafts), width,
                               COMPUTE_CQ)
-        return DeviceVerify(device, k, width, self.combiner, ProbeLanes(self.model), drafter,
-                            COMPUTE_CQ, mutations=self.spec.mutations)
+        return verify(device, k, width, self.combiner, ProbeLanes(self.model), drafter,
+                      COMPUTE_CQ)
 
     def _next_issue(self) -> int:
         self._issued += 1
@@ -144,23 +144,26 @@ class TtMirror:
     def _forward(self, slot: int) -> None:
         """Forward + sample into the slot (and its logprob part, when the ring has one); with
         drafts, the launch that verifies and drafts, writing the slot and its draft part."""
-        target = 0 if self._planted("ring-reuse-k1") else slot  # planted: K=1 reuse
+        target = self._written_slot(slot)
         part = self.ring.logprobs[target] if self.ring.logprobs else None
         if self.verify is not None:
-            at = target
-            if self._planted("draft-part-previous-slot"):
-                at = self.ring.source_of(target)  # planted: the slot the combine just read
-            draft = self.ring.drafts[at]
+            draft = self.ring.drafts[self._draft_part(target)]
             lanes = (part, *draft.logprobs) if part is not None else None
             self.verify.enqueue(self.ring[target], draft, lanes)
             return
         self.model.forward(self.combiner.input_ids, self.combiner.positions, self.ring[target],
                            logprobs=part)
 
+    def _written_slot(self, slot: int) -> int:
+        """The slot a launch into `slot` writes: that one."""
+        return slot
+
+    def _draft_part(self, slot: int) -> int:
+        """Whose draft part the launch that writes `slot` writes: that slot's."""
+        return slot
+
     def _source(self, slot: int) -> int:
         """The slot the combine for `slot` reads: the previous step's."""
-        if self._planted("gather-current-slot"):
-            return slot  # planted: the slot this step is about to write
         return self.ring.source_of(slot)
 
     # --- the Mirror protocol ---------------------------------------------------------------------
@@ -192,20 +195,10 @@ class TtMirror:
         cq = self.readback_cq
         pending = PendingReadback(slot, None, None, issued=self._next_issue())
         try:
-            if cq != COMPUTE_CQ and not self._planted("readback-cq1-no-wait"):
-                ttnn.wait_for_event(cq, self._launched[slot])  # the copy starts after the sampler
+            if cq != COMPUTE_CQ:
+                self._wait_for_launch(slot, cq)
             pending.host = self.ring[slot].cpu(blocking=False, cq_id=cq)
-            # The ids and the logprob part are one unit: both copies before the one event that
-            # the host waits on and the slot's next write is fenced by.
-            late = self._planted("logprobs-after-event")  # planted: the event misses the logprobs
-            own = self._planted("logprob-fence-ids-only")  # planted: their own event, unfenced
-            pending.logprobs = self._copy_logprobs(slot, cq) if not (late or own) else None
-            pending.drafts = self._copy_drafts(slot, cq)
-            pending.event = ttnn.record_event(self.device, cq_id=cq)
-            if late or own:
-                pending.logprobs = self._copy_logprobs(slot, cq)
-            if own and pending.logprobs is not None:
-                pending.logprobs_event = ttnn.record_event(self.device, cq_id=cq)
+            self._copy_parts(pending, cq)
         except RuntimeError:
             if pending.host is not None:  # a copy was enqueued: its host tensor must outlive it
                 self._abandoned.append(pending)
@@ -214,6 +207,17 @@ class TtMirror:
             raise
         self._read[slot] = pending.event
         return pending
+
+    def _wait_for_launch(self, slot: int, cq: int) -> None:
+        """On the readback queue: the copy starts after the slot's sampler (its event)."""
+        ttnn.wait_for_event(cq, self._launched[slot])
+
+    def _copy_parts(self, pending: PendingReadback, cq: int) -> None:
+        """The slot's logprob and draft parts, copied before the one event: the ids and their
+        parts are one unit, which the host waits on and the slot's next write is fenced by."""
+        pending.logprobs = self._copy_logprobs(pending.slot, cq)
+        pending.drafts = self._copy_drafts(pending.slot, cq)
+        pending.event = ttnn.record_event(self.device, cq_id=cq)
 
     def _copy_logprobs(self, slot: int, cq: int
                        ) -> tuple[tuple[ttnn.Tensor, ttnn.Tensor], ...] | None:
@@ -242,8 +246,6 @@ class TtMirror:
         k = len(self.ring.drafts[0].drafts)
         lanes = [[int(v) for v in ttnn.to_torch(t).reshape(-1).tolist()] for t in pending.drafts]
         tokens, (counts,), drafts = lanes[: k + 1], lanes[k + 1: k + 2], lanes[k + 2:]
-        if self._planted("count-from-wrong-row"):
-            counts = counts[1:] + counts[:1]  # planted: each row's count from the next row
         return DraftCopy(tokens=tuple(zip(*tokens, strict=True)), counts=tuple(counts),
                          drafts=tuple(zip(*drafts, strict=True)))
 
@@ -260,10 +262,6 @@ class TtMirror:
         return rows
 
     def readback_complete(self, pending: Any) -> list[int]:
-        if self._planted("host-read-before-event"):
-            values = self._host_read(pending)
-            self._wait(pending)
-            return values
         self._wait(pending)
         return self._host_read(pending)
 
@@ -291,7 +289,7 @@ class TtMirror:
 
     @staticmethod
     def _synchronize(pending: PendingReadback) -> None:
-        """Block until the copy's event (and a planted second one) fired."""
+        """Block until the copy's event (and the logprob part's own, where there is one) fired."""
         ttnn.event_synchronize(pending.event)
         if pending.logprobs_event is not None:
             ttnn.event_synchronize(pending.logprobs_event)
@@ -305,10 +303,6 @@ class TtMirror:
         assert pending.host is not None
         values = ttnn.to_torch(pending.host).reshape(-1)
         return [int(v) for v in values.tolist()]
-
-    def _planted(self, bug: str) -> bool:
-        """Is `bug` planted in this mirror (`MirrorSpec.mutations`)?"""
-        return bug in self.spec.mutations
 
     def describe(self) -> dict[str, Any]:
         return {
@@ -386,7 +380,7 @@ class TtBackend(Backend):
         if readback_cq is None:
             two = self._owns_device or _num_command_queues(device) >= 2
             readback_cq = 1 if two else COMPUTE_CQ
-        return TtMirror(device, spec, readback_cq)
+        return built(TtMirror, spec.overrides)(device, spec, readback_cq)
 
     def close(self) -> None:
         if self._owns_device and self.device is not None:

@@ -32,9 +32,8 @@ import torch
 import ttnn
 
 from .devices import provider_of
-from .mutations import NONE, Mutations
 from .probe import SAMPLING_K, ProbeSpec, logits_table
-from .ring import LogprobSlot, allocate_ids, ids_shape
+from .ring import LogprobSlot, allocate_ids
 
 
 def _tile(device: Any, values: torch.Tensor, dtype: ttnn.DataType, cq: int) -> ttnn.Tensor:
@@ -80,11 +79,8 @@ class GreedyHead:
 class TtProbeModel:
     def __init__(
         self, device: Any, spec: ProbeSpec, width: int, cq: int = 0, *, requests: Any = None,
-        mutations: Mutations = NONE,
     ) -> None:
-        """`requests`: the device tensor of each row's request id (the seeded sampler's key);
-        `mutations`: planted bugs (the mirror's)."""
-        self.mutations = mutations
+        """`requests`: the device tensor of each row's request id (the seeded sampler's key)."""
         self.device = device
         self.cq = cq
         self.spec = spec
@@ -122,11 +118,6 @@ class TtProbeModel:
             _row_major(device, torch.ones(width, dtype=torch.bfloat16), ttnn.bfloat16, cq)
             for _ in range(2)
         )
-        # Only the planted keying bugs use these: the rows' indices, and a device step counter.
-        self.row_ids = _row_major(device, torch.arange(width, dtype=torch.int32).reshape(
-            ids_shape(width)), ttnn.uint32, cq)
-        self.steps = _row_major(device, torch.zeros(ids_shape(width), dtype=torch.int32),
-                                ttnn.uint32, cq)
 
     def forward(self, input_ids: ttnn.Tensor, positions: ttnn.Tensor, slot: ttnn.Tensor,
                 logprobs: LogprobSlot | None = None) -> None:
@@ -142,16 +133,12 @@ class TtProbeModel:
             ttnn.typecast(self.onehot, ttnn.bfloat16, output_tensor=self.onehot_bf16)
             ttnn.matmul(self.onehot_bf16, self.table, transpose_a=True,
                         optional_output_tensor=self.logits)
-            requests, keyed_positions = self.requests, positions
-            if self._planted("sampler-keyed-by-row"):
-                requests = self.row_ids  # planted: the draw follows the row, not the request
-            if self._planted("sampler-keyed-by-step"):
-                ttnn.plus_one(self.steps)  # planted: the draw follows a device step counter
-                keyed_positions = self.steps
+            requests, keyed_positions = self._sampling_key(positions)
             self._provider.bind_sampling_identity(self.device, requests, keyed_positions)
             assert self.spec.sampling is not None  # seeded: the greedy head returned above
             ttnn.sampling(self.logits, self.indices, self.k, self.p, self.temp,
                           seed=int(self.spec.sampling), output_tensor=slot)
 
-    def _planted(self, bug: str) -> bool:
-        return bug in self.mutations
+    def _sampling_key(self, positions: ttnn.Tensor) -> tuple[Any, ttnn.Tensor]:
+        """What a seeded draw is keyed on: each row's request and position."""
+        return self.requests, positions

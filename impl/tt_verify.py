@@ -38,7 +38,6 @@ from typing import Any, Protocol
 import ttnn
 
 from .combine import DeviceCombine
-from .mutations import NONE, Mutations
 from .ring import DraftSlot, LogprobSlot, allocate_ids
 from .tt_model import GreedyHead, TtProbeModel
 
@@ -97,11 +96,8 @@ class DeviceVerify:
     and the drafter."""
 
     def __init__(self, device: Any, k: int, width: int, combine: DeviceCombine,
-                 target: LaneTarget, drafter: Drafter, cq: int = 0, *,
-                 mutations: Mutations = NONE) -> None:
-        """`mutations`: planted bugs (the mirror's)."""
+                 target: LaneTarget, drafter: Drafter, cq: int = 0) -> None:
         self.k = k
-        self.mutations = mutations
         self.cq = cq
         self.combine = combine
         self.target = target
@@ -118,11 +114,6 @@ class DeviceVerify:
         self.spec_zero, self.m1, self.newest = scratch(3)
         self.second = scratch(5) if k == 2 else []
         """K = 2 only: eq(spec, 2), m1 AND m2, p2, a, where(m1, t1, t0)."""
-        # Scratch only a planted bug writes (a TILE and a ROW_MAJOR id tensor).
-        planted = self._planted("rejected-draft-delivered") or self._planted(
-            "positions-advance-by-spec")
-        self.spare = allocate_ids(device, width, tile) if planted else None
-        self.spare_rows = allocate_ids(device, width) if planted else None
 
     def enqueue(self, ids: ttnn.Tensor, slot: DraftSlot,
                 logprobs: Sequence[LogprobSlot] | None = None) -> None:
@@ -130,14 +121,11 @@ class DeviceVerify:
         (and, with `logprobs`, each lane's logprob part)."""
         lanes, spec, base = self.combine.lanes, self.combine.spec, self.combine.base
         assert spec is not None and base is not None
-        # planted: the run's draft lanes written after verification, from the draft inputs
-        late = self.k if self._planted("rejected-draft-delivered") else 0
         for j in range(self.k + 1):
             if j:
                 with ttnn.command_queue(self.cq):
                     ttnn.add(base, j, output_tensor=self.lane_positions[j])
-            target = self.spare_rows if j < late else slot.tokens[j]
-            assert target is not None
+            target = slot.tokens[j]
             self.target.lane(j, lanes[j], self.lane_positions[j], spec, target,
                              logprobs[j] if logprobs else None)
             with ttnn.command_queue(self.cq):
@@ -159,32 +147,20 @@ class DeviceVerify:
                 ttnn.add(self.m1, p2, output_tensor=accepted)
                 ttnn.where(self.m1, tok[1], tok[0], output_tensor=n1)
                 ttnn.where(p2, tok[2], n1, output_tensor=self.newest)
-            if late:
-                self._drafts_as_run(slot)
-            ttnn.add(self.newest, 0, output_tensor=ids)
-            bonus = 0 if self._planted("bonus-token-dropped") else 1  # planted: a, not a + 1
-            ttnn.add(accepted, bonus, output_tensor=slot.count)
-            if self._planted("positions-advance-by-spec"):
-                # planted: advanced by the 1 + spec tokens scheduled
-                assert self.spare is not None
-                ttnn.add(spec, 1, output_tensor=self.spare)
-                ttnn.add(base, self.spare, output_tensor=slot.position)
-            else:
-                ttnn.add(base, slot.count, output_tensor=slot.position)
+            self._write_ids(ids, slot)
+            self._write_count(accepted, slot)
+            self._advance(base, slot)
         self.drafter.propose(self.newest, slot.position, slot.drafts)
 
-    def _drafts_as_run(self, slot: DraftSlot) -> None:
-        """The planted rejected-draft-delivered: the run's first K lanes are the draft inputs
-        wherever a draft was scheduled (lane j where spec > j: not eq(spec, 0), eq(spec, 2)),
-        the target's token elsewhere, so a rejected draft is delivered."""
-        lanes, tok, spare = self.combine.lanes, self.tokens, self.spare
-        assert spare is not None
-        masks = [(self.spec_zero, tok[0], lanes[1])]
-        if self.k == 2:
-            masks.append((self.second[0], lanes[2], tok[1]))
-        for j, (mask, chosen, other) in enumerate(masks):
-            ttnn.where(mask, chosen, other, output_tensor=spare)
-            ttnn.add(spare, 0, output_tensor=slot.tokens[j])
+    def _write_ids(self, ids: ttnn.Tensor, slot: DraftSlot) -> None:
+        """The slot's ids: each row's newest token (its run, the target's tokens, is written
+        lane by lane above)."""
+        ttnn.add(self.newest, 0, output_tensor=ids)
 
-    def _planted(self, bug: str) -> bool:
-        return bug in self.mutations
+    def _write_count(self, accepted: ttnn.Tensor, slot: DraftSlot) -> None:
+        """A row's count: its accepted drafts and the target's token after them."""
+        ttnn.add(accepted, 1, output_tensor=slot.count)
+
+    def _advance(self, base: ttnn.Tensor, slot: DraftSlot) -> None:
+        """The newest token's position: advanced by the tokens the row yields."""
+        ttnn.add(base, slot.count, output_tensor=slot.position)

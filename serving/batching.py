@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 
 from ..impl.backend import TokenLogprobs
 from ..impl.drafts import DraftSpec
-from ..impl.mutations import NONE, Mutations
+from ..impl.overrides import NONE, Overrides
 from ..impl.probe import ProbeSpec
 from ..impl.rows import Row
 from ..impl.runner import CLOSED, PhaseError, Status
@@ -74,9 +74,9 @@ class ServingConfig:
     max_logprobs: int = 0
     """Top logprobs a request may ask for (vLLM's max_logprobs); above 0 the runner allocates the
     logprob ring beside the ids' ring at load, and every step fills it."""
-    mutations: Mutations = NONE
-    """Planted bugs of the runner and its mirror (`impl/mutations.py`), for the conformance
-    suite; none by default."""
+    overrides: Overrides = NONE
+    """Decision overrides of the runner and its mirror (`impl/overrides.py`; the conformance
+    suite plants its bugs so); none by default."""
     row_order: str = "by-id"
     """Where each request's row lands in a step (`row_order.POLICIES`): by id, reversed, a
     seeded shuffle per step, or vLLM's condense-on-removal. Tokens do not depend on it."""
@@ -174,7 +174,7 @@ class ServingEngine(Engine):
                 logprobs=c.max_logprobs,
                 record_events=c.record_events,
                 readback_timeout_s=c.readback_timeout_s,
-                mutations=c.mutations,
+                overrides=c.overrides,
                 drafts=DraftSpec(k=self.k) if self.k else None,
                 subsets=c.subsets,
             ),

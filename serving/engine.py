@@ -31,10 +31,10 @@ from dataclasses import dataclass, field
 
 from ..impl.backend import Backend
 from ..impl.drafts import DraftSpec
-from ..impl.mutations import NONE, Mutations
+from ..impl.overrides import NONE, Overrides
 from ..impl.probe import ProbeSpec
 from ..impl.resolution import SchedulingConfig, resolve
-from ..impl.runner import CLOSED, DeviceFault, Runner, RunnerConfig
+from ..impl.runner import CLOSED, DeviceFault, Runner, RunnerConfig, make_runner
 
 Order = Callable[[list[int]], Sequence[int]]
 """Chooses the row order of a step from the eligible requests (condense/reorder policy)."""
@@ -74,8 +74,9 @@ class EngineConfig:
     """The runner records every accepted call as the model's action (`impl/events.py`)."""
     readback_timeout_s: float | None = None
     """How long the host waits for a step's readback before it fails the step (None: forever)."""
-    mutations: Mutations = NONE
-    """Planted bugs (`impl/mutations.py`), handed to the runner; none by default."""
+    overrides: Overrides = NONE
+    """Decision overrides of the runner and its mirror (`impl/overrides.py`; the conformance
+    suite plants its bugs so), handed to the runner; none by default."""
     drafts: DraftSpec | None = None
     """Speculative decoding (spec rule 13): K drafts per decoding row, verified on the device;
     async scheduling then needs a draft-aware combine. None = no drafts."""
@@ -98,7 +99,7 @@ class Engine:
             backend, self.config.async_scheduling,
             self.config.drafts.k if self.config.drafts is not None else 0)
         c = self.config
-        self.runner = Runner(
+        self.runner: Runner = make_runner(
             backend,
             RunnerConfig(
                 depth=self.scheduling.max_concurrent_batches(),
@@ -112,7 +113,7 @@ class Engine:
                 logprobs=c.logprobs,
                 record_events=c.record_events,
                 readback_timeout_s=c.readback_timeout_s,
-                mutations=c.mutations,
+                overrides=c.overrides,
                 drafts=c.drafts,
                 subsets=c.subsets,
             ),

@@ -295,27 +295,29 @@ def test_the_mirror_rebinds_no_process_global() -> None:
     assert globals_assigned(modules, "ttmirror.impl") == []
     # The twin: the old switch (`planted(bug)` rebinding a module's `_active`) is caught.
     planted = dict(modules)
-    path, source = modules["ttmirror.impl.mutations"]
+    path, source = modules["ttmirror.impl.overrides"]
     switch = "\n_active = None\ndef planted(bug):\n    global _active\n    _active = bug\n"
-    planted["ttmirror.impl.mutations"] = (path, source + switch)
+    planted["ttmirror.impl.overrides"] = (path, source + switch)
     assert globals_assigned(planted, "ttmirror.impl") == [
-        f"ttmirror.impl.mutations:{source.count(chr(10)) + 4} global _active"]
+        f"ttmirror.impl.overrides:{source.count(chr(10)) + 4} global _active"]
 
 
-def _serve_side_by_side(mutated: frozenset[str]) -> list[list[list[int]]]:
+def _serve_side_by_side(bug: str) -> list[list[list[int]]]:
     """Two runners in one process, each on its own emulated device, driven step for step in
-    turn (so a process-wide switch would reach both): the first with `mutated` planted, the
-    second with nothing. Each request's delivered ids, per runner."""
+    turn (so a process-wide switch would reach both): the first with `bug` planted (its
+    overrides in its configuration only), the second with nothing. Each request's delivered
+    ids, per runner."""
     import ttnn
 
+    from ttmirror.conformance.planted import overrides
     from ttmirror.emulator import open_device
-    from ttmirror.impl.runner import Runner, RunnerConfig
+    from ttmirror.impl.runner import RunnerConfig, make_runner
     from ttmirror.impl.tt_backend import TtBackend
 
     devices = [open_device(num_command_queues=2, emulated=True) for _ in range(2)]
-    runners = [Runner(TtBackend(d), RunnerConfig(depth=2, slots=2, rows=2, max_tokens=4,
-                                                 mutations=m))
-               for d, m in zip(devices, (mutated, frozenset()), strict=True)]
+    runners = [make_runner(TtBackend(d), RunnerConfig(depth=2, slots=2, rows=2, max_tokens=4,
+                                                      overrides=o))
+               for d, o in zip(devices, (overrides([bug]), ()), strict=True)]
     try:
         for r in runners:
             r.allocate()
@@ -350,7 +352,7 @@ def test_two_runners_in_one_process_only_the_planted_one_misbehaves(bug: str) ->
 
     ref = ProbeReference(ProbeSpec())
     owed = [ref.sequence(3, 4), ref.sequence(5, 4)]
-    planted, clean = _serve_side_by_side(frozenset({bug}))
+    planted, clean = _serve_side_by_side(bug)
     assert clean == owed
     assert planted != owed and all(len(t) == 4 for t in planted)  # it ran, and went wrong
 

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import NoReturn
 
-from .impl.mutations import BUGS
+from .conformance.bugs import BUGS
 from .model.state import ROWS_VARIANTS, SPEC_VARIANTS, VARIANTS, Bounds, validate_bounds
 
 DEFAULTS = Bounds()

@@ -252,20 +252,20 @@ def _say(line: str) -> None:
 
 
 def cmd_mutants(ns: argparse.Namespace) -> int:
+    from .conformance import bugs as catalog
     from .conformance import mutants, profiles
     from .conformance.configs import CONFIGS
     from .emulator.allocator import PLANTED
-    from .impl import mutations
 
-    known = {**mutations.ALL, **PLANTED} if ns.backend == "tt" else mutations.BUGS
+    known = {**catalog.ALL, **PLANTED} if ns.backend == "tt" else catalog.BUGS
     for bug in ns.bug or []:
         if bug not in known:
             raise UsageError(f"unknown bug {bug!r}; choose from: {', '.join(known)}")
     configs = [_config(ns.backend, c) for c in ns.config or CONFIGS[ns.backend]]
     writable_dir(ns.traces)
-    lockstep_bugs = [b for b in ns.bug or [] if b in mutations.BUGS]
-    serving_bugs = [b for b in ns.bug or [] if b in mutations.SERVING_BUGS]
-    fault_bugs = [b for b in ns.bug or [] if b in mutations.FAULT_HANDLING_BUGS]
+    lockstep_bugs = [b for b in ns.bug or [] if b in catalog.BUGS]
+    serving_bugs = [b for b in ns.bug or [] if b in catalog.SERVING_BUGS]
+    fault_bugs = [b for b in ns.bug or [] if b in catalog.FAULT_HANDLING_BUGS]
     allocator_bugs = [b for b in ns.bug or [] if b in PLANTED]
     kills = []
     if not ns.bug or lockstep_bugs:

@@ -9,12 +9,12 @@ from pathlib import Path
 
 import pytest
 
-from ttmirror.conformance import abstraction, itf, mutants, profiles
+from ttmirror.conformance import abstraction, bugs, itf, mutants, planted, profiles
 from ttmirror.conformance.configs import CONFIGS
 from ttmirror.conformance.lockstep import Divergence, Lockstep
 from ttmirror.conformance.replay import CONFORMS, FAILS, replay
 from ttmirror.emulator import ProcessScheduler
-from ttmirror.impl import mutations
+from ttmirror.impl.overrides import NONE
 from ttmirror.model.explore import Exploration
 from ttmirror.model.state import Bounds
 
@@ -25,7 +25,7 @@ KILLS = [
     (backend, config, bug)
     for backend in ("tt", "cpu")
     for config in CONFIGS[backend]
-    for bug in sorted(mutations.BUGS)
+    for bug in sorted(bugs.BUGS)
     if mutants.applies(bug, backend, config)
 ]
 
@@ -39,13 +39,13 @@ def _replay(trace: itf.Loaded, moves: list | None = None,  # type: ignore[type-a
 
 
 def test_catalog_has_every_bug_class_and_a_trace_each() -> None:
-    assert len(mutations.BUGS) >= 20 and len(mutants.DEVICE_HALF) >= 8
+    assert len(bugs.BUGS) >= 20 and len(mutants.DEVICE_HALF) >= 8
     assert {p.name.removesuffix(".itf.json") for p in REGRESSIONS.glob("*.itf.json")} == set(
-        mutations.BUGS
+        bugs.BUGS
     )
 
 
-@pytest.mark.parametrize("bug", sorted(mutations.BUGS))
+@pytest.mark.parametrize("bug", sorted(bugs.BUGS))
 def test_regression_trace_fails_with_its_bug_and_passes_without(bug: str) -> None:
     trace = itf.load(REGRESSIONS / f"{bug}.itf.json")
     assert trace.meta["bug"] == bug
@@ -151,13 +151,33 @@ def test_layers_name_the_check() -> None:
 
 
 def test_a_bug_is_a_value_checked_against_the_catalog() -> None:
-    assert mutations.mutations(["guard-off", None]) == frozenset({"guard-off"})
-    assert mutations.mutations() == mutations.NONE == frozenset()
-    with pytest.raises(ValueError, match="unknown planted bug 'no-such-bug'"):
-        mutations.mutations(["no-such-bug"])
+    assert bugs.check(["guard-off", None]) == frozenset({"guard-off"})
+    assert bugs.check() == frozenset()
+    assert planted.overrides(["guard-off", None]) == (planted.GuardOff,)
+    assert planted.overrides() == NONE == ()
+    for ids in (["no-such-bug"],):
+        with pytest.raises(ValueError, match="unknown planted bug 'no-such-bug'"):
+            bugs.check(ids)
+        with pytest.raises(ValueError, match="unknown planted bug 'no-such-bug'"):
+            planted.overrides(ids)
 
 
-TT_TRACES = sorted(bug for bug in mutations.BUGS
+def test_every_bug_of_the_catalog_is_planted_by_overrides_of_impl_classes() -> None:
+    # Each bug has its overrides, each a direct subclass of one class of impl/ that redefines
+    # methods that class has (a decision it makes), and nothing of impl/ names a bug.
+    assert set(planted.PLANTED) == set(bugs.ALL)
+    for bug, classes in planted.PLANTED.items():
+        for cls in classes:
+            (base,) = cls.__bases__
+            assert base.__module__.startswith("ttmirror.impl."), (bug, cls)
+            own = {n for n, v in vars(cls).items() if callable(v) and n != "__init__"}
+            assert own and own <= set(dir(base)), (bug, cls, own - set(dir(base)))
+    for path in (Path(__file__).resolve().parents[2] / "impl").glob("*.py"):
+        text = path.read_text()
+        assert "_planted(" not in text and not any(f'"{b}"' in text for b in bugs.ALL), path
+
+
+TT_TRACES = sorted(bug for bug in bugs.BUGS
                    if itf.load(REGRESSIONS / f"{bug}.itf.json").backend == "tt")
 
 

@@ -8,8 +8,7 @@ from dataclasses import replace
 import pytest
 
 from ttmirror.cli import main
-from ttmirror.conformance import mutants, serving
-from ttmirror.impl import mutations
+from ttmirror.conformance import bugs, mutants, serving
 from ttmirror.impl.backend import TokenLogprobs
 from ttmirror.serving.models import ProbeDecoder
 
@@ -48,7 +47,7 @@ def test_logprobs_copied_after_the_event_are_killed_as_a_hazard(config: str) -> 
 def test_mutants_lists_the_serving_bugs_beside_the_lockstep_ones(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    assert set(mutations.SERVING_BUGS).isdisjoint(mutations.BUGS)
+    assert set(bugs.SERVING_BUGS).isdisjoint(bugs.BUGS)
     code = main(["mutants", "--bug", "logprobs-after-event", "--json"])
     kills = json.loads(capsys.readouterr().out)
     assert code == 0

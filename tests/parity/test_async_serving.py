@@ -22,11 +22,11 @@ from functools import cache
 import pytest
 import ttnn
 
+from ttmirror.conformance import bugs, planted
 from ttmirror.conformance.serving import logprob_errors
 from ttmirror.conformance.validate import bounds_of, validate
 from ttmirror.emulator import Emulator, HazardError, SeededScheduler, open_device
 from ttmirror.emulator.decoder import dram_bytes
-from ttmirror.impl import mutations
 from ttmirror.impl.backend import padded_rows
 from ttmirror.impl.events import Event
 from ttmirror.impl.probe import ProbeReference
@@ -80,7 +80,7 @@ class Run:
     max_logprobs: int = 0
     """Above 0: the engine allocates the logprob ring (requests may ask up to this many)."""
     bug: str | None = None
-    """A bug planted in the run's runner and mirror (`impl/mutations.py`)."""
+    """A bug planted in the run's runner and mirror (`conformance/planted.py`)."""
     row_order: str = "by-id"
     """Where each request's row lands in a step (`serving/row_order.py`)."""
     spec_tokens: int = 0
@@ -124,7 +124,7 @@ def _serve(run: Run, plan: list[RequestPlan], events: list[Event] | None = None)
                 prefill_chunk=run.prefill_chunk,
                 max_step_tokens=run.max_step_tokens,
                 max_logprobs=run.max_logprobs,
-                mutations=mutations.mutations([run.bug]),
+                overrides=planted.overrides([run.bug]),
                 row_order=run.row_order,
                 spec_tokens=run.spec_tokens,
             ),
@@ -751,7 +751,7 @@ def test_every_runner_bug_is_either_killed_by_validation_or_unreachable_in_the_l
     # The data bugs (tt) change what the device computes, not the protocol's events: the
     # battery's token comparison and the hazard checks kill those.
     # The spec-decode bugs need drafts: `test_the_spec_decode_battery_kills_...` below.
-    runner_bugs = set(mutations.BUGS) - mutations.TT_ONLY - mutations.SPEC_BUGS
+    runner_bugs = set(bugs.BUGS) - bugs.TT_ONLY - bugs.SPEC_BUGS
     assert set(VALIDATION_KILLS).isdisjoint(UNREACHABLE_IN_THE_LOOP)
     assert runner_bugs <= set(VALIDATION_KILLS) | set(UNREACHABLE_IN_THE_LOOP)
 
@@ -1030,7 +1030,7 @@ def test_validation_kills_each_serving_loop_bug_with_drafts(bug: str) -> None:
     clean: list[Event] = []
     _serve(replace(run, spec_tokens=k), _plan_for(kind), clean)  # validates: no bug, no exit
     assert events != clean
-    assert any(e.action == "launch" for e in events) and mutations.mutations([bug])
+    assert any(e.action == "launch" for e in events) and planted.overrides([bug])
 
 
 def _serve_cpu(run: Run, plan: list[RequestPlan]) -> Outcome:
@@ -1082,7 +1082,7 @@ lockstep's look at the draft lanes the combine wrote sees it (`ttmirror mutants`
 
 
 def test_every_spec_decode_bug_is_killed_by_serving_or_left_to_the_lockstep() -> None:
-    assert set(SPEC_BATTERY_KILLS) | set(SPEC_LOCKSTEP_ONLY) == mutations.SPEC_BUGS
+    assert set(SPEC_BATTERY_KILLS) | set(SPEC_LOCKSTEP_ONLY) == bugs.SPEC_BUGS
     assert set(SPEC_BATTERY_KILLS).isdisjoint(SPEC_LOCKSTEP_ONLY)
 
 

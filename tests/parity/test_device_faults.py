@@ -11,9 +11,8 @@ import random
 import pytest
 import ttnn
 
-from ttmirror.conformance import fault_runs
+from ttmirror.conformance import bugs, fault_runs
 from ttmirror.conformance.fault_runs import KINDS, faulted_run, promise_errors, sync_tokens
-from ttmirror.impl import mutations
 from ttmirror.impl.runner import DeviceFault, Status
 from ttmirror.serving.workload import run_workload
 
@@ -130,7 +129,7 @@ def test_a_refused_phase_changes_nothing_in_the_runner() -> None:
         ttnn.close_mesh_device(device)
 
 
-@pytest.mark.parametrize("bug", sorted(mutations.FAULT_HANDLING_BUGS))
+@pytest.mark.parametrize("bug", sorted(bugs.FAULT_HANDLING_BUGS))
 def test_the_fault_half_kills_each_planted_fault_handling_bug(bug: str) -> None:
     killed, verdict = fault_runs.kill(bug)
     assert killed, f"{bug} survived the fault half"

@@ -13,9 +13,8 @@ import pytest
 import ttnn
 
 from ttmirror.cli import main
-from ttmirror.conformance import soak
+from ttmirror.conformance import planted, soak
 from ttmirror.emulator import Emulator, SeededScheduler, ThreadedScheduler, open_device
-from ttmirror.impl import mutations
 from ttmirror.impl.cpu_backend import CpuBackend
 from ttmirror.impl.runner import Status
 from ttmirror.impl.tt_backend import TtBackend
@@ -58,7 +57,7 @@ def _serve(device: Any, plan: list[RequestPlan], *, depth: int = 2, bug: str | N
     engine = ServingEngine(
         ServingBackend(TtBackend(device), ProbeDecoder(), SamplingParams()),
         ServingConfig(async_scheduling="auto" if depth == 2 else "off", rows=ROWS,
-                      mutations=mutations.mutations([bug]), **config))
+                      overrides=planted.overrides([bug]), **config))
     tight = Watchdog(engine, limit=watch) if watch is not None else None
     waited = 0
 
@@ -158,8 +157,8 @@ def test_the_engine_stops_when_waiting_requests_can_never_enter() -> None:
 
 def _plant(monkeypatch: pytest.MonkeyPatch, module: Any) -> None:
     """Every ServingConfig `module` builds carries the livelock."""
-    planted = functools.partial(ServingConfig, mutations=frozenset({LIVELOCK}))
-    monkeypatch.setattr(module, "ServingConfig", planted)
+    livelocked = functools.partial(ServingConfig, overrides=planted.overrides([LIVELOCK]))
+    monkeypatch.setattr(module, "ServingConfig", livelocked)
 
 
 def test_serve_demo_reports_a_livelock_in_one_line(

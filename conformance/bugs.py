@@ -1,21 +1,15 @@
-"""Planted bugs (mutations): a catalog of known-bad variants of the implementation.
+"""The catalog of planted bugs: each id, and what goes wrong when it is planted.
 
 Each entry is one real bug class from the async-scheduling and ttnn runtime references; the
 conformance suite must rediscover every one ("a checker that cannot rediscover known bugs proves
-nothing when it is green"). A bug is planted as a value, never a process setting: a frozen set of
-these ids in the runner's configuration (`RunnerConfig.mutations`), which hands it to its mirror
-(`MirrorSpec.mutations`); each hook is a membership test beside the decision it corrupts. The
-empty set (the default) is the implementation exactly as without this module. The command line
-fills the value from ``TTMIRROR_BUG`` (`ttmirror.arguments`); nothing here reads the environment.
+nothing when it is green"). How each is planted (overrides of named decision methods of `impl/`,
+so the code that runs on a chip has no planted branch) is `planted.py`; this module is data
+only, so the command line can name the bugs without loading a device.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
-
-Mutations = frozenset[str]
-"""The planted bugs a runner and its mirror carry (empty: none)."""
-NONE: Mutations = frozenset()
 
 BUGS: dict[str, str] = {
     "guard-off": "schedule: no previous-row map, in-flight rows combine from host placeholders",
@@ -130,7 +124,7 @@ ALL: dict[str, str] = {**BUGS, **SERVING_BUGS, **FAULT_HANDLING_BUGS}
 """Every planted bug, by id."""
 
 
-def mutations(ids: Iterable[str | None] = ()) -> Mutations:
+def check(ids: Iterable[str | None] = ()) -> frozenset[str]:
     """The set of `ids` (None entries ignored), or ValueError naming an unknown one."""
     chosen = frozenset(i for i in ids if i is not None)
     unknown = sorted(chosen - set(ALL))

@@ -1,0 +1,26 @@
+"""Decision overrides: subclasses of the mirror's own classes, applied where each is built.
+
+The code that runs on a chip has one path. A class here that a caller may specialise (the
+runner, the mirrors, the combine, the probe model, the verifying launch) is built through
+`built(base, overrides)`: `base` itself when no override names it (the default, and always on a
+chip), else a subclass of `base` and of each override made for it. An override is a direct
+subclass of one class of `impl/` that redefines one named decision method of it; it applies to
+that class and to every class derived from it (the serving mirrors derive from the probe's).
+`impl/` defines none: the conformance suite's planted bugs (`conformance/planted.py`) are
+overrides, so no planted branch exists in this package.
+"""
+
+from __future__ import annotations
+
+Overrides = tuple[type, ...]
+"""Override classes, each a direct subclass of the `impl/` class it specialises."""
+NONE: Overrides = ()
+
+def built[T](base: type[T], overrides: Overrides) -> type[T]:
+    """`base`, or the subclass of it and of each override made for it (or for a class it
+    derives from), in the order given."""
+    picked = tuple(o for o in overrides if o is not base and issubclass(base, o.__bases__[0]))
+    if not picked:
+        return base
+    name = "+".join((base.__name__, *(o.__name__ for o in picked)))
+    return type(name, (*picked, base), {"__module__": base.__module__})
