@@ -70,6 +70,11 @@ BUGS: dict[str, str] = {
     "draft-part-previous-slot": "launch: the draft part (tokens, count, position, drafts) "
     "is written into the previous step's slot, the one its combine just read, while that "
     "slot's readback may still be outstanding",
+    # vLLM's scheduler freedoms (spec rule 14): each needs subsets (`mutants.NEEDS_BOUNDS`).
+    "draft-count-of-another-row": "combine: every row's scheduled drafts are staged as the "
+    "first row's, so a row that carries fewer drafts than another is verified with its count",
+    "skipped-from-previous-step": "schedule: a request the previous step left out is mapped to "
+    "its row in the last step that held it, and combined from the previous step's slot there",
 }
 """Bug id -> what goes wrong. Ids marked (tt) only exist on the tt backend."""
 
@@ -119,6 +124,11 @@ SPEC_BUGS = frozenset(
 )
 """Bugs of speculative decoding (spec rule 13): they exist only where rows carry drafts, so the
 kill matrix runs them at a bound with spec tokens; planted in the tt and the cpu mirror."""
+
+SUBSETS_BUGS = frozenset({"draft-count-of-another-row", "skipped-from-previous-step"})
+"""Bugs of vLLM's scheduler freedoms (spec rule 14): they exist only where a step may leave a
+request out or a row carry fewer drafts than another, so the kill matrix runs them with
+subsets."""
 
 ALL: dict[str, str] = {**BUGS, **SERVING_BUGS, **FAULT_HANDLING_BUGS}
 """Every planted bug, by id."""

@@ -39,7 +39,7 @@ DEVICE_HALF = frozenset(
         "where-swapped", "mask-inverted", "gather-off-by-one", "gather-current-slot",
         "positions-stale", "stage-cq1-no-event", "sampler-keyed-by-row", "sampler-keyed-by-step",
         "positions-advance-by-spec", "bonus-token-dropped", "rejected-draft-delivered",
-        "host-drafts-placeholder",
+        "host-drafts-placeholder", "draft-count-of-another-row",
     }
 )
 """Bugs in what the device computes (the combine's ops and inputs, the launch's verification),
@@ -53,9 +53,14 @@ NEEDS_BOUNDS: dict[str, dict[str, int | bool]] = {
     "partial-prefill-feeds-mirror": {"prefill_chunks": 2},
     "host-sync-unguarded": {"host_sync": True},
     **dict.fromkeys(catalog.SPEC_BUGS, SPEC_BOUND),
+    "draft-count-of-another-row": {"subsets": True, "spec_tokens": 1, "max_tokens": 2,
+                                   "finish": False, "abort": False, "preempt": False},
+    "skipped-from-previous-step": {"subsets": True, "finish": False, "abort": False,
+                                   "preempt": False},
 }
 """Bounds a bug needs to occur at all (beyond the defaults): a request must have a row in three
-steps for "two back" and "one back" to differ; chunked prefill; a host-sync request; drafts."""
+steps for "two back" and "one back" to differ; chunked prefill; a host-sync request; drafts;
+vLLM's freedoms (a step that leaves a request out, rows with fewer drafts than another's)."""
 TWO_QUEUES = frozenset({"readback-cq1-no-wait", "stage-cq1-no-event"})
 """Bugs that need a second command queue: they cannot occur in the one-queue configuration."""
 

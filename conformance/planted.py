@@ -12,7 +12,7 @@ the environment.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 import torch
@@ -450,6 +450,46 @@ class CpuCountFromWrongRow(CpuMirror):
         return copy._replace(counts=copy.counts[1:] + copy.counts[:1])
 
 
+class DraftCountOfAnotherRow(DeviceCombine):
+    """draft-count-of-another-row: every row's scheduled drafts are staged as the first
+    row's."""
+
+    def _spec_column(self, inputs: StepInputs) -> tuple[int, ...]:
+        return first_row_count(inputs)
+
+
+class CpuDraftCountOfAnotherRow(CpuMirror):
+    """draft-count-of-another-row on the cpu mirror."""
+
+    def _spec_column(self, inputs: StepInputs) -> tuple[int, ...]:
+        return first_row_count(inputs)
+
+
+class SkippedFromPreviousStep(Runner):
+    """skipped-from-previous-step: a request the previous step left out is mapped to its row in
+    the last step that held it, and combined from the previous step's slot at that row."""
+
+    held: dict[int, int] | None = None
+
+    def _previous_rows(self, prev: Step | None) -> dict[int, int]:
+        if prev is None:
+            return {}
+        return {**(self.held or {}), **super()._previous_rows(prev)}
+
+    def schedule(self, order: Sequence[int] | None = None,
+                 drafts: Sequence[int] | None = None) -> int:
+        q = super().schedule(order, drafts)
+        self.held = {**(self.held or {}),
+                     **{row.req: i for i, row in enumerate(self.queue[q].rows) if row.live}}
+        return q
+
+
+def first_row_count(inputs: StepInputs) -> tuple[int, ...]:
+    """The first row's scheduled drafts, for every row."""
+    spec = inputs.spec
+    return tuple(spec[0] for _ in spec) if spec else spec
+
+
 def placeholder_lanes(inputs: StepInputs, k: int) -> tuple[tuple[int, ...], ...]:
     """K host draft lanes with -1, the async scheduler's placeholder, in place of each host
     row's scheduled drafts (never filled)."""
@@ -503,6 +543,8 @@ PLANTED: dict[str, tuple[type, ...]] = {
     "bonus-token-dropped": (BonusTokenDropped, CpuBonusTokenDropped),
     "positions-advance-by-spec": (PositionsAdvanceBySpec, CpuPositionsAdvanceBySpec),
     "rejected-draft-delivered": (RejectedDraftDelivered, CpuRejectedDraftDelivered),
+    "draft-count-of-another-row": (DraftCountOfAnotherRow, CpuDraftCountOfAnotherRow),
+    "skipped-from-previous-step": (SkippedFromPreviousStep,),
 }
 """Bug id -> the overrides that plant it (one per class it lives in: the tt and the cpu mirror
 each have their own)."""

@@ -91,7 +91,7 @@ class DeviceCombine:
         if self.requests is not None:
             staged.append((inputs.requests, self.requests))
         if self.spec_rows is not None:
-            staged.append((inputs.spec, self.spec_rows))
+            staged.append((self._spec_column(inputs), self.spec_rows))
             lanes = self._draft_lanes(inputs)
             staged.extend(zip(lanes, self.host_drafts, strict=True))
         for values, target in staged:
@@ -113,6 +113,10 @@ class DeviceCombine:
     def _draft_lanes(self, inputs: StepInputs) -> tuple[tuple[int, ...], ...]:
         """The K host draft lanes: each host row's drafts read back."""
         return inputs.host_drafts(self.k)
+
+    def _spec_column(self, inputs: StepInputs) -> tuple[int, ...]:
+        """Each row's scheduled drafts, as data (verification accepts at most these)."""
+        return inputs.spec
 
     def enqueue(self, source: ttnn.Tensor, drafts: DraftSlot | None = None) -> None:
         """The device half of the combine, reading `source` (the previous step's slot) and, with

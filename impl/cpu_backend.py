@@ -56,13 +56,17 @@ class CpuMirror:
         if inputs.requests:
             self._requests[:n] = torch.tensor(inputs.requests)
         if self.k:
-            self._spec[:n] = torch.tensor(inputs.spec)
+            self._spec[:n] = torch.tensor(self._spec_column(inputs))
             lanes = self._draft_lanes(inputs)
             self._host_drafts[:, :n] = torch.tensor(lanes) & UINT32_MASK
 
     def _draft_lanes(self, inputs: StepInputs) -> tuple[tuple[int, ...], ...]:
         """The K host draft lanes the combine stages: each host row's drafts read back."""
         return inputs.host_drafts(self.k)
+
+    def _spec_column(self, inputs: StepInputs) -> tuple[int, ...]:
+        """Each row's scheduled drafts, as data (verification accepts at most these)."""
+        return inputs.spec
 
     def combine(self, slot: int) -> None:
         src = (slot - 1) % self.spec.slots
