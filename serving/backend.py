@@ -23,6 +23,7 @@ from ..impl.backend import (
     padded_rows,
 )
 from ..impl.cpu_backend import CpuBackend, CpuMirror
+from ..impl.overrides import built
 from ..impl.probe import ProbeSpec
 from ..impl.sampling import sample_rows
 from .context import (
@@ -242,7 +243,7 @@ class ServingBackend(Backend):
                 raise ValueError("the cpu backend has no traces: open the mirror with trace=False")
             cpu = CpuDecoder(self.model, width, blocks, self.sampling, drafter)
             self.context = cpu
-            return CpuServingMirror(spec, cpu)
+            return built(CpuServingMirror, spec.overrides)(spec, cpu)
         from ..impl.tt_backend import TtBackend, TtMirror
 
         if not isinstance(self.inner, TtBackend):
@@ -256,7 +257,7 @@ class ServingBackend(Backend):
         readback_cq = self.inner.readback_cq
         if readback_cq is None:
             readback_cq = 1 if getattr(device, "num_command_queues", 1) >= 2 else 0
-        return TtMirror(device, spec, readback_cq, model=decoder)
+        return built(TtMirror, spec.overrides)(device, spec, readback_cq, model=decoder)
 
     def close(self) -> None:
         closer = getattr(self.inner, "close", None)
