@@ -750,8 +750,10 @@ def _plan_for(kind: str | None) -> list[RequestPlan]:
 def test_every_runner_bug_is_either_killed_by_validation_or_unreachable_in_the_loop() -> None:
     # The data bugs (tt) change what the device computes, not the protocol's events: the
     # battery's token comparison and the hazard checks kill those.
-    # The spec-decode bugs need drafts: `test_the_spec_decode_battery_kills_...` below.
-    runner_bugs = set(bugs.BUGS) - bugs.TT_ONLY - bugs.SPEC_BUGS
+    # The spec-decode bugs need drafts: `test_the_spec_decode_battery_kills_...` below. Rule
+    # 14's need a scheduler that leaves requests out or trims a row's drafts, which the serving
+    # loop's own does not do yet (vLLM's does, in the vLLM battery): the lockstep kills them.
+    runner_bugs = set(bugs.BUGS) - bugs.TT_ONLY - bugs.SPEC_BUGS - bugs.SUBSETS_BUGS
     assert set(VALIDATION_KILLS).isdisjoint(UNREACHABLE_IN_THE_LOOP)
     assert runner_bugs <= set(VALIDATION_KILLS) | set(UNREACHABLE_IN_THE_LOOP)
 
