@@ -28,7 +28,7 @@ from ..impl.runner import PLACEHOLDER_ID, Phase, Runner, Step
 from ..impl.tt_backend import PendingReadback, TtMirror
 from ..impl.tt_model import TtProbeModel
 from ..impl.tt_verify import DeviceVerify
-from .bugs import ALL
+from .bugs import check
 
 # --- the runner's decisions ------------------------------------------------------------------
 
@@ -269,8 +269,7 @@ class CountFromWrongRow(TtMirror):
     """count-from-wrong-row: each row's accepted count is read from the next row of the copy."""
 
     def readback_drafts(self, pending: Any) -> DraftCopy:
-        copy = super().readback_drafts(pending)
-        return copy._replace(counts=copy.counts[1:] + copy.counts[:1])
+        return counts_from_next_row(super().readback_drafts(pending))
 
 
 class HostReadBeforeEvent(TtMirror):
@@ -320,8 +319,8 @@ class HostDraftsPlaceholder(DeviceCombine):
 class GatherOffByOne(DeviceCombine):
     """gather-off-by-one: the gather index is the previous-row map plus one."""
 
-    def _offset(self, tiles: ttnn.Tensor) -> int:
-        return 1 if tiles is self.index else 0
+    def _index_offset(self) -> int:
+        return 1
 
 
 class WhereSwapped(DeviceCombine):
@@ -446,8 +445,7 @@ class CpuCountFromWrongRow(CpuMirror):
     """count-from-wrong-row on the cpu mirror."""
 
     def readback_drafts(self, pending: Any) -> DraftCopy:
-        copy = super().readback_drafts(pending)
-        return copy._replace(counts=copy.counts[1:] + copy.counts[:1])
+        return counts_from_next_row(super().readback_drafts(pending))
 
 
 class DraftCountOfAnotherRow(DeviceCombine):
@@ -484,6 +482,11 @@ class SkippedFromPreviousStep(Runner):
         return q
 
 
+def counts_from_next_row(copy: DraftCopy) -> DraftCopy:
+    """`copy` with each row's count taken from the next row's."""
+    return copy._replace(counts=copy.counts[1:] + copy.counts[:1])
+
+
 def first_row_count(inputs: StepInputs) -> tuple[int, ...]:
     """The first row's scheduled drafts, for every row."""
     spec = inputs.spec
@@ -493,14 +496,10 @@ def first_row_count(inputs: StepInputs) -> tuple[int, ...]:
 def placeholder_lanes(inputs: StepInputs, k: int) -> tuple[tuple[int, ...], ...]:
     """K host draft lanes with -1, the async scheduler's placeholder, in place of each host
     row's scheduled drafts (never filled)."""
-    def staged(r: Row, j: int) -> int:
-        if not (r.live and r.prev_row is None):
-            return 0
-        if j < r.spec:
-            return -1
-        return r.drafts[j] if j < len(r.drafts) else 0
-
-    return tuple(tuple(staged(r, j) for r in inputs.rows) for j in range(k))
+    return tuple(
+        tuple(-1 if r.live and r.prev_row is None and j < r.spec else draft
+              for r, draft in zip(inputs.rows, lane, strict=True))
+        for j, lane in enumerate(inputs.host_drafts(k)))
 
 
 PLANTED: dict[str, tuple[type, ...]] = {
@@ -554,8 +553,5 @@ def overrides(bugs: Iterable[str | None] = ()) -> Overrides:
     """The overrides that plant `bugs` (None entries ignored), or ValueError naming an unknown
     one."""
     chosen = [b for b in bugs if b is not None]
-    unknown = [b for b in chosen if b not in ALL]
-    if unknown:
-        raise ValueError(f"unknown planted bug {unknown[0]!r}; choose one of: "
-                         f"{', '.join(PLANTED)}")
+    check(chosen)
     return tuple(o for b in dict.fromkeys(chosen) for o in PLANTED[b]) or NONE

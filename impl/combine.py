@@ -126,21 +126,21 @@ class DeviceCombine:
         for every batch layout, so one captured trace serves them all.
         """
         with ttnn.command_queue(self.cq):
-            for rows, tiles in (
-                (source, self.source),
-                (self.prev_map, self.index),
-                (self.use_mirror, self.mask),
-                (self.host_ids, self.fallback),
+            for rows, tiles, plus in (
+                (source, self.source, 0),
+                (self.prev_map, self.index, self._index_offset()),
+                (self.use_mirror, self.mask, 0),
+                (self.host_ids, self.fallback, 0),
             ):
-                ttnn.add(rows, self._offset(tiles), output_tensor=tiles)
+                ttnn.add(rows, plus, output_tensor=tiles)
             ttnn.gather(self.source, 3, self.index, out=self.gathered)
             chosen, other = self._where_operands()
             ttnn.where(self.mask, chosen, other, output_tensor=self.input_ids)
             if drafts is not None:
                 self._enqueue_drafts(drafts)
 
-    def _offset(self, tiles: ttnn.Tensor) -> int:
-        """What the conversion to TILE adds: nothing (the index is the previous-row map)."""
+    def _index_offset(self) -> int:
+        """What the gather index adds to the previous-row map: nothing."""
         return 0
 
     def _where_operands(self) -> tuple[ttnn.Tensor, ttnn.Tensor]:
