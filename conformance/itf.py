@@ -288,16 +288,18 @@ LARGEST = 2**31 - 1
 _INT, _BOOL, _STR, _ROWS = "int", "bool", "str", "rows"
 _ROW_FIELDS: dict[str, Any] = {"req": _INT, "pos": "id", "prev_row": "int?", "live": _BOOL,
                                "partial": _BOOL, "host_pos": "int?", "host_id": "id",
-                               "spec": _INT, "drafts": ("tuple", "id")}
+                               "spec": _INT, "drafts": ("tuple", "id"), "idx": "id"}
 """A `Row`'s fields and their types (`host_id` may be the placeholder, -1; `pos` is -1 for a
-mirror row with drafts, whose position is on the device)."""
+mirror row with drafts, whose position is on the device; `idx`, the state row, only with state
+rows)."""
+_ROW_OPTIONAL = frozenset({"idx"})
 assert tuple(_ROW_FIELDS) == Row._fields
 _SCHEMA: dict[str, tuple[int | None, dict[str, Any], frozenset[str]]] = {
     # action: (arguments (None: one or more), detail name -> type, optional details)
     "allocate": (0, {"depth": _INT, "slots": _INT, "guard": _BOOL, "preempt_policy": _STR,
                      "prefill_chunks": _INT, "device_waits": _BOOL, "spec_tokens": _INT,
-                     "subsets": _BOOL},
-                 frozenset({"device_waits", "spec_tokens", "subsets"})),
+                     "subsets": _BOOL, "state": _STR, "state_rows": _INT},
+                 frozenset({"device_waits", "spec_tokens", "subsets", "state", "state_rows"})),
     "arrive": (1, {"prompt": _INT, "max_tokens": _INT, "host_sync": _BOOL,
                    "prefill_chunks": _INT, "seed": _INT}, frozenset({"seed"})),
     "schedule": (None, {"slot": _INT, "rows": _ROWS}, frozenset()),
@@ -308,6 +310,7 @@ _SCHEMA: dict[str, tuple[int | None, dict[str, Any], frozenset[str]]] = {
     "apply": (0, {"step": _INT, "delivered": ("tuple", ("pair", _INT)),
                   "counts": ("tuple", ("pair", _INT))}, frozenset()),
     "release": (1, {}, frozenset()),
+    "release_row": (1, {}, frozenset()),
     "finish": (1, {}, frozenset()),
     "abort": (1, {"reason": _STR}, frozenset({"reason"})),
     "refuse": (1, {"reason": _STR}, frozenset()),
@@ -335,8 +338,8 @@ def _typed(value: object, kind: Any) -> bool:
         return type(value) is str
     if kind == _ROWS:
         return isinstance(value, tuple) and all(
-            isinstance(r, dict) and set(r) == set(_ROW_FIELDS)
-            and all(_typed(r[f], t) for f, t in _ROW_FIELDS.items()) for r in value)
+            isinstance(r, dict) and set(_ROW_FIELDS) - _ROW_OPTIONAL <= set(r) <= set(_ROW_FIELDS)
+            and all(_typed(r[f], t) for f, t in _ROW_FIELDS.items() if f in r) for r in value)
     if isinstance(kind, tuple) and kind[0] == "pair":
         return (isinstance(value, tuple) and len(value) == 2
                 and all(_typed(v, kind[1]) for v in value))

@@ -24,6 +24,7 @@ from ..model.actions import (
     ALL_ACTIONS,
     FAULT,
     READ_RELEASED,
+    RELEASE_ROW,
     REWRITE_WITH_READER,
     Action,
     successors,
@@ -116,6 +117,7 @@ def _decided(event: Event, before: State, after: State, ids: _Requests, b: Bound
             "prev_rows": (tuple(r.prev_row for r in rows), tuple(r.prev_row for r in step.rows)),
             "partial": (tuple(r.partial for r in rows), tuple(r.partial for r in step.rows)),
             "drafts scheduled": (tuple(r.spec for r in rows), tuple(r.spec for r in step.rows)),
+            "idx_mapping": (tuple(r.idx for r in rows), tuple(r.idx for r in step.rows)),
         }
         for name, (got, want) in decided.items():
             if got != want:
@@ -161,7 +163,10 @@ def _delivered(before: State, after: State) -> tuple[int, ...]:
 
 
 def _mentions(s: State, idx: int) -> bool:
-    """Does anything in flight or in a slot still name request `idx` (a row, a token)?"""
+    """Does anything in flight, in a slot or in the state-row table still name request `idx` (a
+    row, a token, a state row it holds)?"""
+    if any(row.owner == idx for row in s.table):
+        return True
     for step in s.queue:
         if any(row.req == idx or (row.consumed or (None,))[0] == idx for row in step.rows):
             return True
@@ -270,6 +275,9 @@ def validate(events: Iterable[Event], bounds: Bounds,
             progress(i)
         if event.action in ("release", *DEVICE_EVENTS) and event.args[0] >= b.slots:
             return Divergence(i, event, s, f"there is no slot {event.args[0]} (K={b.slots})", ())
+        if event.action == RELEASE_ROW and event.args[0] >= len(s.table):
+            return Divergence(i, event, s, f"there is no state row {event.args[0]} "
+                              f"({len(s.table)})", ())
         if event.action in DEVICE_EVENTS:
             why = copies.device(event)
             if why is not None:
@@ -302,7 +310,7 @@ def validate(events: Iterable[Event], bounds: Bounds,
             b = b._replace(chunk_per_step=True)
         if event.action == FAULT:  # rule 12: a run that met a device fault
             b = b._replace(faults=True)
-        known = event.action in (*ALL_ACTIONS, FAULT, "chunk_prefill")
+        known = event.action in (*ALL_ACTIONS, FAULT, "chunk_prefill", RELEASE_ROW)
         drafts: tuple[int, ...] = ()
         if event.action == "schedule" and b.subsets and b.spec_tokens:
             drafts = tuple(r.spec for r in event.get("rows"))  # the scheduler's choice
@@ -395,15 +403,17 @@ def bounds_of(events: Sequence[Event] | Event) -> Bounds:
     load = events if isinstance(events, Event) else (events[0] if events else None)
     if load is None or load.action != "allocate":
         raise EventsError("the run does not start with allocate (the ring is allocated at load)")
-    depth, slots, chunks, spec = (int(load.get(k, 0)) for k in (
-        "depth", "slots", "prefill_chunks", "spec_tokens"))
-    policy = str(load.get("preempt_policy"))
-    if not (1 <= depth <= 2 and 1 <= slots <= 64 and 1 <= chunks <= 1024
-            and policy in ("keep", "drop") and 0 <= spec <= 2):
+    depth, slots, chunks, spec, state_rows = (int(load.get(k, 0)) for k in (
+        "depth", "slots", "prefill_chunks", "spec_tokens", "state_rows"))
+    policy, state = str(load.get("preempt_policy")), str(load.get("state", "ring"))
+    if not (1 <= depth <= 4 and 1 <= slots <= 64 and 1 <= chunks <= 1024
+            and policy in ("keep", "drop") and 0 <= spec <= 4 and state in ("ring", "rows")
+            and (state == "rows") == (1 <= state_rows <= 4096)):
         raise EventsError(f"the allocate (depth {depth}, K={slots}, prefill chunks {chunks}, "
-                          f"preempt policy {policy!r}, spec tokens {spec}) is no instance of "
-                          "this model (depth 1 or 2, K and chunks 1 or more, policy keep or "
-                          "drop, spec tokens 0 to 2)")
+                          f"preempt policy {policy!r}, spec tokens {spec}, state {state!r} "
+                          f"with {state_rows} state rows) is no instance of this model (depth 1 "
+                          "to 4, K and chunks 1 or more, policy keep or drop, spec tokens 0 to "
+                          "4, state ring, or rows with 1 to 4096 state rows)")
     return Bounds(depth=depth, slots=slots, preemptions=0, guard=bool(load.get("guard")),
                   preempt_policy=policy, prefill_chunks=chunks, spec_tokens=spec,
-                  subsets=bool(load.get("subsets")))
+                  subsets=bool(load.get("subsets")), state=state, state_rows=state_rows)

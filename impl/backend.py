@@ -23,6 +23,8 @@ from .probe import ProbeSpec
 from .rows import Row
 
 TILE_WIDTH = 32
+MAX_STATE_ROWS = 1024
+"""The most state rows a mirror allocates (one uint32 per row per tensor: 4 KiB each)."""
 
 
 def padded_rows(rows: int) -> int:
@@ -54,6 +56,10 @@ class MirrorSpec:
     drafts: DraftSpec | None = None
     """Speculative decoding (spec rule 13): K drafts per decoding row, verified by the launch,
     and the drafter that proposes them on the device; None = no drafts."""
+    state_rows: int = 0
+    """Per-request state rows (spec rule 14): how many the device table holds (vLLM's
+    `max_num_reqs`); each step's combine gathers from them through its `idx_mapping` and its
+    launch's post-update scatters into them. 0: the ring's previous-row map instead."""
     report: Callable[[str, int], None] | None = field(default=None, compare=False)
     """Told of each device completion the host waits on and each host read of a copy, as
     (`device_wait` or `host_read`, slot), by a mirror on a device (the runner records them)."""
@@ -67,6 +73,15 @@ class MirrorSpec:
             raise ValueError(f"slots (K) must be at least 1, got {self.slots}")
         if self.readback_timeout_s is not None and not self.readback_timeout_s > 0:
             raise ValueError(f"readback_timeout_s must be positive, got {self.readback_timeout_s}")
+        if not 0 <= self.state_rows <= MAX_STATE_ROWS:
+            raise ValueError(f"state_rows must be between 0 and {MAX_STATE_ROWS}, got "
+                             f"{self.state_rows}")
+
+    @property
+    def width(self) -> int:
+        """The device's row width: the padded rows of a step, or of the state-row table where
+        it is wider (one width for every tensor, so each gather's index fits its input)."""
+        return padded_rows(max(self.rows, self.state_rows))
 
 
 @dataclass(frozen=True)
@@ -74,7 +89,8 @@ class StepInputs:
     """The host's part of one step's combine: the step's rows, as the combine staged them. The
     device takes them as columns, one entry per row (a dropped row stages zeros everywhere):
 
-    Row i consumes `slot[src][prev_map[i]]` when `use_mirror[i]` is 1, else `host_ids[i]`.
+    Row i consumes `slot[src][prev_map[i]]` (with state rows `table[prev_map[i]]`, its own state
+    row) when `use_mirror[i]` is 1, else `host_ids[i]`.
     """
 
     rows: tuple[Row, ...]
@@ -114,6 +130,17 @@ class StepInputs:
     def requests(self) -> tuple[int, ...]:
         """Each row's request id: what a seeded sampler keys its draw on, with the position."""
         return tuple(r.req if r.live else 0 for r in self.rows)
+
+    def scatter(self, state_rows: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
+        """With state rows: the post-update's inverse of the `idx_mapping`, per state row the
+        batch row that writes it (0 where none does), and the mask of the written ones. Every
+        row writes, dropped ones too: the device does not know the host no longer wants them
+        (a step names each state row once at most)."""
+        writer, written = [0] * state_rows, [0] * state_rows
+        for i, r in enumerate(self.rows):
+            if 0 <= r.idx < state_rows:
+                writer[r.idx], written[r.idx] = i, 1
+        return tuple(writer), tuple(written)
 
 
 class TokenLogprobs(NamedTuple):

@@ -29,6 +29,11 @@ staged (its read-back drafts, its count of computed tokens):
 
 so lane 0 (`input_ids`) is the newest token and lanes 1..K the drafts after it, the launch's
 K + 1 inputs at positions base .. base + K.
+
+With per-request state rows (spec rule 14, `state_rows.py`) the same ops gather from the state
+table instead of the previous slot, through the staged `idx_mapping` (a device row's map entry is
+its own state row): the table is TILE already, so `source` is the table's newest ids as they are,
+and the draft lanes and base positions gather the table's drafts and positions.
 """
 
 from __future__ import annotations
@@ -39,17 +44,21 @@ import ttnn
 
 from .backend import StepInputs
 from .ring import DraftSlot, allocate_ids, host_uint32
+from .state_rows import StateTable
 
 
 class DeviceCombine:
     """Persistent step inputs and the two combine ops writing the persistent input ids."""
 
     def __init__(self, device: Any, width: int, cq: int = 0, other_cq: int | None = None,
-                 *, identity: bool = False, drafts: int = 0) -> None:
+                 *, identity: bool = False, drafts: int = 0,
+                 table: StateTable | None = None) -> None:
         """`other_cq`: the device's second queue, if it has one (the combine stages on `cq`);
         `identity`: also stage each row's request id (a seeded sampler keys its draws on it);
-        `drafts`: K draft lanes (rule 13), 0: none."""
+        `drafts`: K draft lanes (rule 13), 0: none; `table`: the state rows to gather from
+        (rule 14), None: the previous slot."""
         self.width = width
+        self.table = table
         self.cq = cq
         self.other_cq = other_cq
         self.requests = allocate_ids(device, width) if identity else None
@@ -96,6 +105,8 @@ class DeviceCombine:
             staged.extend(zip(lanes, self.host_drafts, strict=True))
         for values, target in staged:
             ttnn.copy_host_to_device_tensor(host_uint32(values, self.width), target, cq_id=cq)
+        if self.table is not None:  # the post-update's maps, on the same queue
+            self.table.stage(inputs, cq)
 
     def _stage_cq(self) -> int:
         """The queue the host inputs are written on: the combine's, so queue order keeps them
@@ -118,25 +129,30 @@ class DeviceCombine:
         """Each row's scheduled drafts, as data (verification accepts at most these)."""
         return inputs.spec
 
-    def enqueue(self, source: ttnn.Tensor, drafts: DraftSlot | None = None) -> None:
+    def enqueue(self, source: ttnn.Tensor | None, drafts: DraftSlot | None = None) -> None:
         """The device half of the combine, reading `source` (the previous step's slot) and, with
-        drafts, `drafts` (that slot's draft part).
+        drafts, `drafts` (that slot's draft part); with state rows both are None and it reads
+        the table.
 
         Rows that take host ids still gather (index 0, discarded by `where`): one op sequence
         for every batch layout, so one captured trace serves them all.
         """
         with ttnn.command_queue(self.cq):
-            for rows, tiles, plus in (
-                (source, self.source, 0),
+            converted = [
                 (self.prev_map, self.index, self._index_offset()),
                 (self.use_mirror, self.mask, 0),
                 (self.host_ids, self.fallback, 0),
-            ):
+            ]
+            if self.table is None:
+                assert source is not None
+                converted.insert(0, (source, self.source, 0))
+            for rows, tiles, plus in converted:
                 ttnn.add(rows, plus, output_tensor=tiles)
-            ttnn.gather(self.source, 3, self.index, out=self.gathered)
+            newest = self.source if self.table is None else self.table.newest
+            ttnn.gather(newest, 3, self.index, out=self.gathered)
             chosen, other = self._where_operands()
             ttnn.where(self.mask, chosen, other, output_tensor=self.input_ids)
-            if drafts is not None:
+            if self.spec_rows is not None:
                 self._enqueue_drafts(drafts)
 
     def _index_offset(self) -> int:
@@ -147,15 +163,22 @@ class DeviceCombine:
         """`where`'s operands: mirror rows take the gathered ids, host rows the host ids."""
         return self.gathered, self.fallback
 
-    def _enqueue_drafts(self, source: DraftSlot) -> None:
-        """Draft lanes and base positions through the map (rule 13); on the compute queue."""
+    def _enqueue_drafts(self, source: DraftSlot | None) -> None:
+        """Draft lanes and base positions through the map (rule 13), from the previous slot's
+        draft part or the state rows; on the compute queue."""
         assert self.spec_rows is not None and self.spec is not None
         assert self.position_tiles is not None and self.base is not None
         for rows, tiles in ((self.spec_rows, self.spec), (self.positions, self.position_tiles),
                             *zip(self.host_drafts, self.draft_tiles, strict=True)):
             ttnn.add(rows, 0, output_tensor=tiles)
         outputs = [*self.lanes[1:], self.base]
-        for device_part, host, out in zip((*source.drafts, source.position),
+        if self.table is not None:
+            assert self.table.position is not None
+            parts = (*self.table.drafts, self.table.position)
+        else:
+            assert source is not None
+            parts = (*source.drafts, source.position)
+        for device_part, host, out in zip(parts,
                                           (*self.draft_tiles, self.position_tiles), outputs,
                                           strict=True):
             ttnn.gather(device_part, 3, self.index, out=self.gathered)

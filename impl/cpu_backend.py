@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from .backend import Backend, DraftCopy, Mirror, MirrorSpec, StepInputs, TokenLogprobs, padded_rows
+from .backend import Backend, DraftCopy, Mirror, MirrorSpec, StepInputs, TokenLogprobs
 from .drafts import draft_table
 from .overrides import built
 from .probe import UINT32_MASK, forward_torch, logits_table, sample_torch
@@ -21,7 +21,7 @@ from .probe import UINT32_MASK, forward_torch, logits_table, sample_torch
 class CpuMirror:
     def __init__(self, spec: MirrorSpec) -> None:
         self.spec = spec
-        rows = padded_rows(spec.rows)
+        rows = spec.width
         self.ring = [torch.zeros(rows, dtype=torch.int64) for _ in range(spec.slots)]
         self.table = logits_table(spec.probe)
         zeros = torch.zeros(rows, dtype=torch.int64)
@@ -45,6 +45,12 @@ class CpuMirror:
         self.input_lanes = torch.zeros(k + 1, rows, dtype=torch.int64)
         self.input_positions = zeros.clone()
         self.draft_table = draft_table(spec.probe, spec.drafts) if spec.drafts else None
+        # With state rows (rule 14): per state row the newest token, its position and drafts;
+        # the post-update's inverse map and mask, staged per step.
+        self.state_rows = spec.state_rows
+        self.table_newest, self.table_positions = zeros.clone(), zeros.clone()
+        self.table_drafts = torch.zeros(k, rows, dtype=torch.int64)
+        self._writer, self._written = zeros.clone(), zeros.clone()
 
     def stage(self, inputs: StepInputs) -> None:
         n = len(inputs.host_ids)
@@ -59,6 +65,10 @@ class CpuMirror:
             self._spec[:n] = torch.tensor(self._spec_column(inputs))
             lanes = self._draft_lanes(inputs)
             self._host_drafts[:, :n] = torch.tensor(lanes) & UINT32_MASK
+        if self.state_rows:
+            writer, written = inputs.scatter(self.state_rows)
+            self._writer[: self.state_rows] = torch.tensor(writer)
+            self._written[: self.state_rows] = torch.tensor(written)
 
     def _draft_lanes(self, inputs: StepInputs) -> tuple[tuple[int, ...], ...]:
         """The K host draft lanes the combine stages: each host row's drafts read back."""
@@ -75,19 +85,42 @@ class CpuMirror:
         def through_map(source: torch.Tensor, host: torch.Tensor) -> torch.Tensor:
             return torch.where(mirror, torch.gather(source, 0, self._prev_map), host)
 
-        self.input_ids = through_map(self.ring[src], self._host_ids)
+        # The previous slot through the previous-row map, or the state rows through the
+        # idx_mapping (rule 14): the same gather, another source.
+        newest, drafts, positions = (
+            (self.ring[src], self.ring_drafts[src], self.ring_positions[src])
+            if not self.state_rows else (self.table_newest, self.table_drafts,
+                                         self.table_positions))
+        self.input_ids = through_map(newest, self._host_ids)
         if self.k:  # the drafts and the position come from where the newest token does
             self.input_lanes = torch.stack([self.input_ids, *(
-                through_map(self.ring_drafts[src][j], self._host_drafts[j])
-                for j in range(self.k))])
-            self.input_positions = through_map(self.ring_positions[src], self._positions)
+                through_map(drafts[j], self._host_drafts[j]) for j in range(self.k))])
+            self.input_positions = through_map(positions, self._positions)
 
     def launch(self, slot: int) -> None:
         if self.k:
             self._verify(slot)
         else:
             self.ring[slot] = self._target(self.input_ids, self._positions)
+        if self.state_rows:
+            self._post_update(slot)
         self.launches += 1
+
+    def _post_update(self, slot: int) -> None:
+        """Rule 14: each row's newest token (with drafts its position and drafts) scattered into
+        the state row its idx_mapping entry names; a state row no row names keeps its state."""
+        written = self._written > 0
+
+        def scattered(value: torch.Tensor, state: torch.Tensor) -> torch.Tensor:
+            return torch.where(written, torch.gather(value, 0, self._writer), state)
+
+        self.table_newest = scattered(self.ring[slot], self.table_newest)
+        if self.k:
+            part = self._draft_part(slot)
+            self.table_positions = scattered(self.ring_positions[part], self.table_positions)
+            self.table_drafts = torch.stack([scattered(self.ring_drafts[part][j],
+                                                       self.table_drafts[j])
+                                             for j in range(self.k)])
 
     def _target(self, ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """The target's token after each input id at its position (its draw, when seeded)."""

@@ -38,8 +38,13 @@ class Row(NamedTuple):
     drafts: tuple[int, ...] = ()
     """A host row's drafts, staged by the host from the last readback (a mirror row's are on
     the device)."""
+    idx: int = -1
+    """With state rows (spec rule 14): the row's `idx_mapping` entry, its request's state row,
+    which its combine gathers from (when it reads the device: `prev_row` is then `idx`) and its
+    launch's post-update scatters into, dropped or not; -1 with the ring."""
 
     @property
     def from_mirror(self) -> bool:
-        """It consumes the previous step's sampled id from the device (the guard's rows)."""
+        """It consumes its newest token from the device (the guard's rows): the previous step's
+        slot (the ring), or its state row (state rows)."""
         return self.live and self.prev_row is not None

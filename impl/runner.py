@@ -15,6 +15,8 @@ mirror's (`backend.Mirror`); the runner decides what it does and when.
     readback_complete(q)           event synchronised: the host copy is valid
     apply()                        retire the oldest step, delivering its live rows' tokens
     release(slot)                  hand a slot back once its writer retired and no combine reads it
+    release_row(idx)               state rows: hand a closed request's state row back once no
+                                   in-flight step scatters into it
     fail_step(q, reason)           the device failed step q: its requests fail, nothing of it is
                                    delivered, its slot goes back through release as usual
     finish(r) / abort(r) / preempt(r) / resume(r)
@@ -96,7 +98,8 @@ class DeviceFault(RuntimeError):
 @dataclass(frozen=True)
 class RunnerConfig:
     depth: int = 2
-    """max_concurrent_batches: how many steps may be in flight (1 = sync, 2 = async)."""
+    """max_concurrent_batches: how many steps may be in flight (1 = sync, 2 = async, 3 and 4 as
+    vLLM sets it under pipeline parallelism)."""
     slots: int = 2
     """K: ring slots; step n writes slot n mod K. K >= depth keeps every launch legal."""
     rows: int = 8
@@ -132,18 +135,41 @@ class RunnerConfig:
     """vLLM's scheduler freedoms (spec rule 14): a step holds any non-empty subset of the
     eligible requests, and each decoding row whose drafts exist any number of them (the
     caller's `schedule(order, drafts)`); False: every eligible request, K drafts each."""
+    state: str = "ring"
+    """Where the tokens the host does not know yet live on the device (spec rule 14): "ring"
+    (each step's slot, read by the next combine through the previous-row map) or "rows" (a
+    state row per request, allocated at arrival, gathered through each step's idx_mapping,
+    scattered into by each launch's post-update, released by `release_row`)."""
+    state_rows: int = 0
+    """With state rows: how many the device holds (vLLM's max_num_reqs); 0 = `rows`."""
 
     def __post_init__(self) -> None:
         if self.logprobs < 0:
             raise ValueError(f"logprobs must be 0 or more, got {self.logprobs}")
-        if self.depth not in (1, 2):
-            raise ValueError(f"depth (max_concurrent_batches) must be 1 or 2, got {self.depth}")
+        if not 1 <= self.depth <= 4:
+            raise ValueError(
+                f"depth (max_concurrent_batches) must be between 1 and 4, got {self.depth}")
+        if self.state not in ("ring", "rows"):
+            raise ValueError(f"state must be 'ring' or 'rows', got {self.state!r}")
+        if self.state_rows and self.state != "rows":
+            raise ValueError("state_rows needs state='rows'")
+        if self.state_rows < 0:
+            raise ValueError(f"state_rows must be 0 or more, got {self.state_rows}")
+        if self.state == "ring" and self.subsets and self.depth >= 3:
+            raise ValueError(
+                "the ring cannot serve subsets at depth 3 or more (a request left out of the "
+                "previous step has its newest token in an older slot): use state='rows'")
         if self.preempt_policy not in ("keep", "drop"):
             raise ValueError(
                 f"preempt_policy must be 'keep' or 'drop', got {self.preempt_policy!r}"
             )
         if self.prefill_chunks < 1:
             raise ValueError(f"prefill_chunks must be 1 or more, got {self.prefill_chunks}")
+
+    @property
+    def table_rows(self) -> int:
+        """With state rows: how many the device holds; 0 with the ring."""
+        return (self.state_rows or self.rows) if self.state == "rows" else 0
 
 
 # --- read-only views (what abstract() returns) ----------------------------------------------------
@@ -190,6 +216,8 @@ class RequestView(NamedTuple):
     """With drafts: the output placeholders it owes (drained at apply)."""
     drafts_ready: bool = False
     """With drafts: it was in the last scheduled step past its prompt."""
+    state_row: int = -1
+    """With state rows: the state row it holds (-1: none)."""
 
 
 class RunnerView(NamedTuple):
@@ -201,6 +229,8 @@ class RunnerView(NamedTuple):
     slots: tuple[SlotView, ...]
     requests: Mapping[int, RequestView]
     """Every request that arrived; one that never arrived is ABSENT."""
+    table: tuple[int, ...] = ()
+    """With state rows: each state row's owner (-1: free); () with the ring."""
 
 
 # --- mutable host state -----------------------------------------------------------------------
@@ -249,6 +279,8 @@ class _Request:
     drafts after its newest token."""
     host_drafts: tuple[int, ...] = ()
     """With drafts: the drafts read back with its newest delivered token."""
+    state_row: int = -1
+    """With state rows: the state row it was given at arrival, held until released."""
 
 
 def make_runner(backend: Backend, config: RunnerConfig | None = None) -> Runner:
@@ -268,6 +300,8 @@ class Runner:
         self.queue: list[Step] = []
         self.slots = [_Slot() for _ in range(self.config.slots)]
         self.requests: dict[int, _Request] = {}
+        self.table: list[int] = [-1] * self.config.table_rows
+        """With state rows: each state row's owner (-1: free)."""
         self._open: set[int] = set()
         """Requests that may not be closed yet: what per-step scans look at, so a step costs the
         same after a million requests as after ten (closed ones leave it as scans meet them)."""
@@ -348,6 +382,10 @@ class Runner:
     def releasable(self, slot: int) -> bool:
         return self._release_blocker(slot) is None
 
+    def releasable_row(self, idx: int) -> bool:
+        """State row `idx` may go back now (`release_row`)."""
+        return 0 <= idx < len(self.table) and self._row_release_blocker(idx) is None
+
     def status(self, req: int) -> Status:
         r = self.requests.get(req)
         return Status.ABSENT if r is None else r.status
@@ -363,7 +401,8 @@ class Runner:
             self.mirror = self.backend.open_mirror(
                 MirrorSpec(rows=c.rows, slots=c.slots, probe=c.probe, trace=c.trace,
                            logprobs=c.logprobs, readback_timeout_s=c.readback_timeout_s,
-                           overrides=c.overrides, report=self._device_event, drafts=c.drafts)
+                           overrides=c.overrides, report=self._device_event, drafts=c.drafts,
+                           state_rows=c.table_rows)
             )
         except (PhaseError, NotImplementedError):  # a refusal of ours, or no such path here
             raise
@@ -377,6 +416,8 @@ class Runner:
         spec: dict[str, Any] = {"spec_tokens": c.drafts.k} if c.drafts is not None else {}
         if c.subsets:  # absent: every eligible request in every step (as before subsets)
             spec["subsets"] = True
+        if c.state == "rows":  # absent: the ring
+            spec.update(state="rows", state_rows=c.table_rows)
         self.events.record("allocate", depth=c.depth, slots=c.slots, guard=c.guard,
                            preempt_policy=c.preempt_policy, prefill_chunks=c.prefill_chunks,
                            device_waits=self.backend.reports_device_waits, **spec)
@@ -403,8 +444,16 @@ class Runner:
         chunks = self.config.prefill_chunks if prefill_chunks is None else prefill_chunks
         if chunks < 1:
             raise ValueError(f"arrive(r{req}): prefill_chunks must be 1 or more, got {chunks}")
+        state_row = -1
+        if self.config.state == "rows":  # the lowest free state row; none: it must wait
+            state_row = next((i for i, owner in enumerate(self.table) if owner < 0), -1)
+            if state_row < 0:
+                raise PhaseError(f"arrive(r{req}): every state row ({len(self.table)}) is held; "
+                                 "release a closed request's first (release_row)")
+            self.table[state_row] = req
         self.requests[req] = _Request(prompt=prompt, max_tokens=budget,
-                                      prefill_left=chunks - 1, host_sync=host_sync)
+                                      prefill_left=chunks - 1, host_sync=host_sync,
+                                      state_row=state_row)
         self._open.add(req)
         drawn = {} if seed is None else {"seed": seed}
         self.events.record("arrive", (req,), prompt=prompt, max_tokens=budget,
@@ -537,7 +586,8 @@ class Runner:
         step = Step(
             index=self.steps,
             slot=self.next_slot,
-            src_slot=prev.slot if prev is not None and any(r.from_mirror for r in rows) else None,
+            src_slot=prev.slot if (prev is not None and self.config.state == "ring"
+                                   and any(r.from_mirror for r in rows)) else None,
             rows=rows,
         )
         self._count_scheduled(rows)  # before the step joins the queue and its requests run
@@ -556,13 +606,15 @@ class Runner:
     def _owe(self, rows: tuple[Row, ...]) -> None:
         """With drafts: each row that will yield owes 1 + spec placeholders, and the drafter
         proposes after the newest token of this step's rows past their prompt; a request the
-        scheduler left out (`subsets`) keeps its own (read back by its next step at depth 2)."""
+        scheduler left out (`subsets`) keeps its own: in its state row (state rows), or with
+        the ring read back by its next step at depth 2."""
         scheduled = {row.req: row for row in rows}
+        keeps = self.config.subsets or self.config.state == "rows"
         for r in self.open_requests():
             req, row = self.requests[r], scheduled.get(r)
             if row is not None and not row.partial:
                 req.placeholders += 1 + row.spec
-            if row is not None or not self.config.subsets:
+            if row is not None or not keeps:
                 req.drafts_ready = row is not None and not row.partial
 
     def _step_order(self, order: Sequence[int] | None) -> list[int]:
@@ -630,8 +682,10 @@ class Runner:
     def _rows(self, rows_order: list[int], prev: Step | None,
               counts: list[int]) -> tuple[Row, ...]:
         """The rows of a step over `rows_order`: each request's position, and where its newest
-        token is read from (the guard: the previous step's slot while it is in flight there)."""
-        prev_rows = self._previous_rows(prev)
+        token is read from (the guard: while it is in flight, the previous step's slot, or with
+        state rows its own state row, whichever in-flight step wrote it)."""
+        rows_mode = self.config.state == "rows"
+        on_device = self._device_rows(prev) if rows_mode else self._previous_rows(prev)
         guard = self._guarded()
         rows = []
         for i, r in enumerate(rows_order):
@@ -639,20 +693,41 @@ class Runner:
             # Arrived and resumed requests prefill from host ids, and a host-sync request's next
             # input is built on the host: none of them reads the mirror.
             from_host = req.status == Status.WAITING or req.host_sync
-            prev_row = self._prev_row(i, prev_rows.get(r)) if guard and not from_host else None
+            idx = self._state_row(i, r, prev) if rows_mode else -1
+            source = (idx if r in on_device else None) if rows_mode else on_device.get(r)
+            if rows_mode and source is not None and guard and not from_host and (
+                    prev is None or r not in self._previous_rows(prev)):
+                self.stats["rows_from_older_step"] += 1  # the ring's previous step lacks it
+            prev_row = self._prev_row(i, source) if guard and not from_host else None
             partial = req.prefill_left > 0
             if self.config.drafts is None:
-                rows.append(Row(req=r, pos=self.next_pos(r), prev_row=prev_row, partial=partial))
+                row = Row(req=r, pos=self.next_pos(r), prev_row=prev_row, partial=partial)
             else:
-                rows.append(self._drafted_row(r, prev_row, partial, counts[i]))
+                row = self._drafted_row(r, prev_row, partial, counts[i])
+            rows.append(row._replace(idx=idx))
         return tuple(rows)
+
+    def _state_row(self, i: int, r: int, prev: Step | None) -> int:
+        """Row i's `idx_mapping` entry (state rows): its request's own state row."""
+        return self.requests[r].state_row
+
+    def _device_rows(self, prev: Step | None) -> dict[int, int]:
+        """With state rows: the requests whose newest token is in flight, in any in-flight step
+        (a live row whose id is its next token): their state row will hold it when the next
+        combine runs, whichever step wrote it last. Valued by their row in the step that
+        holds it last (what the ring would read)."""
+        found: dict[int, int] = {}
+        for step in self.queue:
+            found.update(self._previous_rows(step))
+        return found
 
     def _guarded(self) -> bool:
         """The stale-host-ids guard: rows whose newest token is in flight read the mirror."""
         return self.config.guard
 
     def _prev_row(self, i: int, prev_row: int | None) -> int | None:
-        """Row i's entry of the previous-row map: its request's row in the previous step."""
+        """Row i's entry of the previous-row map: its request's row in the previous step (with
+        state rows its state row)."""
         return prev_row
 
     def _drafted_row(self, r: int, prev_row: int | None, partial: bool, spec: int) -> Row:
@@ -876,6 +951,39 @@ class Runner:
         self.slots[slot].released = True
         self.events.record("release", (slot,))
 
+    def release_row(self, idx: int) -> None:
+        """With state rows: hand state row `idx` back once its owner closed and no in-flight
+        step scatters into it; the next arrival may take it."""
+        self._need_allocated("release_row")
+        if not 0 <= idx < len(self.table):
+            raise PhaseError(f"release_row({idx}): there are {len(self.table)} state rows")
+        blocker = self._row_release_blocker(idx)
+        if blocker is not None:
+            raise PhaseError(f"release_row({idx}): {blocker}")
+        owner = self.table[idx]
+        self.table[idx] = -1
+        self.requests[owner].state_row = -1
+        self.events.record("release_row", (idx,))
+
+    def _row_release_blocker(self, idx: int) -> str | None:
+        """Why state row `idx` may not go back yet: free, its owner open, or a step of its
+        owner in flight still scatters into it."""
+        owner = self.table[idx]
+        if owner < 0:
+            return "it is free"
+        if self.requests[owner].status not in CLOSED:
+            return f"its owner, request {owner}, is {self.requests[owner].status.name}"
+        step = self._row_writer(idx)
+        if step is not None:
+            return (f"step {step.index} still scatters into it (a row of request {owner}, "
+                    "dropped or not: the device writes it all the same)")
+        return None
+
+    def _row_writer(self, idx: int) -> Step | None:
+        """The oldest in-flight step with a row, live or dropped, naming state row `idx`."""
+        return next((step for step in self.queue if any(row.idx == idx for row in step.rows)),
+                    None)
+
     def fail_step(self, q: int, reason: str) -> list[int]:
         """The device failed step q before its readback completed: every request with a live
         row in it fails (FAILED, with `reason`) and its rows in the other in-flight step are
@@ -956,10 +1064,12 @@ class Runner:
                         r.error,
                         r.placeholders,
                         r.drafts_ready,
+                        r.state_row,
                     )
                     for i, r in sorted(self.requests.items())
                 }
             ),
+            table=tuple(self.table),
         )
 
     def describe(self) -> dict[str, Any]:

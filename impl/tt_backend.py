@@ -45,6 +45,7 @@ from .devices import DeviceProvider, default_provider, device_info, provider_of
 from .drafts import draft_table
 from .overrides import built
 from .ring import Ring
+from .state_rows import StateTable
 from .trace import DecodeTraces
 from .tt_model import TtProbeModel
 from .tt_verify import DeviceVerify, HeadDrafter, ProbeLanes
@@ -85,11 +86,14 @@ class TtMirror:
             raise ValueError("the probe forward computes no logprobs: open the mirror with "
                              "logprobs=0, or serve a decoder model (ServingBackend)")
         k = spec.drafts.k if spec.drafts is not None else 0
-        self.ring = Ring(device, spec.rows, spec.slots, spec.logprobs, drafts=k)
+        self.ring = Ring(device, spec.width, spec.slots, spec.logprobs, drafts=k)
+        self.table = (StateTable(device, spec.width, spec.state_rows, k)
+                      if spec.state_rows else None)
         other = readback_cq if readback_cq != COMPUTE_CQ else None
         seeded = model is None and spec.probe.sampling is not None
         self.combiner = built(DeviceCombine, spec.overrides)(
-            device, self.ring.width, COMPUTE_CQ, other, identity=seeded, drafts=k)
+            device, self.ring.width, COMPUTE_CQ, other, identity=seeded, drafts=k,
+            table=self.table)
         self.model = (
             model
             if model is not None
@@ -132,27 +136,36 @@ class TtMirror:
         return self._issued
 
     def _decode_step(self, slot: int) -> None:
-        """The device work of one step: combine from the previous slot, forward, sample."""
+        """The device work of one step: combine from the previous slot (or the state rows),
+        forward, sample (and with state rows the post-update)."""
         self._combine(slot)
         self._forward(slot)
 
     def _combine(self, slot: int) -> None:
-        """The combine's device ops for `slot`, from the previous slot (and its draft part)."""
+        """The combine's device ops for `slot`, from the previous slot (and its draft part), or
+        with state rows from the table."""
+        if self.table is not None:
+            self.combiner.enqueue(None)
+            return
         source = self._source(slot)
         self.combiner.enqueue(self.ring[source], self.ring.drafts[source] if self.verify else None)
 
     def _forward(self, slot: int) -> None:
         """Forward + sample into the slot (and its logprob part, when the ring has one); with
-        drafts, the launch that verifies and drafts, writing the slot and its draft part."""
+        drafts, the launch that verifies and drafts, writing the slot and its draft part; with
+        state rows, then the post-update from what the launch wrote."""
         target = self._written_slot(slot)
         part = self.ring.logprobs[target] if self.ring.logprobs else None
+        draft = None
         if self.verify is not None:
             draft = self.ring.drafts[self._draft_part(target)]
             lanes = (part, *draft.logprobs) if part is not None else None
             self.verify.enqueue(self.ring[target], draft, lanes)
-            return
-        self.model.forward(self.combiner.input_ids, self.combiner.positions, self.ring[target],
-                           logprobs=part)
+        else:
+            self.model.forward(self.combiner.input_ids, self.combiner.positions,
+                               self.ring[target], logprobs=part)
+        if self.table is not None:
+            self.table.post_update(self.ring[target], draft, COMPUTE_CQ)
 
     def _written_slot(self, slot: int) -> int:
         """The slot a launch into `slot` writes: that one."""
@@ -312,6 +325,7 @@ class TtMirror:
             "trace_replays": self.traces.replays if self.traces else 0,
             "readback_cq": self.readback_cq,
             "ring_width": self.ring.width,
+            "state_rows": self.spec.state_rows,
             "readback_timeouts": self.timeouts,
         }
 

@@ -12,6 +12,8 @@ from ttmirror.impl.cpu_backend import CpuBackend
 from ttmirror.impl.drafts import DraftSpec
 from ttmirror.impl.runner import PhaseError, Runner, RunnerConfig
 
+from .phases import retire_oldest
+
 FREEDOMS = ("skipped_rows", "skipped_in_flight", "fewer_drafts", "none_beside_all")
 
 
@@ -20,15 +22,6 @@ def _runner(k: int = 2) -> Runner:
                                                drafts=DraftSpec(k=k), subsets=True))
     runner.allocate()
     return runner
-
-
-def _retire_oldest(runner: Runner) -> None:
-    runner.readback_issue(0)
-    runner.readback_complete(0)
-    slot = runner.queue[0].slot
-    runner.apply()
-    if runner.releasable(slot):
-        runner.release(slot)
 
 
 def _step(runner: Runner, order: tuple[int, ...], drafts: tuple[int, ...] | None = None) -> None:
@@ -47,7 +40,7 @@ def test_every_request_with_all_its_drafts_counts_no_freedom() -> None:
     runner.arrive(1, 5)
     _step(runner, (0, 1))  # prefills: no drafts yet
     _step(runner, (0, 1), (2, 2))
-    _retire_oldest(runner)
+    retire_oldest(runner)
     _step(runner, (1, 0), (2, 2))
     assert _counts(runner) == dict.fromkeys(FREEDOMS, 0)
 
@@ -60,8 +53,8 @@ def test_a_request_left_out_with_its_step_in_flight_is_counted_once() -> None:
     _step(runner, (1,))  # request 0 left out while step 0, which holds it, is in flight
     assert _counts(runner) == {"skipped_rows": 1, "skipped_in_flight": 1, "fewer_drafts": 0,
                                "none_beside_all": 0}
-    _retire_oldest(runner)
-    _retire_oldest(runner)
+    retire_oldest(runner)
+    retire_oldest(runner)
     _step(runner, (1,), (2,))  # left out again, nothing of it in flight now
     assert _counts(runner)["skipped_rows"] == 2 and _counts(runner)["skipped_in_flight"] == 1
 
@@ -74,7 +67,7 @@ def test_fewer_drafts_and_none_beside_all_are_counted_per_row_and_per_step() -> 
     _step(runner, (0, 1), (1, 2))  # row 0 carries one of its two drafts
     assert _counts(runner) == {"skipped_rows": 0, "skipped_in_flight": 0, "fewer_drafts": 1,
                                "none_beside_all": 0}
-    _retire_oldest(runner)
+    retire_oldest(runner)
     _step(runner, (0, 1), (0, 2))  # none of row 0's beside all of row 1's
     assert _counts(runner) == {"skipped_rows": 0, "skipped_in_flight": 0, "fewer_drafts": 2,
                                "none_beside_all": 1}
