@@ -54,6 +54,24 @@ positions              data)                                        completed
 drafts_after(content)  the slot's drafts (device data)              per lane, once it exists
 =====================  ===========================================  ==============================
 
+With state rows (spec rule 14), field by field:
+
+=====================  ===========================================  ==============================
+model                  implementation                               note
+=====================  ===========================================  ==============================
+rows[i].idx            Row.idx                                      exact (books)
+requests[r].state_row  RequestView.state_row                        exact (books)
+table[s].owner         RunnerView.table[s]                          exact (books)
+table[s].newest        the table's newest ids at s (device data),   PENDING on both sides while a
+                       as the batch row of the step that wrote it   launched step naming s has not
+                       last: its next token (with drafts: count     completed its post-update;
+                       tokens past its position)                    garbage if that row's request
+                                                                    is not the owner, or was
+                                                                    dropped since
+table[s].position      with drafts, the table's positions at s      as newest; -1 without drafts
+                       (device data)
+=====================  ===========================================  ==============================
+
 A slot row whose token is garbage (dropped, partial) is erased on both sides: nothing reads it.
 
 No model variable is left unobserved on the emulated device or the cpu backend. On a chip there
@@ -124,6 +142,16 @@ class ARequest(NamedTuple):
     drafts_ready: bool = False
     """Whether drafts follow its newest token; a closed request's is False (nothing reads it:
     the runner stops updating closed requests, the model at their next step)."""
+    state_row: int = -1
+
+
+class ATableRow(NamedTuple):
+    """One state row (rule 14): its owner, and what the device holds there."""
+
+    owner: int
+    newest: Token | str
+    """PENDING while a launched step that names it has not completed its post-update."""
+    position: int | str
 
 
 class ASlot(NamedTuple):
@@ -142,6 +170,7 @@ class Abstract(NamedTuple):
     queue: tuple[AStep, ...]
     slots: tuple[ASlot, ...]
     requests: tuple[ARequest, ...]
+    table: tuple[ATableRow, ...] = ()
 
 
 class Seen(NamedTuple):
@@ -159,6 +188,8 @@ class Seen(NamedTuple):
     "tokens0".., "drafts0"..) that its writer wrote, or a later step overwrote."""
     counted: frozenset[int] = frozenset()
     """With drafts: queue positions whose launch's counts exist."""
+    scattered: frozenset[tuple[int, str]] = frozenset()
+    """With state rows: (queue position, part) of each table part its post-update wrote."""
 
 
 @dataclass
@@ -180,6 +211,8 @@ class Context:
     """K: the spec tokens of each decoding row's drafts (0: no drafts)."""
     drafter: DraftReference | None = None
     """With drafts: the run's drafter, whose proposals the draft ids are."""
+    state_rows: bool = False
+    """Per-request state rows (rule 14): positions are the table's, not the slots'."""
     truths: dict[int, tuple[int, ...]] = field(default_factory=dict)
     """With drafts: step number -> each row's position, fixed once its combine's ids exist."""
     proposals: dict[tuple[int, int], tuple[int, ...]] = field(default_factory=dict, repr=False)
@@ -267,6 +300,17 @@ def project(s: State, seen: Seen, spec: int = 0) -> Abstract:
             content = PENDING
         part = drafted.project_slot(slot, k, seen, spec) if spec else None
         slots.append(ASlot(content, slot.released, part))
+    writers = [(q, tuple(r.idx for r in step.rows)) for q, step in enumerate(s.queue)
+               if step.phase >= Phase.LAUNCHED]
+    table = []
+    for idx, row in enumerate(s.table):
+        newest: Token | str = row.newest
+        position: int | str = row.position
+        if _pending(idx, writers, seen, "newest"):
+            newest = PENDING
+        if spec and _pending(idx, writers, seen, "position"):
+            position = PENDING
+        table.append(ATableRow(row.owner, newest, position))
     return Abstract(
         allocated=s.allocated,
         next_slot=s.next_slot,
@@ -274,10 +318,21 @@ def project(s: State, seen: Seen, spec: int = 0) -> Abstract:
         slots=tuple(slots),
         requests=tuple(
             ARequest(r.status.name, r.delivered, r.closed_at, r.unchecked, r.preemptions,
-                     r.prefill_left, r.placeholders, r.drafts_ready and r.status not in CLOSED)
+                     r.prefill_left, r.placeholders, r.drafts_ready and r.status not in CLOSED,
+                     r.state_row)
             for r in s.requests
         ),
+        table=tuple(table),
     )
+
+
+def _pending(idx: int, writers: list[tuple[int, tuple[int, ...]]], seen: Seen,
+             part: str) -> bool:
+    """Does the newest launched step naming state row `idx` (of `writers`: queue position and
+    idx_mapping of each launched in-flight step) still have to write table `part` there? Post-
+    updates complete in queue order, so the newest one's is the one to wait for."""
+    last = next((q for q, idx_mapping in reversed(writers) if idx in idx_mapping), None)
+    return last is not None and (last, part) not in seen.scattered
 
 
 def seen_in(view: RunnerView, observed: Observed | None) -> Seen:
@@ -289,8 +344,10 @@ def seen_in(view: RunnerView, observed: Observed | None) -> Seen:
         k for k, slot in enumerate(view.slots)
         if slot.writer is not None and observed.content.get(k, (None, ()))[0] == slot.writer
     )
+    scattered = frozenset((q, part) for q, step in enumerate(view.queue)
+                          for part in observed.scattered.get(step.n, ()))
     if not observed.drafts:
-        return Seen(combined, written)
+        return Seen(combined, written, scattered=scattered)
     lanes = frozenset((q, part) for q, step in enumerate(view.queue)
                       for part in observed.lanes.get(step.n, {}))
     parts = frozenset(
@@ -300,7 +357,7 @@ def seen_in(view: RunnerView, observed: Observed | None) -> Seen:
     # With drafts the newest token's position depends on the count: the two are read together.
     written = frozenset(k for k in written if (k, "count") in parts)
     counted = frozenset(q for q, step in enumerate(view.queue) if step.n in observed.counts)
-    return Seen(combined, written, lanes, parts, counted)
+    return Seen(combined, written, lanes, parts, counted, scattered)
 
 
 def abstract(view: RunnerView, context: Context, observed: Observed | None, seen: Seen
@@ -357,8 +414,65 @@ def abstract(view: RunnerView, context: Context, observed: Observed | None, seen
         delivered = tuple(context.token(r, i + 1, v) for i, v in enumerate(rv.delivered))
         requests.append(ARequest(status_name(rv.status), delivered, rv.closed_at, rv.unchecked,
                                  rv.preemptions, rv.prefill_left, rv.placeholders,
-                                 rv.drafts_ready and rv.status not in runner.CLOSED))
-    return Abstract(view.allocated, view.next_slot, tuple(queue), tuple(slots), tuple(requests))
+                                 rv.drafts_ready and rv.status not in runner.CLOSED,
+                                 rv.state_row))
+    return Abstract(view.allocated, view.next_slot, tuple(queue), tuple(slots), tuple(requests),
+                    _table(view, context, observed, seen))
+
+
+def _table(view: RunnerView, context: Context, observed: Observed | None, seen: Seen
+           ) -> tuple[ATableRow, ...]:
+    """The state rows as the model's (see the table above): owners from the books, newest tokens
+    and positions from the device's table as the step that last named each row wrote it."""
+    writers = [(q, tuple(r.idx for r in step.rows)) for q, step in enumerate(view.queue)
+               if step.phase >= runner.Phase.LAUNCHED]
+    out = []
+    for idx, owner in enumerate(view.table):
+        newest: Token | str = GARBAGE
+        position: int | str = -1
+        if owner < 0:
+            out.append(ATableRow(owner, newest, position))
+            continue
+        written = observed.table if observed is not None else {}
+        if _pending(idx, writers, seen, "newest"):
+            newest = PENDING
+        elif (found := written.get("newest", {}).get(idx)) is not None:
+            newest = _state_token(context, observed, owner, *found)
+        if context.spec and _pending(idx, writers, seen, "position"):
+            position = PENDING
+        elif context.spec and (found := written.get("position", {}).get(idx)) is not None:
+            step, i, value = found
+            if _owners_token(context, owner, step, i):
+                position = value
+        out.append(ATableRow(owner, newest, position))
+    return tuple(out)
+
+
+def _owners_token(context: Context, owner: int, step: int, i: int) -> bool:
+    """Did batch row i of step number `step` scatter a token of `owner`'s: its row (-1: no row
+    named the state row), not a partial prefill's, and not dropped since (the model forgets a
+    dropped request's state)?"""
+    if i < 0:
+        return False  # changed by a post-update whose rows do not name it
+    req, _ = context.layouts[step][i]
+    return req == owner and not context.dropped_since(req, step) and i not in (
+        context.partials.get(step, frozenset()))
+
+
+def _state_token(context: Context, observed: Observed | None, owner: int, step: int, i: int,
+                 value: int) -> Token:
+    """The token batch row i of step number `step` scattered into a state row `owner` holds:
+    its next token (with drafts, count tokens past its position); garbage where it is not the
+    owner's (`_owners_token`)."""
+    if not _owners_token(context, owner, step, i):
+        return GARBAGE
+    req, pos = context.layouts[step][i]
+    if not context.spec:
+        return context.token(req, pos + 1, value)
+    counts = observed.counts.get(step) if observed is not None else None
+    if counts is None or context.truth(step, i) < 0:
+        return GARBAGE
+    return context.token(req, context.truth(step, i) + counts[i], value)
 
 
 def _read_back(context: Context, step: int, i: int, row: rows.Row, value: int,
@@ -376,7 +490,7 @@ def _row(context: Context, row: rows.Row, consumed: tuple[int, ...] | None, i: i
     """The implementation's live row as the model's: the consumed id, when seen, as a token."""
     token = None if consumed is None else context.token(row.req, row.pos, consumed[i])
     return Row(req=row.req, pos=row.pos, prev_row=row.prev_row, consumed=token, live=True,
-               partial=row.partial)
+               partial=row.partial, idx=row.idx)
 
 
 def _content(context: Context, writer: int, ids: tuple[int, ...]) -> tuple[Token, ...]:
@@ -435,12 +549,20 @@ def diff(expected: Abstract, got: Abstract, seen: Seen | None = None, spec: int 
         for f in ARequest._fields:
             if getattr(a, f) != getattr(b, f):
                 out.append(f"requests[{r}].{f}: model {getattr(a, f)} != impl {getattr(b, f)}")
+    if len(expected.table) != len(got.table):
+        out.append(f"table: model {len(expected.table)} state rows != impl {len(got.table)}")
+    for idx, (a, b) in enumerate(zip(expected.table, got.table, strict=False)):
+        for f in ATableRow._fields:
+            if getattr(a, f) != getattr(b, f):
+                label = "" if f == "owner" else " (device data)"
+                out.append(f"table[{idx}].{f}{label}: model {getattr(a, f)} != impl "
+                           f"{getattr(b, f)}")
     return out
 
 
-BOOKS = ("req", "pos", "prev_row", "live", "partial")
+BOOKS = ("req", "pos", "prev_row", "live", "partial", "idx")
 """A row's fields that the host's books decide (the rest, `consumed`, is device data)."""
-SPEC_BOOKS = ("req", "prev_row", "live", "partial", "spec")
+SPEC_BOOKS = ("req", "prev_row", "live", "partial", "spec", "idx")
 """With drafts: a row's fields that the host's books decide (its position is the device's)."""
 
 

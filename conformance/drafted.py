@@ -116,7 +116,8 @@ def project_slot(slot: Slot, k: int, seen: Seen, spec: int) -> tuple[SlotRow, ..
         req, newest = token
         out.append(SlotRow(
             yielded=count if "count" in has else None,
-            position=slot.positions[i] if "position" in has else None,
+            # With state rows the position is the table's, not the slot's (the model keeps none).
+            position=slot.positions[i] if "position" in has and slot.positions else None,
             run=tuple((req, newest - count + 1 + j) for j in range(count)) if run_seen else None,
             drafts=tuple(d if f"drafts{j}" in has else None
                          for j, d in enumerate(drafts_after(token, spec))),
@@ -151,7 +152,7 @@ def row_of(row: rows.Row, q: int, step: int, i: int, context: Context,
         else:
             drafts.append(None)
     return Row(req=row.req, pos=pos, prev_row=row.prev_row, consumed=consumed, live=True,
-               partial=row.partial, spec=row.spec, placed=placed,
+               partial=row.partial, spec=row.spec, placed=placed, idx=row.idx,
                drafts=() if not host and not any(d is not None for d in drafts)
                else tuple(drafts))
 
@@ -209,7 +210,8 @@ def slot_of(k: int, slot: SlotView, context: Context, observed: Observed | None,
             v = value(f"drafts{j}", i)
             drafts.append(context.draft_token(req, newest, j + 1, v) if isinstance(v, int)
                           else v)
-        out.append(SlotRow(count, value("position", i), run, tuple(drafts)))
+        position = None if context.state_rows else value("position", i)
+        out.append(SlotRow(count, position, run, tuple(drafts)))
     return tuple(out)
 
 

@@ -41,7 +41,7 @@ from ..impl.runner import Status as RunnerStatus
 from ..model import actions as A
 from ..model.actions import Action, take
 from ..model.invariants import invariants_for
-from ..model.state import Bounds, Phase, State, Status, initial_state
+from ..model.state import Bounds, Phase, State, Status, initial_state, state_row_count
 from .abstraction import Abstract, Context, Seen, abstract, diff, project, seen_in
 from .configs import check_config
 from .moves import EFFECT, Divergence, Drafter, Move
@@ -150,14 +150,16 @@ class Lockstep:
         ]
         self.context = Context(self.prompts, self.references,
                                prefill_chunks=bounds.prefill_chunks, spec=k,
-                               drafter=DraftReference(probe, drafts) if drafts else None)
+                               drafter=DraftReference(probe, drafts) if drafts else None,
+                               state_rows=bounds.state == "rows")
         self.device: Any = None
         self.runner: Runner = make_runner(self._open_backend(backend), RunnerConfig(
             depth=bounds.depth, slots=bounds.slots, rows=max(1, bounds.requests),
             max_tokens=bounds.max_tokens, guard=bounds.guard, probe=probe,
             trace=config == "traced", preempt_policy=bounds.preempt_policy,
             prefill_chunks=bounds.prefill_chunks, overrides=overrides([bug]), drafts=drafts,
-            subsets=bounds.subsets,
+            subsets=bounds.subsets, state=bounds.state,
+            state_rows=state_row_count(bounds) if bounds.state == "rows" else 0,
         ))
         self.observer: DeviceObserver | HostObserver | None = None
         """Sees device data as it comes into being; None before load, and on a chip."""
@@ -297,6 +299,7 @@ class Lockstep:
         candidates += [Action(n, (q,)) for n in A.STEP_ACTIONS for q in range(b.depth)
                        if not (n == "launch" and q in combined)]
         candidates += [Action("release", (k,)) for k in range(b.slots)]
+        candidates += [Action(A.RELEASE_ROW, (idx,)) for idx in range(len(s.table))]
         out = []
         for a in dict.fromkeys(candidates):
             if a.name == "schedule" and not a.args and todo:
@@ -494,7 +497,7 @@ class Lockstep:
                 r.schedule(list(args), list(action.drafts) if action.drafts else None)
             case "apply":
                 r.apply()
-            case name if name in A.STEP_ACTIONS or name in A.REQUEST_ACTIONS or name == "release":
+            case name if name in (*A.STEP_ACTIONS, *A.REQUEST_ACTIONS, "release", A.RELEASE_ROW):
                 getattr(r, name)(args[0])
             case _:
                 raise ValueError(f"unknown action {action.name!r}")

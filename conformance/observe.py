@@ -34,6 +34,12 @@ launch(q): the slot's run          ``tokens{j}``: the sampler writing the target
 launch(q): the slot's drafts       ``drafts{j}``: the `add` writing the drafter's j-th proposal
 =================================  ==========================================================
 
+With state rows (spec rule 14) the launch's post-update is one more effect: the model's launch
+writes each of its rows' state rows (``newest``, with drafts ``position``), and the command
+writing that table tensor (the post-update's last `add`) makes it exist. It is kept per state
+row, with the step and the batch row that wrote it: a state row keeps its value until a later
+step names it again, however many steps later.
+
 Each part is copied anew whenever a command writes it, with the step that wrote it, so a part
 that a later step overwrites shows as overwritten. The counts are also kept per step, after the
 slot is rewritten: they are how far each row got, which fixes where its later tokens are.
@@ -74,6 +80,25 @@ class Observed:
     counts: dict[int, tuple[int, ...]] = field(default_factory=dict)
     """With drafts: step number -> the counts its launch wrote, kept after the slot is
     rewritten."""
+    table: dict[str, dict[int, tuple[int, int, int]]] = field(default_factory=dict)
+    """With state rows: part ("newest", "position") -> state row -> (the step whose post-update
+    wrote it last, the batch row that named it or -1 for none, the value)."""
+    scattered: dict[int, set[str]] = field(default_factory=dict)
+    """With state rows: step number -> the table parts its post-update has written."""
+
+    def record_table(self, step: int, part: str, idx: tuple[int, ...],
+                     ids: tuple[int, ...]) -> None:
+        """Step `step`'s post-update wrote table `part`: each state row its rows name (`idx`,
+        per batch row) now holds that row's value; a state row it does not name must hold what
+        it held, and one that changed is kept as written by no row (-1)."""
+        table = self.table.setdefault(part, {})
+        named = {s: i for i, s in enumerate(idx) if 0 <= s < len(ids)}
+        for s, value in enumerate(ids):
+            if s in named:
+                table[s] = (step, named[s], value)
+            elif s in table and table[s][2] != value:
+                table[s] = (step, -1, value)
+        self.scattered.setdefault(step, set()).add(part)
 
     def record_combine(self, step: int, part: str, ids: tuple[int, ...]) -> None:
         if part == "ids":
@@ -105,6 +130,17 @@ def combine_parts(mirror: Any) -> dict[str, Any]:
     return parts
 
 
+def table_parts(mirror: Any) -> dict[str, Any]:
+    """The state-row table's tensors by part name (none with the ring)."""
+    table = getattr(mirror, "table", None)
+    if table is None:
+        return {}
+    parts = {"newest": table.newest}
+    if table.position is not None:
+        parts["position"] = table.position
+    return parts
+
+
 def slot_parts(mirror: Any, k: int) -> dict[str, Any]:
     """Slot k's tensors by part name: its ids, and with drafts its draft part's."""
     ring = mirror.ring
@@ -132,6 +168,8 @@ class DeviceObserver:
         for k in range(len(mirror.ring)):
             self.buffers.update({t.buffer: ("launch", part, k, t)
                                  for part, t in slot_parts(mirror, k).items()})
+        self.buffers.update({t.buffer: ("table", part, t)
+                             for part, t in table_parts(mirror).items()})
         self.effects: dict[int, tuple[int, list[tuple[Any, ...]]]] = {}
         """Command id -> (step number, the parts it writes)."""
         self.seen = 0
@@ -176,6 +214,8 @@ class DeviceObserver:
             ids = _ids(where[-1])
             if kind == "combine":
                 self.observed.record_combine(step, part, ids)
+            elif kind == "table":
+                self.observed.record_table(step, part, _state_rows(self.runner, step), ids)
             else:
                 self.observed.record_launch(step, where[0], part, ids)
 
@@ -209,6 +249,12 @@ class HostObserver:
     def launched(self, step: int, slot: int) -> None:
         mirror: Any = self.runner.mirror
         self.observed.record_launch(step, slot, "ids", _values(mirror.ring[slot]))
+        if mirror.state_rows:
+            idx = _state_rows(self.runner, step)
+            self.observed.record_table(step, "newest", idx, _values(mirror.table_newest))
+            if mirror.k:
+                self.observed.record_table(step, "position", idx,
+                                           _values(mirror.table_positions))
         if not mirror.k:
             return
         parts = {f"tokens{j}": t for j, t in enumerate(mirror.ring_tokens[slot])}
@@ -220,6 +266,13 @@ class HostObserver:
 
     def close(self) -> None:
         pass
+
+
+def _state_rows(runner: Runner, step: int) -> tuple[int, ...]:
+    """Step number `step`'s idx_mapping, per batch row (it is in flight: a post-update completes
+    before its step's readback, and so before it retires)."""
+    found = next((s for s in runner.queue if s.index == step), None)
+    return () if found is None else tuple(row.idx for row in found.rows)
 
 
 def _values(tensor: Any) -> tuple[int, ...]:

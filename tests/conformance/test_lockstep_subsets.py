@@ -5,18 +5,13 @@ device data compared at every move, and the situations each freedom adds really 
 
 from __future__ import annotations
 
-import math
-from collections.abc import Callable
-
 import pytest
 
-from ttmirror.conformance import branches
-from ttmirror.conformance.coverage import Coverage
-from ttmirror.model.explore import Exploration
 from ttmirror.model.invariants import SOMETIMES
 from ttmirror.model.state import Bounds
 
-Explored = Callable[[Bounds], Exploration]
+from .edges import Explored, reached, walk_every_edge
+
 QUIET = {"abort": False, "preempt": False, "finish": False}
 SKIPS = Bounds(subsets=True, **QUIET)
 """Two requests of two tokens, any subset per step."""
@@ -26,33 +21,13 @@ ONE_OF_TWO = Bounds(subsets=True, spec_tokens=2, max_tokens=3, requests=1)
 """One request of three tokens, any of two drafts per decoding row, with request events."""
 
 
-def _reached(cov: Coverage, b: Bounds) -> set[str]:
-    """The sometimes checks the covered edges reach (each edge's actions, as the model takes
-    them from its source state to its target)."""
-    from ttmirror.model.actions import successors
-
-    out = set()
-    for u, v in cov.edges:
-        s, target = cov.ex.states[u], cov.ex.states[v]
-        for a, t in successors(s, b):
-            if t == target:
-                out |= {c.name for c in SOMETIMES if c.applies(b) and c.reached(s, a, t, b)}
-    return out
-
-
 @pytest.mark.parametrize(("bounds", "backend", "config"), [
     (SKIPS, "tt", "traced"), (SKIPS, "cpu", None), (FEWER, "cpu", None),
     (ONE_OF_TWO, "cpu", None)], ids=["skips-tt-traced", "skips-cpu", "fewer-cpu", "one-of-two-cpu"])
 def test_every_edge_of_a_subsets_bound_conforms(bounds: Bounds, backend: str, config: str | None,
                                                 explored: Explored) -> None:
-    ex = explored(bounds)
-    assert ex.ok and all(ex.sometimes.values())
-    cov = Coverage(ex)
-    kwargs = {"config": config} if config else {}
-    report = branches.run(cov, backend, seed=0, seconds=math.inf, **kwargs)
-    assert report.failure is None and report.stopped == "covered", report.failure
-    assert cov.edges_covered == 1.0 and report.unreachable == 0
+    cov = walk_every_edge(bounds, backend, config, explored)
     # Each freedom's situation was walked by the implementation, not only by the model.
     new = {"skipped_with_step_in_flight", "fewer_drafts", "no_drafts_beside_all"}
     wanted = {c.name for c in SOMETIMES if c.name in new and c.applies(bounds)}
-    assert wanted and wanted <= _reached(cov, bounds)
+    assert wanted and wanted <= reached(cov, bounds)
