@@ -75,6 +75,11 @@ BUGS: dict[str, str] = {
     "first row's, so a row that carries fewer drafts than another is verified with its count",
     "skipped-from-previous-step": "schedule: a request the previous step left out is mapped to "
     "its row in the last step that held it, and combined from the previous step's slot there",
+    # Per-request state rows (spec rule 14): each needs state rows (`mutants.NEEDS_BOUNDS`).
+    "state-row-reused-in-flight": "release_row: a closed request's state row goes back while a "
+    "step of it is in flight, whose launch then scatters into the row's next owner's state",
+    "idx-from-previous-order": "schedule: each row's idx_mapping entry is the state row the "
+    "previous step's row at its place named, so a reordered row gathers another's state",
 }
 """Bug id -> what goes wrong. Ids marked (tt) only exist on the tt backend."""
 
@@ -129,6 +134,10 @@ SUBSETS_BUGS = frozenset({"draft-count-of-another-row", "skipped-from-previous-s
 """Bugs of vLLM's scheduler freedoms (spec rule 14): they exist only where a step may leave a
 request out or a row carry fewer drafts than another, so the kill matrix runs them with
 subsets."""
+
+ROWS_BUGS = frozenset({"state-row-reused-in-flight", "idx-from-previous-order"})
+"""Bugs of per-request state rows (spec rule 14): they exist only where the device keeps a
+state row per request, so the kill matrix runs them with state rows."""
 
 ALL: dict[str, str] = {**BUGS, **SERVING_BUGS, **FAULT_HANDLING_BUGS}
 """Every planted bug, by id."""

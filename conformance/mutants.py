@@ -44,11 +44,11 @@ DEVICE_HALF = frozenset(
 )
 """Bugs in what the device computes (the combine's ops and inputs, the launch's verification),
 not the runner's books."""
-SPEC_BOUND: dict[str, int | bool] = {"requests": 1, "max_tokens": 3, "spec_tokens": 1}
+SPEC_BOUND: dict[str, int | bool | str] = {"requests": 1, "max_tokens": 3, "spec_tokens": 1}
 """The bound of the spec-decode bugs: one request of three tokens with one draft per decoding
 row, so that a drafted step is verified (both ways), its position read by the next, a resumed
 request re-enters past its prompt, and a host row carries drafts read back (1,602 states)."""
-NEEDS_BOUNDS: dict[str, dict[str, int | bool]] = {
+NEEDS_BOUNDS: dict[str, dict[str, int | bool | str]] = {
     "prev-row-two-back": {"max_tokens": 3},
     "partial-prefill-feeds-mirror": {"prefill_chunks": 2},
     "host-sync-unguarded": {"host_sync": True},
@@ -57,10 +57,14 @@ NEEDS_BOUNDS: dict[str, dict[str, int | bool]] = {
                                    "finish": False, "abort": False, "preempt": False},
     "skipped-from-previous-step": {"subsets": True, "finish": False, "abort": False,
                                    "preempt": False},
+    "state-row-reused-in-flight": {"state": "rows", "requests": 1},
+    "idx-from-previous-order": {"state": "rows", "finish": False, "abort": False,
+                                "preempt": False},
 }
 """Bounds a bug needs to occur at all (beyond the defaults): a request must have a row in three
 steps for "two back" and "one back" to differ; chunked prefill; a host-sync request; drafts;
-vLLM's freedoms (a step that leaves a request out, rows with fewer drafts than another's)."""
+vLLM's freedoms (a step that leaves a request out, rows with fewer drafts than another's);
+state rows (one request that aborts with its step in flight; two whose rows change places)."""
 TWO_QUEUES = frozenset({"readback-cq1-no-wait", "stage-cq1-no-event"})
 """Bugs that need a second command queue: they cannot occur in the one-queue configuration."""
 

@@ -482,6 +482,24 @@ class SkippedFromPreviousStep(Runner):
         return q
 
 
+class StateRowReusedInFlight(Runner):
+    """state-row-reused-in-flight: a closed request's state row goes back while a step of its
+    owner (a dropped row of it) is still in flight and will scatter into it."""
+
+    def _row_writer(self, idx: int) -> Step | None:
+        return None
+
+
+class IdxFromPreviousOrder(Runner):
+    """idx-from-previous-order: each batch row's idx_mapping entry is the state row the
+    previous step's row at that place named (right only while rows keep their places)."""
+
+    def _state_row(self, i: int, r: int, prev: Step | None) -> int:
+        if prev is not None and i < len(prev.rows):
+            return prev.rows[i].idx
+        return super()._state_row(i, r, prev)
+
+
 def counts_from_next_row(copy: DraftCopy) -> DraftCopy:
     """`copy` with each row's count taken from the next row's."""
     return copy._replace(counts=copy.counts[1:] + copy.counts[:1])
@@ -544,6 +562,8 @@ PLANTED: dict[str, tuple[type, ...]] = {
     "rejected-draft-delivered": (RejectedDraftDelivered, CpuRejectedDraftDelivered),
     "draft-count-of-another-row": (DraftCountOfAnotherRow, CpuDraftCountOfAnotherRow),
     "skipped-from-previous-step": (SkippedFromPreviousStep,),
+    "state-row-reused-in-flight": (StateRowReusedInFlight,),
+    "idx-from-previous-order": (IdxFromPreviousOrder,),
 }
 """Bug id -> the overrides that plant it (one per class it lives in: the tt and the cpu mirror
 each have their own)."""
