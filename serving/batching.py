@@ -83,8 +83,13 @@ class ServingConfig:
     row_order_seed: int = 0
     """The seed of the `shuffle` policy."""
     subsets: bool = False
-    """Steps hold what a foreign scheduler chose (spec rule 14): any of the eligible requests,
-    any number of a row's drafts (`ScheduledEngine` sets it); False: every eligible request."""
+    """vLLM's scheduler freedoms (spec rule 14): a step may leave eligible requests out and
+    carry fewer drafts on a row. With a foreign scheduler (`ScheduledEngine` sets it), whatever
+    it planned; with this engine's own, vLLM's choices: under `max_step_tokens`, decoding rows
+    first, each with as many of its drafts as the budget leaves, then the prefills, and what the
+    budget cannot hold waits for a later step; and no more drafts than the model's context
+    holds after the newest token. False: every eligible request, all its drafts, in every step
+    (`max_step_tokens` must then hold every row's tokens)."""
     spec_tokens: int = 0
     """Speculative decoding (spec rule 13): K = 1 or 2 drafts per decoding row, proposed on the
     device by the model's drafter (`models.drafter_for`) and verified there; 0: none. A decoding
@@ -122,6 +127,12 @@ class KvStats:
     """Prefill chunks the step's token budget cut shorter than they would have been."""
     peak_step_tokens: int = 0
     """Most tokens one step computed (decodes plus prefill chunks)."""
+    left_out_rows: int = 0
+    """Eligible requests this engine's scheduler left out of a step (its token budget: rule 14)."""
+    budget_trimmed_drafts: int = 0
+    """Drafts this engine's scheduler did not put on a row for its token budget (rule 14)."""
+    context_trimmed_drafts: int = 0
+    """Drafts this engine's scheduler did not put on a row for the model's context (rule 14)."""
     drafts_on_prefill: int = 0
     """Last prefill chunks a foreign scheduler gave drafts (left unverified: all rejected)."""
     prefix_hits: int = 0
@@ -150,11 +161,15 @@ class ServingEngine(Engine):
             raise ValueError(f"spec_tokens must be 0, 1 or 2 (drafts per decoding row), got "
                              f"{c.spec_tokens}")
         self.k = c.spec_tokens
-        if c.max_step_tokens is not None and c.max_step_tokens < c.rows * (1 + self.k):
+        if c.max_step_tokens is not None and c.max_step_tokens < 1:
+            raise ValueError(f"max_step_tokens must be 1 or more, got {c.max_step_tokens}")
+        if (c.max_step_tokens is not None and not c.subsets
+                and c.max_step_tokens < c.rows * (1 + self.k)):
             per_row = f" times 1 + spec_tokens ({1 + self.k})" if self.k else ""
             raise ValueError(f"max_step_tokens ({c.max_step_tokens}) must be at least rows "
                              f"({c.rows}){per_row}: every row of a step takes "
-                             f"{'its tokens' if self.k else 'a token'}")
+                             f"{'its tokens' if self.k else 'a token'} (or let the "
+                             "scheduler leave rows out: subsets)")
         chosen = order or row_order(c.row_order, c.row_order_seed)  # ValueError if unknown
         if not 0 <= c.max_logprobs <= self.model.vocab:
             raise ValueError(f"max_logprobs must be in [0, {self.model.vocab}] (the vocabulary of "
@@ -192,6 +207,8 @@ class ServingEngine(Engine):
         self.free_blocks = list(range(c.rows))
         self.needs_prefill: set[int] = set()
         self.kv = KvStats()
+        self._planned: dict[int, int] = {}
+        """This step's rows and the drafts each carries, as `_plan` chose them (rule 14)."""
         self._arrivals = 0
 
     # --- requests --------------------------------------------------------------------------------
@@ -467,6 +484,53 @@ class ServingEngine(Engine):
         self.kv.constrained_rows += 1
         return grammar.allowed(self._known(req), self.model.vocab)
 
+    def _plan(self, rows: list[int]) -> tuple[list[int], list[int] | None]:
+        """With `subsets`, vLLM's choices (rule 14): under the step's token budget the decoding
+        rows come first, each with as many of its drafts as the budget leaves after its newest
+        token, then the prefills (at least a token each); a request the budget cannot hold is
+        left out, in the order the policy gave. A row never carries more drafts than the
+        model's context holds after its newest token. Without `subsets`, every row, all its
+        drafts."""
+        c, r = self.serving, self.runner
+        self._planned = {}
+        if not c.subsets:
+            return rows, None
+        left = c.max_step_tokens
+        decoding = [q for q in rows if q not in self.needs_prefill]
+        prefilling = [q for q in rows if q in self.needs_prefill]
+        chosen: list[int] = []
+        for q in decoding:
+            if left is not None and left < 1:
+                break
+            due = r.spec_due(q)
+            room = min(due, self._context_room(q))
+            drafts = room if left is None else min(room, left - 1)
+            if left is not None:
+                left -= 1 + drafts
+            self.kv.context_trimmed_drafts += due - room
+            self.kv.budget_trimmed_drafts += room - drafts
+            self._planned[q] = drafts
+            chosen.append(q)
+        for q in prefilling:
+            if left is not None and left < 1:
+                break
+            if left is not None:
+                left -= 1  # its chunk takes at least one token: `_before_schedule` sizes it
+            self._planned[q] = 0
+            chosen.append(q)
+        self.kv.left_out_rows += len(rows) - len(chosen)
+        chosen = [q for q in rows if q in self._planned]  # in the policy's order
+        return chosen, [self._planned[q] for q in chosen] if self.k else None
+
+    def _context_room(self, req: int) -> int:
+        """Drafts `req`'s decoding row may carry within the model's context: the positions
+        after its newest token's (the host's count, which in-flight drafts can only over-
+        state: a rejected one is rolled back at apply)."""
+        r = self.runner
+        newest = len(self.requests[req].prompt) - 1 + len(r.requests[req].delivered) + r.owed(
+            req)
+        return max(self.model.max_context - 1 - newest, 0)
+
     def _before_schedule(self, rows: list[int]) -> None:
         """Size this step's prefill chunks: a decoding row takes one token; the prefilling
         requests, in arrival order, share what the step's budget leaves (each at least one, and
@@ -476,8 +540,9 @@ class ServingEngine(Engine):
             self.stats["steps_out_of_id_order"] += 1
         prefilling = sorted((q for q in rows if q in self.needs_prefill),
                             key=lambda q: self.requests[q].arrival)
-        # A decoding row takes 1 + the drafts it will carry (rule 13).
-        decodes = sum(1 + r.spec_due(q) for q in rows if q not in self.needs_prefill)
+        # A decoding row takes 1 + the drafts it will carry (rule 13; planned, with subsets).
+        decodes = sum(1 + self._planned.get(q, r.spec_due(q))
+                      for q in rows if q not in self.needs_prefill)
         left = None if c.max_step_tokens is None else c.max_step_tokens - decodes
         self.chunk = {}
         for i, req in enumerate(prefilling):

@@ -182,8 +182,9 @@ class Engine:
                 self.stats["drains"] += 1
                 rows = list(self.order(r.eligible())) if r.can_schedule() else []
             if rows:
+                rows, drafts = self._plan(rows)
                 self._before_schedule(rows)
-                q = r.schedule(rows)
+                q = r.schedule(rows, drafts)
                 self._layout = tuple(rows)
                 fault = self._issue(q)
                 if fault is None:
@@ -253,6 +254,12 @@ class Engine:
         self.stats["failed_requests"] += len(failed)
         self._release_free_slots()
         return failed
+
+    def _plan(self, rows: list[int]) -> tuple[list[int], list[int] | None]:
+        """The step's rows and each one's drafts (None: every eligible request with all its
+        drafts, which is all this engine does; a serving engine's scheduler takes rule 14's
+        freedoms)."""
+        return rows, None
 
     def _before_schedule(self, rows: list[int]) -> None:
         """Hook right before the step over `rows` is scheduled (none here)."""

@@ -173,6 +173,9 @@ def outcome_of(engine: ServingEngine, iterations: int, seconds: float,
             "kv_peak_step_tokens": kv.peak_step_tokens,
             "kv_mixed_sampling_steps": kv.mixed_sampling_steps,
             "kv_constrained_rows": kv.constrained_rows,
+            "kv_left_out_rows": kv.left_out_rows,
+            "kv_budget_trimmed_drafts": kv.budget_trimmed_drafts,
+            "kv_context_trimmed_drafts": kv.context_trimmed_drafts,
             "preempted_requests": sorted(kv.preempted),
             "resumed_and_progressed": sorted(
                 r for r, at in kv.resumed_at.items() if len(runner.requests[r].delivered) > at

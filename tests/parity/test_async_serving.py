@@ -85,6 +85,8 @@ class Run:
     """Where each request's row lands in a step (`serving/row_order.py`)."""
     spec_tokens: int = 0
     """Drafts per decoding row (speculative decoding, spec rule 13); 0: none."""
+    subsets: bool = False
+    """The engine's scheduler takes vLLM's freedoms (spec rule 14) under its token budget."""
 
 
 def _require_async(enabled: bool, batches: int) -> None:
@@ -127,6 +129,7 @@ def _serve(run: Run, plan: list[RequestPlan], events: list[Event] | None = None)
                 overrides=planted.overrides([run.bug]),
                 row_order=run.row_order,
                 spec_tokens=run.spec_tokens,
+                subsets=run.subsets,
             ),
         )
         try:
@@ -751,11 +754,34 @@ def test_every_runner_bug_is_either_killed_by_validation_or_unreachable_in_the_l
     # The data bugs (tt) change what the device computes, not the protocol's events: the
     # battery's token comparison and the hazard checks kill those.
     # The spec-decode bugs need drafts: `test_the_spec_decode_battery_kills_...` below. Rule
-    # 14's need a scheduler that leaves requests out or trims a row's drafts, which the serving
-    # loop's own does not do yet (vLLM's does, in the vLLM battery): the lockstep kills them.
-    runner_bugs = set(bugs.BUGS) - bugs.TT_ONLY - bugs.SPEC_BUGS - bugs.SUBSETS_BUGS
+    # 14's need the scheduler's freedoms under a tight budget (`SUBSETS_KILLS`); state rows are
+    # the lockstep's (the serving loop keeps the ring).
+    runner_bugs = set(bugs.BUGS) - bugs.TT_ONLY - bugs.SPEC_BUGS - bugs.ROWS_BUGS
     assert set(VALIDATION_KILLS).isdisjoint(UNREACHABLE_IN_THE_LOOP)
-    assert runner_bugs <= set(VALIDATION_KILLS) | set(UNREACHABLE_IN_THE_LOOP)
+    assert runner_bugs <= set(VALIDATION_KILLS) | set(UNREACHABLE_IN_THE_LOOP) | set(
+        SUBSETS_KILLS)
+
+
+SUBSETS_KILLS: dict[str, Run] = {
+    # The combine stages the first row's draft count for every row: a row the budget of 4 cut
+    # to none of its drafts beside a first row with both is verified with two, and yields more
+    # than it was scheduled (in the async run; the sync run of this plan survives it).
+    "draft-count-of-another-row": Run("probe", "greedy", kv_tokens=None, max_step_tokens=4,
+                                      spec_tokens=2, subsets=True),
+    # A request the budget left out of the previous step is read from that step's slot at the
+    # row it had in the step before.
+    "skipped-from-previous-step": Run("probe", "greedy", kv_tokens=None, max_step_tokens=3,
+                                      subsets=True),
+}
+"""Rule 14's planted bugs, with a run of the engine's own scheduler where they occur."""
+
+
+@pytest.mark.parametrize("bug", sorted(SUBSETS_KILLS))
+def test_the_engines_own_scheduler_reaches_rule_14s_bugs(bug: str) -> None:
+    run = SUBSETS_KILLS[bug]
+    with pytest.raises(RunLeftTheModel):
+        _serve(replace(run, bug=bug), _plan_for(None))
+    _serve(run, _plan_for(None))  # without it the same run validates
 
 
 @pytest.mark.parametrize("bug", sorted(VALIDATION_KILLS))
@@ -990,6 +1016,31 @@ def test_a_stop_inside_an_accepted_run_cuts_it(mode: str) -> None:
     assert out.stats.get("stops_inside_run", 0) > 0
     assert agree(out, _outcome(Run("probe", "greedy", "off")), plan, 2) == []
     assert out.stopped(plan)
+
+
+@pytest.mark.parametrize("model", ["probe", sorted(TINY)[0]])
+def test_the_engines_own_scheduler_takes_vllms_freedoms(model: str) -> None:
+    # Rule 14 from the engine's own scheduler: under a budget of 7 tokens a step holds what
+    # fits, decoding rows first with as many drafts as are left (1 + 2 each: the third gets none),
+    # the rest left out;
+    # request 8 runs into the model's context, where its rows carry fewer drafts. Async with
+    # drafts equals sync with drafts equals sync without, and every run validates.
+    vocab, context = _model(model).vocab, _model(model).max_context
+    long = tuple((3 * j + 1) % vocab for j in range(context - 16))
+    plan = [*standard_plan(vocab), RequestPlan(8, 2, long, 16)]  # its last token at the limit
+    runs = [Run(model, "greedy", mode, kv_tokens=None, max_step_tokens=7, spec_tokens=k,
+                subsets=True) for mode, k in (("auto", 2), ("off", 2), ("off", 0))]
+    fast, slow, plain = (_serve(run, plan) for run in runs)
+    _require_async(fast.stats["async_enabled"], fast.stats["depth"])
+    assert agree(fast, slow, plan, 2) == [], "async with drafts != sync with drafts"
+    assert agree(slow, plain, plan, 2) == [], "sync with drafts != sync without"
+    s = fast.stats
+    # It happened: rows left out (one while its own step was in flight), drafts cut by the
+    # budget and by the context, a row with none beside one with all; no step over budget.
+    assert s["kv_left_out_rows"] > 0 and s["skipped_in_flight"] > 0
+    assert s["kv_budget_trimmed_drafts"] > 0 and s["kv_context_trimmed_drafts"] > 0
+    assert s["fewer_drafts"] > 0 and s["none_beside_all"] > 0
+    assert s["kv_peak_step_tokens"] <= 7
 
 
 # --- the checks of the matrix can fail -----------------------------------------------------------
