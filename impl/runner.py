@@ -1,4 +1,6 @@
-"""The runner: host state of the mirrored sampled ids, one method per phase, each checked.
+"""The runner: the pipeline of the mirrored sampled ids (steps, their phases, the release
+rules), one method per phase, each checked; the requests it serves are its request table's
+(`requests.py`).
 
 Phases and request events correspond one to one to the model's actions (same names, same
 preconditions); a phase whose precondition does not hold raises `PhaseError` and changes
@@ -47,25 +49,11 @@ from .drafts import DraftSpec
 from .events import EventLog
 from .overrides import NONE, Overrides, built
 from .probe import ProbeSpec
+from .requests import CLOSED, Request, RequestTable, Status
 from .rows import Row
 
 PLACEHOLDER_ID = -1
 """What the host token table holds where the newest token is still on the device."""
-
-
-class Status(IntEnum):
-    """Lifecycle of one request (the model's numbering)."""
-
-    ABSENT = 0
-    WAITING = 1  # arrived or resumed: its next step prefills from host ids
-    RUNNING = 2
-    PREEMPTED = 3
-    FINISHED = 4
-    ABORTED = 5
-    FAILED = 6  # a step of it failed on the device: closed, with the device's error
-
-
-CLOSED = frozenset({Status.FINISHED, Status.ABORTED, Status.FAILED})
 
 
 class Phase(IntEnum):
@@ -257,32 +245,6 @@ class _Slot:
     writer: int | None = None
 
 
-@dataclass
-class _Request:
-    prompt: int
-    max_tokens: int
-    status: Status = Status.WAITING
-    delivered: list[int] = field(default_factory=list)
-    closed_at: int | None = None
-    unchecked: bool = False
-    preemptions: int = 0
-    prefill_left: int = 0
-    host_sync: bool = False
-    logprobs: list[TokenLogprobs] = field(default_factory=list)
-    """One per delivered token, when the mirror has a logprob ring."""
-    error: str | None = None
-    placeholders: int = 0
-    """With drafts: output placeholders owed, 1 + spec per scheduled row that will yield,
-    drained at apply (vLLM's num_output_placeholders)."""
-    drafts_ready: bool = False
-    """With drafts: it was in the last scheduled step past its prompt, so the drafter proposed
-    drafts after its newest token."""
-    host_drafts: tuple[int, ...] = ()
-    """With drafts: the drafts read back with its newest delivered token."""
-    state_row: int = -1
-    """With state rows: the state row it was given at arrival, held until released."""
-
-
 def make_runner(backend: Backend, config: RunnerConfig | None = None) -> Runner:
     """A runner over `backend`: a `Runner`, with the overrides `config` names."""
     config = config or RunnerConfig()
@@ -299,12 +261,8 @@ class Runner:
         self.next_slot = 0
         self.queue: list[Step] = []
         self.slots = [_Slot() for _ in range(self.config.slots)]
-        self.requests: dict[int, _Request] = {}
-        self.table: list[int] = [-1] * self.config.table_rows
-        """With state rows: each state row's owner (-1: free)."""
-        self._open: set[int] = set()
-        """Requests that may not be closed yet: what per-step scans look at, so a step costs the
-        same after a million requests as after ten (closed ones leave it as scans meet them)."""
+        self.requests = RequestTable(self.config.table_rows)
+        """Every request that arrived, and the state rows' owners (`requests.py`)."""
         self.steps = 0  # steps scheduled since load
         self.last_runs: dict[int, tuple[int, ...]] = {}
         """With drafts: the tokens each request got from the last apply, in order."""
@@ -352,12 +310,14 @@ class Runner:
         drafts, the fewest it can be: each in-flight step yields at least one token."""
         return len(self.requests[req].delivered) + self.live_rows(req)
 
+    @property
+    def table(self) -> list[int]:
+        """With state rows: each state row's owner (-1: free); empty with the ring."""
+        return self.requests.owners
+
     def open_requests(self) -> list[int]:
-        """Requests not closed, in id order (a closed one leaves the index here: closing is
-        final)."""
-        closed = [r for r in self._open if self.requests[r].status in CLOSED]
-        self._open.difference_update(closed)
-        return sorted(self._open)
+        """Requests not closed, in id order."""
+        return self.requests.open()
 
     def eligible(self) -> list[int]:
         """Requests the next step must hold: active, with budget left."""
@@ -446,15 +406,14 @@ class Runner:
             raise ValueError(f"arrive(r{req}): prefill_chunks must be 1 or more, got {chunks}")
         state_row = -1
         if self.config.state == "rows":  # the lowest free state row; none: it must wait
-            state_row = next((i for i, owner in enumerate(self.table) if owner < 0), -1)
-            if state_row < 0:
+            free = self.requests.free_row()
+            if free is None:
                 raise PhaseError(f"arrive(r{req}): every state row ({len(self.table)}) is held; "
                                  "release a closed request's first (release_row)")
-            self.table[state_row] = req
-        self.requests[req] = _Request(prompt=prompt, max_tokens=budget,
-                                      prefill_left=chunks - 1, host_sync=host_sync,
-                                      state_row=state_row)
-        self._open.add(req)
+            state_row = free
+        self.requests.admit(req, Request(prompt=prompt, max_tokens=budget,
+                                         prefill_left=chunks - 1, host_sync=host_sync,
+                                         state_row=state_row))
         drawn = {} if seed is None else {"seed": seed}
         self.events.record("arrive", (req,), prompt=prompt, max_tokens=budget,
                            host_sync=host_sync, prefill_chunks=chunks, **drawn)
@@ -923,7 +882,7 @@ class Runner:
         """Whether apply delivers a (not partial) row's token: only while it is live."""
         return row.live
 
-    def _deliver_run(self, row: Row, r: _Request, copy: DraftCopy, i: int) -> int:
+    def _deliver_run(self, row: Row, r: Request, copy: DraftCopy, i: int) -> int:
         """With drafts: deliver row i's run (its accepted drafts and the target's token after
         them, cut at max tokens), drain its placeholders, keep its drafts; returns its newest."""
         count = copy.counts[i]
@@ -960,9 +919,7 @@ class Runner:
         blocker = self._row_release_blocker(idx)
         if blocker is not None:
             raise PhaseError(f"release_row({idx}): {blocker}")
-        owner = self.table[idx]
-        self.table[idx] = -1
-        self.requests[owner].state_row = -1
+        self.requests.release_row(idx)
         self.events.record("release_row", (idx,))
 
     def _row_release_blocker(self, idx: int) -> str | None:
@@ -1097,7 +1054,7 @@ class Runner:
         if not self.allocated:
             raise PhaseError(f"{name}: call allocate() first (the ring exists only after load)")
 
-    def _request(self, name: str, req: int) -> _Request:
+    def _request(self, name: str, req: int) -> Request:
         self._need_allocated(name)
         r = self.requests.get(req)
         if r is None:
