@@ -18,7 +18,7 @@ import random
 
 import numpy as np
 
-from ..model.actions import ALL_ACTIONS, Action, successors
+from ..model.actions import Action, actions_of, successors
 from ..model.explore import Exploration
 from ..model.state import State, initial_state
 from .lockstep import Lockstep
@@ -62,7 +62,7 @@ class Coverage:
 
     @property
     def actions_covered(self) -> float:
-        return len(self.actions) / len(ALL_ACTIONS)
+        return len(self.actions) / len(actions_of(self.ex.bounds))
 
 
 def edge_pairs(ex: Exploration) -> list[tuple[int, int]]:

@@ -31,7 +31,7 @@ from hypothesis.stateful import (
     rule,
 )
 
-from ..model.actions import ALL_ACTIONS
+from ..model.actions import actions_of
 from ..model.state import Bounds
 from .lockstep import SAMPLERS, Divergence, Lockstep, Move, prompts_from
 from .moves import Drafter
@@ -243,7 +243,7 @@ def machine(bounds: Bounds, backend: str, recorder: Recorder, config: str | None
     Conformance.within_time = within_time  # type: ignore[attr-defined]
     Conformance.settled = settled  # type: ignore[attr-defined]
     Conformance.idle = idle  # type: ignore[attr-defined]
-    for name in ALL_ACTIONS:
+    for name in actions_of(bounds):
         setattr(Conformance, name, _action_rule(name))
     Conformance.any_action = _any_action_rule()  # type: ignore[attr-defined]
     for cq in (0, 1):

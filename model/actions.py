@@ -94,6 +94,12 @@ RELEASE_ROW = "release_row"
 """Handing a state row back: an action of the model only with state rows."""
 
 
+def actions_of(b: Bounds) -> tuple[str, ...]:
+    """The actions a conformance run drives at bounds `b`: ALL_ACTIONS, and with state rows
+    `release_row` (faults are the serving loop's and the soak's)."""
+    return (*ALL_ACTIONS, RELEASE_ROW) if b.state == "rows" else ALL_ACTIONS
+
+
 # ---------------------------------------------------------------------------------------------
 # Derived values (operators): read the state, never change it.
 

@@ -43,6 +43,9 @@ def test_every_edge_of_a_state_rows_bound_conforms(bounds: Bounds, backend: str,
                                                    config: str | None,
                                                    explored: Explored) -> None:
     cov = walk_every_edge(bounds, backend, config, explored)
+    assert "release_row" in cov.actions  # counted among the actions a run drives
+    if bounds == ONE:  # every request event: every action
+        assert cov.actions_covered == 1.0
     # What state rows add was walked by the implementation, not only by the model.
     wanted = {c.name for c in SOMETIMES if c.name in ROWS_CHECKS and c.applies(bounds)}
     assert wanted <= reached(cov, bounds)
