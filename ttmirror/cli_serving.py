@@ -52,7 +52,13 @@ def register(add_parser: AddParser) -> None:
                         "default: no such limit)")
     s.add_argument("--max-step-tokens", type=int, default=None,
                    help="tokens one step computes: a token per decoding row, prefills chunked "
-                        "into the rest (at least the 8 rows; default: no budget)")
+                        "into the rest (at least the 8 rows, unless --subsets; default: no "
+                        "budget)")
+    s.add_argument("--subsets", action="store_true",
+                   help="the scheduler takes vLLM's freedoms (spec rule 14): under "
+                        "--max-step-tokens a step holds what fits, decoding rows first with "
+                        "the drafts the budget leaves, the rest waiting; drafts trimmed at the "
+                        "model's context")
     s.add_argument("--logprobs", type=int, default=None,
                    help="every request also gets, per token, its logprob and the top N "
                         "(printed: the tokens' mean logprob and the first token's top N)")
@@ -212,7 +218,8 @@ def _open_engine(ns: argparse.Namespace, model: DecoderModel) -> tuple[ServingBa
         config = ServingConfig(async_scheduling=ns.async_scheduling, kv_tokens=ns.kv_tokens,
                                preempt_policy=ns.preempt_policy, prefill_chunk=ns.prefill_chunk,
                                max_step_tokens=ns.max_step_tokens,
-                               max_logprobs=ns.logprobs or 0, spec_tokens=ns.spec_tokens)
+                               max_logprobs=ns.logprobs or 0, spec_tokens=ns.spec_tokens,
+                               subsets=ns.subsets)
         return backend, ServingEngine(backend, config)
     except (ValueError, NotImplementedError) as e:
         # ValueError: async "on" where the backend cannot; NotImplementedError: the decoder op
