@@ -1,10 +1,12 @@
 """The request table: every request the runner serves, its host record, and the state rows.
 
-The runner's pipeline (`runner.py`: steps, phases, the release rule) reads and writes requests
-only through this table. A request enters when it arrives (`admit`), with the lowest free state
-row where the device keeps one per request (spec rule 14), and stays, closed or not: a closed
-request's tokens are still the run's. The table also keeps which requests may not be closed
-yet, so the per-step scans cost the same after a million requests as after ten.
+The one table of requests: the runner's pipeline (`runner.py`: steps, phases, the release rule)
+reads and writes requests only through it, and so does a serving engine. A request is first
+`submit`ted by its engine, with the engine's own record of it (`entries`: its prompt ids, stop
+ids, sampling...), and waits there (`queued`) until it arrives in the runner (`admit`), with the
+lowest free state row where the device keeps one per request (spec rule 14); it stays, closed
+or not: a closed request's tokens are still the run's. The table also keeps which requests may
+not be closed yet, so the per-step scans cost the same after a million requests as after ten.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from enum import IntEnum
+from typing import Any
 
 from .backend import TokenLogprobs
 
@@ -65,6 +68,9 @@ class RequestTable(Mapping[int, Request]):
     def __init__(self, state_rows: int = 0) -> None:
         """`state_rows`: the device's per-request state rows (0: none, the ring)."""
         self._records: dict[int, Request] = {}
+        self.entries: dict[int, Any] = {}
+        """The engine's own record of each request it submitted, kept once it arrived."""
+        self._queued: dict[int, None] = {}  # submitted, not arrived, in submission order
         self._open: set[int] = set()
         self.owners: list[int] = [-1] * state_rows
         """Each state row's owner (-1: free)."""
@@ -78,6 +84,29 @@ class RequestTable(Mapping[int, Request]):
     def __len__(self) -> int:
         return len(self._records)
 
+    def submit(self, req: int, entry: Any) -> None:
+        """An engine queues `req` with its own record of it; ValueError if it was already
+        submitted or arrived."""
+        if req in self.entries or req in self._records:
+            raise ValueError(f"request {req} was already submitted")
+        self.entries[req] = entry
+        self._queued[req] = None
+
+    def queued(self) -> list[int]:
+        """Requests submitted and not arrived yet, in submission order."""
+        return list(self._queued)
+
+    def is_queued(self, req: int) -> bool:
+        return req in self._queued
+
+    def withdraw(self, req: int) -> bool:
+        """A queued request leaves (aborted, or refused, before it arrived): False if it is not
+        queued."""
+        if req not in self._queued:
+            return False
+        del self._queued[req], self.entries[req]
+        return True
+
     def free_row(self) -> int | None:
         """The lowest free state row (None: every one is held, or there are none)."""
         return next((i for i, owner in enumerate(self.owners) if owner < 0), None)
@@ -86,6 +115,7 @@ class RequestTable(Mapping[int, Request]):
         """`req` arrives with `record`, holding the state row the record names (if any)."""
         if record.state_row >= 0:
             self.owners[record.state_row] = req
+        self._queued.pop(req, None)
         self._records[req] = record
         self._open.add(req)
 

@@ -17,7 +17,7 @@ phases in pipeline order, stop tokens) plus what serving a decoder model needs:
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Iterable, Sequence
+from collections.abc import Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from ..impl.backend import TokenLogprobs
@@ -197,8 +197,8 @@ class ServingEngine(Engine):
         )
         assert backend.context is not None  # set when the runner allocated the mirror
         self.context = backend.context
-        self.requests: dict[int, _Request] = {}
-        self.queued: list[int] = []  # submitted, never admitted, in arrival order
+        self.requests: Mapping[int, _Request] = self.runner.requests.entries
+        """This engine's record of each request submitted (the request table's entries)."""
         self.block_of: dict[int, int] = {}
         self.prefilled: dict[int, int] = {}  # context tokens prefilled by partial chunks so far
         self.masks: dict[int, tuple[frozenset[int], ...]] = {}
@@ -251,10 +251,10 @@ class ServingEngine(Engine):
             raise InvalidRequest(f"request {req}: min_tokens masks at most {BANNED} stop ids")
         if sampling is not None:
             self._check_masks(req, sampling)
-        self.requests[req] = _Request(ids, max_tokens, stops, self._arrivals,
-                                      host_sync or constraint is not None, sampling, constraint)
+        self.runner.requests.submit(req, _Request(ids, max_tokens, stops, self._arrivals,
+                                                  host_sync or constraint is not None, sampling,
+                                                  constraint))
         self._arrivals += 1
-        self.queued.append(req)
 
     def _check_masks(self, req: int, s: SamplingParams) -> None:
         """InvalidRequest unless its bias, allowed ids, bad words and min_p fit the device's
@@ -276,9 +276,7 @@ class ServingEngine(Engine):
             raise InvalidRequest(f"request {req}: min_p must be in [0, 1], got {s.min_p}")
 
     def abort(self, req: int) -> None:
-        if req in self.queued:
-            self.queued.remove(req)
-            self.requests.pop(req)
+        if self.runner.requests.withdraw(req):
             return
         self.runner.abort(req)
         self._reclaim()
@@ -334,6 +332,11 @@ class ServingEngine(Engine):
         return (f"{line}, prefill {self.prefilled.get(q, 0)}/{self._prefill_tokens(q)} "
                 "context tokens, not ended")
 
+    @property
+    def queued(self) -> list[int]:
+        """Submitted, never admitted, in arrival order (the request table's)."""
+        return self.runner.requests.queued()
+
     def _not_admitted(self) -> int:
         return len(self.queued)
 
@@ -364,10 +367,9 @@ class ServingEngine(Engine):
             self.kv.resumes += 1
             self.kv.resumed_at[req] = len(r.requests[req].delivered)
         while self.queued and self._fits(self.queued[0]):
-            req = self.queued.pop(0)
+            req = self.queued[0]
             w = self.requests[req]
             r.arrive(req, w.prompt[-1], max_tokens=w.max_tokens, host_sync=w.host_sync)
-            self.stop_ids[req] = w.stop_ids
             self._take_block(req)
         self.kv.peak_tokens = max(self.kv.peak_tokens, self._usage())
 

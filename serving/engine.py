@@ -119,8 +119,6 @@ class Engine:
             ),
         )
         self.order: Order = order or (lambda eligible: eligible)
-        self.stop_ids: dict[int, frozenset[int]] = {}
-        self._waiting: dict[int, _Waiting] = {}  # submitted, not admitted (no row free yet)
         self._layout: tuple[int, ...] = ()  # rows of the last scheduled step
         self.stats: Counter[str] = Counter()
         self.runner.allocate()
@@ -141,13 +139,17 @@ class Engine:
         self, req: int, prompt: int, *, max_tokens: int | None = None, stop_ids: Iterable[int] = ()
     ) -> None:
         """Queue a request; it arrives in the runner once a row is free for it."""
-        if req in self._waiting or req in self.runner.requests:
-            raise ValueError(f"request {req} was already submitted")
-        self._waiting[req] = _Waiting(prompt, max_tokens, frozenset(stop_ids))
+        self.runner.requests.submit(req, _Waiting(prompt, max_tokens, frozenset(stop_ids)))
 
     def abort(self, req: int) -> None:
-        if self._waiting.pop(req, None) is None:
+        if not self.runner.requests.withdraw(req):
             self.runner.abort(req)
+
+    def stop_ids(self, req: int) -> frozenset[int]:
+        """The ids that finish `req` (its engine's record of it, in the request table)."""
+        entry = self.runner.requests.entries.get(req)
+        stops: frozenset[int] = entry.stop_ids if entry is not None else frozenset()
+        return stops
 
     def preempt(self, req: int) -> None:
         self.runner.preempt(req)
@@ -166,7 +168,7 @@ class Engine:
 
     def idle(self) -> bool:
         r = self.runner
-        return not self._waiting and not r.queue and not r.eligible()
+        return not r.requests.queued() and not r.queue and not r.eligible()
 
     # --- the loop --------------------------------------------------------------------------------
     def step(self) -> bool:
@@ -225,7 +227,7 @@ class Engine:
             for req, token in tokens.items():
                 # A preempted request's kept token is stop-checked too (it may finish while
                 # preempted).
-                if token in self.stop_ids.get(req, ()) and r.status(req) not in CLOSED:
+                if token in self.stop_ids(req) and r.status(req) not in CLOSED:
                     r.finish(req)
         self._release_free_slots()
 
@@ -234,7 +236,7 @@ class Engine:
         later tokens are cut (as vLLM's per-token stop check cuts them)."""
         r = self.runner
         for req, run in r.last_runs.items():
-            stops = self.stop_ids.get(req, ())
+            stops = self.stop_ids(req)
             at = next((i for i, token in enumerate(run) if token in stops), None)
             if at is not None and r.status(req) not in CLOSED:
                 r.finish(req, keep=at + 1)
@@ -272,7 +274,7 @@ class Engine:
         `max_iterations` (the last resort)."""
         watchdog = Watchdog(self)
         for _ in range(max_iterations):
-            if not self.step() and not self._waiting:
+            if not self.step() and not self.runner.requests.queued():
                 return
             watchdog.check()
         raise RuntimeError(f"the engine did not go idle within {max_iterations} iterations")
@@ -319,19 +321,18 @@ class Engine:
 
     def _not_admitted(self) -> int:
         """Submitted requests the runner has not seen yet."""
-        return len(self._waiting)
+        return len(self.runner.requests.queued())
 
     def close(self) -> None:
         self.runner.close()
 
     def _admit(self) -> None:
         active = len(self.runner.open_requests())
-        for req in list(self._waiting):
+        for req in self.runner.requests.queued():
             if active >= self.config.rows:
                 return
-            w = self._waiting.pop(req)
+            w = self.runner.requests.entries[req]
             self.runner.arrive(req, w.prompt, max_tokens=w.max_tokens)
-            self.stop_ids[req] = w.stop_ids
             active += 1
 
 

@@ -224,11 +224,8 @@ class ScheduledEngine(ServingEngine):
             if r.status(req) not in CLOSED:
                 r.abort(req, reason)
                 self._reclaim()
-        elif req in self.queued:
-            self.abort(req)
-            r.refuse(req, reason)
-        else:
-            self.requests.pop(req, None)
+        else:  # queued (submitted, never admitted) or never submitted: refused all the same
+            r.requests.withdraw(req)
             r.refuse(req, reason)
         self.closed_as[req] = "refused"
         self.refused[req] = self._refused_now[req] = reason
@@ -245,7 +242,7 @@ class ScheduledEngine(ServingEngine):
         """The scheduler closed `req`: a stop token it was just delivered finishes it; anything
         else (a request the user aborted) aborts it. Closed already (at its length): nothing."""
         r = self.runner
-        if req in self.queued:  # never entered the runner
+        if r.requests.is_queued(req):  # never entered the runner
             self.abort(req)
             self.closed_as[req] = "abort"
             return
@@ -288,7 +285,6 @@ class ScheduledEngine(ServingEngine):
             self._refuse(new.req, f"request {new.req} arrives with every one of the "
                          f"{self.serving.rows} rows taken")
             return
-        self.queued.remove(new.req)
         self.runner.arrive(new.req, new.prompt[-1], max_tokens=new.max_tokens, seed=seed,
                            host_sync=new.host_sync)
         self._take_block(new.req)
