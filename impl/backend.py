@@ -79,9 +79,14 @@ class MirrorSpec:
 
     @property
     def width(self) -> int:
-        """The device's row width: the padded rows of a step, or of the state-row table where
-        it is wider (one width for every tensor, so each gather's index fits its input)."""
-        return padded_rows(max(self.rows, self.state_rows))
+        """The batch's row width on the device: a step's rows, padded."""
+        return padded_rows(self.rows)
+
+    @property
+    def table_width(self) -> int:
+        """The state-row table's width on the device: its rows, padded (a gather's index may be
+        longer or shorter than its input along the gathered dimension)."""
+        return padded_rows(self.state_rows)
 
 
 @dataclass(frozen=True)

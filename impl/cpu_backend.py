@@ -48,9 +48,10 @@ class CpuMirror:
         # With state rows (rule 14): per state row the newest token, its position and drafts;
         # the post-update's inverse map and mask, staged per step.
         self.state_rows = spec.state_rows
-        self.table_newest, self.table_positions = zeros.clone(), zeros.clone()
-        self.table_drafts = torch.zeros(k, rows, dtype=torch.int64)
-        self._writer, self._written = zeros.clone(), zeros.clone()
+        table = torch.zeros(spec.table_width, dtype=torch.int64)
+        self.table_newest, self.table_positions = table.clone(), table.clone()
+        self.table_drafts = torch.zeros(k, spec.table_width, dtype=torch.int64)
+        self._writer, self._written = table.clone(), table.clone()
 
     def stage(self, inputs: StepInputs) -> None:
         n = len(inputs.host_ids)

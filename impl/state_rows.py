@@ -3,7 +3,8 @@
 One state row per request, allocated at admission by the host and held until it closes; the
 device keeps there what the host does not know while the request's steps are in flight: its
 newest token and, with drafts, that token's position (`num_computed_tokens`) and the drafter's K
-proposals after it. Each tensor is [1, 1, 1, W] uint32 TILE (what `gather` and `where` take),
+proposals after it. Each tensor is [1, 1, 1, W] uint32 TILE (what `gather` and `where` take; W
+the table's padded rows, which may differ from a step's: a gather's output takes its index's),
 allocated at load beside the ring, before any trace capture, and never moved while a trace
 replays into it.
 
@@ -35,8 +36,9 @@ from .ring import DraftSlot, allocate_ids, host_uint32
 class StateTable:
     """The state rows' tensors, the post-update's staged maps and its scratch."""
 
-    def __init__(self, device: Any, width: int, rows: int, drafts: int = 0) -> None:
-        """`rows`: the state rows the host allocates from (the first `rows` of `width`)."""
+    def __init__(self, device: Any, width: int, rows: int, batch: int, drafts: int = 0) -> None:
+        """`rows`: the state rows the host allocates from (the first `rows` of `width`);
+        `batch`: the width of a step's rows (the slot the post-update reads)."""
         tile = ttnn.TILE_LAYOUT
         self.width = width
         self.rows = rows
@@ -46,8 +48,10 @@ class StateTable:
         # Staged per step (ROW_MAJOR: host writes keep the layout) and their TILE copies.
         self.writer_rows, self.written_rows = allocate_ids(device, width), allocate_ids(device,
                                                                                       width)
-        self.writer, self.written, self.incoming, self.gathered, self.merged = (
-            allocate_ids(device, width, tile) for _ in range(5))
+        self.writer, self.written, self.gathered, self.merged = (
+            allocate_ids(device, width, tile) for _ in range(4))
+        self.incoming = allocate_ids(device, batch, tile)
+        """The slot's ids as TILE: what the post-update gathers from (batch width)."""
 
     def tensors(self) -> tuple[ttnn.Tensor, ...]:
         """Every tensor of the table, in one order (allocation checks, release)."""

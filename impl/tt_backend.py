@@ -87,7 +87,7 @@ class TtMirror:
                              "logprobs=0, or serve a decoder model (ServingBackend)")
         k = spec.drafts.k if spec.drafts is not None else 0
         self.ring = Ring(device, spec.width, spec.slots, spec.logprobs, drafts=k)
-        self.table = (StateTable(device, spec.width, spec.state_rows, k)
+        self.table = (StateTable(device, spec.table_width, spec.state_rows, spec.width, k)
                       if spec.state_rows else None)
         other = readback_cq if readback_cq != COMPUTE_CQ else None
         seeded = model is None and spec.probe.sampling is not None

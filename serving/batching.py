@@ -90,6 +90,9 @@ class ServingConfig:
     budget cannot hold waits for a later step; and no more drafts than the model's context
     holds after the newest token. False: every eligible request, all its drafts, in every step
     (`max_step_tokens` must then hold every row's tokens)."""
+    state: str = "ring"
+    """Where the tokens the host does not know yet live on the device (spec rule 14): "ring" or
+    "rows" (a state row per request, `EngineConfig.state`)."""
     spec_tokens: int = 0
     """Speculative decoding (spec rule 13): K = 1 or 2 drafts per decoding row, proposed on the
     device by the model's drafter (`models.drafter_for`) and verified there; 0: none. A decoding
@@ -192,6 +195,7 @@ class ServingEngine(Engine):
                 overrides=c.overrides,
                 drafts=DraftSpec(k=self.k) if self.k else None,
                 subsets=c.subsets,
+                state=c.state,
             ),
             chosen,
         )
@@ -366,7 +370,7 @@ class ServingEngine(Engine):
             self._take_block(req)
             self.kv.resumes += 1
             self.kv.resumed_at[req] = len(r.requests[req].delivered)
-        while self.queued and self._fits(self.queued[0]):
+        while self.queued and self._fits(self.queued[0]) and self._row_free():
             req = self.queued[0]
             w = self.requests[req]
             r.arrive(req, w.prompt[-1], max_tokens=w.max_tokens, host_sync=w.host_sync)

@@ -84,6 +84,10 @@ class EngineConfig:
     """A foreign scheduler's freedoms (spec rule 14): a step may leave eligible requests out and
     carry fewer drafts on a row (`Runner.schedule(order, drafts)`); False: every eligible
     request in every step, K drafts each."""
+    state: str = "ring"
+    """Where the tokens the host does not know yet live on the device (spec rule 14): "ring"
+    (the previous step's slot) or "rows" (a state row per request; the table holds rows x depth
+    of them, as a closed request's row stays held while a step of it is in flight)."""
     drain_on_layout_change: bool = False
     """The TT plugin's policy, for comparison only: before a step whose rows differ from the
     previous step's (arrival, finish, preemption, reorder), retire every step in flight. The
@@ -116,6 +120,9 @@ class Engine:
                 overrides=c.overrides,
                 drafts=c.drafts,
                 subsets=c.subsets,
+                state=c.state,
+                state_rows=c.rows * self.scheduling.max_concurrent_batches()
+                if c.state == "rows" else 0,
             ),
         )
         self.order: Order = order or (lambda eligible: eligible)
@@ -242,10 +249,20 @@ class Engine:
                 r.finish(req, keep=at + 1)
 
     def _release_free_slots(self) -> None:
+        """Hand back every slot, and with state rows every closed request's state row, that
+        nothing in flight holds any more."""
         r = self.runner
         for slot in range(len(r.slots)):
             if r.releasable(slot):
                 r.release(slot)
+        for idx, owner in enumerate(r.table):
+            if owner >= 0 and r.releasable_row(idx):
+                r.release_row(idx)
+
+    def _row_free(self) -> bool:
+        """An arrival can be given a state row now (always, with the ring)."""
+        r = self.runner
+        return r.config.state != "rows" or r.requests.free_row() is not None
 
     def _fail(self, fault: DeviceFault) -> list[int]:
         """The device failed step `fault.q`: its requests fail with the error, the rest go on.
@@ -329,7 +346,7 @@ class Engine:
     def _admit(self) -> None:
         active = len(self.runner.open_requests())
         for req in self.runner.requests.queued():
-            if active >= self.config.rows:
+            if active >= self.config.rows or not self._row_free():
                 return
             w = self.runner.requests.entries[req]
             self.runner.arrive(req, w.prompt, max_tokens=w.max_tokens)

@@ -281,7 +281,7 @@ class ScheduledEngine(ServingEngine):
         except InvalidRequest as e:
             self._refuse(new.req, str(e))
             return
-        if not self.free_blocks:
+        if not self.free_blocks or not self._row_free():
             self._refuse(new.req, f"request {new.req} arrives with every one of the "
                          f"{self.serving.rows} rows taken")
             return

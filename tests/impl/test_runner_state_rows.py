@@ -106,6 +106,19 @@ def test_pipeline_batches_deliver_the_reference_sequence(
     runner.close()
 
 
+@pytest.mark.parametrize("name", ["cpu", "tt-2cq"])
+def test_a_table_wider_than_the_batch(name: str, device: EmulatedMeshDevice) -> None:
+    """40 state rows (64 on the device) behind a batch of 4 rows (32): the combine's gather
+    takes the batch's width from its index, the post-update's the table's."""
+    runner = _runner(_backend(name, device), depth=3, k=2, state_rows=40)
+    for r, prompt in PROMPTS.items():
+        runner.arrive(r, prompt)
+    _drive(runner, PIPELINE)
+    _check_reference(runner)
+    assert runner.stats["rows_from_older_step"] > 0 and len(runner.table) == 40
+    runner.close()
+
+
 @pytest.mark.parametrize("k", [0, 2])
 def test_traced_pipeline_batches_deliver_the_reference_sequence(
         k: int, tt: TtBackend) -> None:

@@ -87,6 +87,8 @@ class Run:
     """Drafts per decoding row (speculative decoding, spec rule 13); 0: none."""
     subsets: bool = False
     """The engine's scheduler takes vLLM's freedoms (spec rule 14) under its token budget."""
+    state: str = "ring"
+    """Where in-flight tokens live on the device (spec rule 14): the ring or state rows."""
 
 
 def _require_async(enabled: bool, batches: int) -> None:
@@ -130,6 +132,7 @@ def _serve(run: Run, plan: list[RequestPlan], events: list[Event] | None = None)
                 row_order=run.row_order,
                 spec_tokens=run.spec_tokens,
                 subsets=run.subsets,
+                state=run.state,
             ),
         )
         try:
@@ -1041,6 +1044,27 @@ def test_the_engines_own_scheduler_takes_vllms_freedoms(model: str) -> None:
     assert s["kv_budget_trimmed_drafts"] > 0 and s["kv_context_trimmed_drafts"] > 0
     assert s["fewer_drafts"] > 0 and s["none_beside_all"] > 0
     assert s["kv_peak_step_tokens"] <= 7
+
+
+@pytest.mark.parametrize("model", ["probe", sorted(TINY)[0]])
+def test_serving_on_state_rows_equals_the_ring(model: str) -> None:
+    # The serving engine on per-request state rows (rule 14), its scheduler taking the freedoms
+    # under a budget, with drafts and a KV budget that preempts: the tokens of the ring's sync
+    # run, every run validating with state rows, and closed requests' rows reused.
+    plan = standard_plan(_model(model).vocab)
+    base = Run(model, "greedy", max_step_tokens=4, spec_tokens=2, subsets=True)
+    events: list[Event] = []
+    rows = _serve(replace(base, state="rows"), plan, events)
+    ring = _serve(replace(base, async_scheduling="off"), plan)
+    _require_async(rows.stats["async_enabled"], rows.stats["depth"])
+    assert agree(rows, ring, plan, 2) == []
+    assert rows.stats["state_rows"] == 2 * ROWS and rows.stats["mirror_rows"] > 0
+    assert rows.stats["kv_preemptions"] > 0 and rows.stats["kv_left_out_rows"] > 0
+    owners: dict[int, set[int]] = {}  # state row -> the requests its rows served
+    for e in events:
+        for row in e.get("rows") if e.action == "schedule" else ():
+            owners.setdefault(row.idx, set()).add(row.req)
+    assert any(len(reqs) > 1 for reqs in owners.values()), owners
 
 
 # --- the checks of the matrix can fail -----------------------------------------------------------
