@@ -59,6 +59,8 @@ class Cell:
     max_logprobs: int | None = None
     spec_tokens: int = 0
     """Drafts per decoding row (vLLM's num_speculative_tokens; 0: no speculative decoding)."""
+    state: str = "ring"
+    """Where the worker keeps in-flight tokens on the device (spec rule 14): "ring" or "rows"."""
     trace: str | None = None
 
 

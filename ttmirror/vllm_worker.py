@@ -143,10 +143,13 @@ class Worker:
                                                   **backend_options), model, sampling)
         # vLLM's -1 is the whole vocabulary; the ring holds at most the vocabulary.
         logprobs = int(options.get("max_logprobs", 0))
+        state = options.get("state") or "ring"
+        if state not in ("ring", "rows"):
+            raise ValueError(f"TTMIRROR_STATE must be ring or rows, got {state!r}")
         config = ServingConfig(
             async_scheduling="on" if options["async_scheduling"] else "off", rows=rows,
             max_logprobs=model.vocab if logprobs < 0 else min(logprobs, model.vocab),
-            spec_tokens=int(options.get("spec_tokens", 0)))
+            spec_tokens=int(options.get("spec_tokens", 0)), state=state)
         self.engine = ScheduledEngine(self.backend, config)
         self.trace = Path(options["trace"]) if options.get("trace") else None
         self.summary = Path(options["summary"]) if options.get("summary") else None
@@ -192,7 +195,8 @@ class Worker:
             summary["stats"] = dict(engine.runner.stats) | {
                 "preemptions": engine.kv.preemptions, "resumes": engine.kv.resumes,
                 "partial_chunks": engine.kv.partial_chunks, "prefills": engine.kv.prefills,
-                "prefix_hits": engine.kv.prefix_hits, "prefix_tokens": engine.kv.prefix_tokens}
+                "prefix_hits": engine.kv.prefix_hits, "prefix_tokens": engine.kv.prefix_tokens,
+                "state_rows": len(engine.runner.table)}
             summary["closed_as"] = {str(k): v for k, v in engine.closed_as.items()}
             summary["seconds"] = dict(self.seconds, readback_wait=engine.readback_wait)
             if self.trace is not None:

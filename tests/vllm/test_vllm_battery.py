@@ -53,6 +53,10 @@ SCENARIOS: dict[str, dict[str, Any]] = {
     # still in flight under async scheduling.
     "drafts-budget": {"max_num_seqs": 8, "max_num_batched_tokens": 8, "scale": 1,
                       "spec_tokens": 2},
+    # The same on per-request state rows (rule 14): the worker gathers each row's newest token,
+    # position and drafts from its request's state row, wherever vLLM left it.
+    "drafts-budget-rows": {"max_num_seqs": 8, "max_num_batched_tokens": 8, "scale": 1,
+                           "spec_tokens": 2, "state": "rows"},
     # Requests asking for more than max_model_len = 16 holds (`_to_the_limit`): near the limit
     # vLLM schedules fewer drafts, none beside all in one step, and each stops at the limit.
     "drafts-context-limit": {"max_num_seqs": 4, "max_num_batched_tokens": 256,
@@ -60,7 +64,7 @@ SCENARIOS: dict[str, dict[str, Any]] = {
 }
 MODES = {"async": True, "sync": False}
 GREEDY_SCENARIOS = ("plain", "preempt-chunked", "drafts", "drafts-preempt-chunked",
-                    "drafts-budget", "drafts-context-limit")
+                    "drafts-budget", "drafts-budget-rows", "drafts-context-limit")
 
 
 DRAFT_LOGPROBS = 3
@@ -275,9 +279,13 @@ def test_vllms_scheduler_freedoms_really_occurred(served: dict[str, Any]) -> Non
     The runs serve to completion, async equals sync, and their events validate (the tests
     above)."""
     runs = served["runs"]
-    budget = runs["drafts-budget", "async"]["worker"]
-    assert budget["stats"].get("skipped_in_flight", 0) > 0, budget["stats"]
-    assert budget["vllm"]["skipped_in_flight"] > 0, budget["vllm"]
+    for scenario in ("drafts-budget", "drafts-budget-rows"):
+        budget = runs[scenario, "async"]["worker"]
+        assert budget["stats"].get("skipped_in_flight", 0) > 0, budget["stats"]
+        assert budget["vllm"]["skipped_in_flight"] > 0, budget["vllm"]
+    # On state rows: the worker's table held a row per request, and rows read the device.
+    rows = runs["drafts-budget-rows", "async"]["worker"]["stats"]
+    assert rows.get("state_rows", 0) > 0 and rows.get("mirror_rows", 0) > 0, rows
     for mode in MODES:
         limit = runs["drafts-context-limit", mode]
         stats, decided = limit["worker"]["stats"], limit["worker"]["vllm"]

@@ -45,7 +45,7 @@ def run(cell: dict[str, Any], summary_path: str) -> dict[str, Any]:
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
     os.environ["TTMIRROR_SUMMARY"] = summary_path
     for key, env in (("sampler_seed", "TTMIRROR_SAMPLER_SEED"), ("trace", "TTMIRROR_TRACE"),
-                     ("max_logprobs", "TTMIRROR_MAX_LOGPROBS")):
+                     ("max_logprobs", "TTMIRROR_MAX_LOGPROBS"), ("state", "TTMIRROR_STATE")):
         if cell.get(key) is not None:
             os.environ[env] = str(cell[key])
         else:

@@ -43,6 +43,9 @@ own, beside the worker) or `host` (in the worker's process, as the host waits)."
 SAMPLER = "TTMIRROR_SAMPLER"
 """`greedy`: the worker loads the argmax path (sampled requests are then refused alone); by
 default it loads the seeded sampler, as vLLM's default sampling (temperature 1.0) needs."""
+STATE = "TTMIRROR_STATE"
+"""`rows`: the worker keeps a state row per request on the device (spec rule 14); by default
+the ring of per-step slots."""
 MAX_LOGPROBS = "TTMIRROR_MAX_LOGPROBS"
 SUMMARY = "TTMIRROR_SUMMARY"
 """Where the worker writes the run's closing summary (JSON: its counters, how it closed
@@ -125,6 +128,7 @@ class MirrorExecutor(Executor):
             "trace": os.environ.get(TRACE),
             "summary": os.environ.get(SUMMARY),
             "device": os.environ.get(DEVICE, "process"),
+            "state": os.environ.get(STATE, "ring"),
             "seed": int(seed) if seed is not None else int(self.model_config.seed or 0),
             "sampler": os.environ.get(SAMPLER) != "greedy",
             # The logprob ring's width: vLLM's own limit (`--max-logprobs`, default 20) unless
