@@ -94,14 +94,15 @@ sampled id is GARBAGE in the slot and the host copy: it is no token of the seque
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
 from ..impl import rows, runner
 from ..impl.drafts import DraftReference
-from ..impl.runner import PLACEHOLDER_ID, RunnerView
+from ..impl.runner import PLACEHOLDER_ID, RunnerView, StepView
 from ..model.actions import DEAD_ROW
-from ..model.state import CLOSED, GARBAGE, PLACEHOLDER, Phase, Row, State, Status, Token
+from ..model.state import CLOSED, GARBAGE, PLACEHOLDER, Phase, Row, State, Status, Step, Token
 from . import drafted
 from .drafted import SlotRow
 from .observe import Observed
@@ -300,8 +301,7 @@ def project(s: State, seen: Seen, spec: int = 0) -> Abstract:
             content = PENDING
         part = drafted.project_slot(slot, k, seen, spec) if spec else None
         slots.append(ASlot(content, slot.released, part))
-    writers = [(q, tuple(r.idx for r in step.rows)) for q, step in enumerate(s.queue)
-               if step.phase >= Phase.LAUNCHED]
+    writers = _writers(s.queue)
     table = []
     for idx, row in enumerate(s.table):
         newest: Token | str = row.newest
@@ -324,6 +324,13 @@ def project(s: State, seen: Seen, spec: int = 0) -> Abstract:
         ),
         table=tuple(table),
     )
+
+
+def _writers(queue: Sequence[Step | StepView]) -> list[tuple[int, tuple[int, ...]]]:
+    """Each launched in-flight step's queue position and idx_mapping (the model's and the
+    runner's phases share their numbering)."""
+    return [(q, tuple(r.idx for r in step.rows)) for q, step in enumerate(queue)
+            if step.phase >= Phase.LAUNCHED]
 
 
 def _pending(idx: int, writers: list[tuple[int, tuple[int, ...]]], seen: Seen,
@@ -424,8 +431,8 @@ def _table(view: RunnerView, context: Context, observed: Observed | None, seen: 
            ) -> tuple[ATableRow, ...]:
     """The state rows as the model's (see the table above): owners from the books, newest tokens
     and positions from the device's table as the step that last named each row wrote it."""
-    writers = [(q, tuple(r.idx for r in step.rows)) for q, step in enumerate(view.queue)
-               if step.phase >= runner.Phase.LAUNCHED]
+    writers = _writers(view.queue)
+    written = observed.table if observed is not None else {}
     out = []
     for idx, owner in enumerate(view.table):
         newest: Token | str = GARBAGE
@@ -433,7 +440,6 @@ def _table(view: RunnerView, context: Context, observed: Observed | None, seen: 
         if owner < 0:
             out.append(ATableRow(owner, newest, position))
             continue
-        written = observed.table if observed is not None else {}
         if _pending(idx, writers, seen, "newest"):
             newest = PENDING
         elif (found := written.get("newest", {}).get(idx)) is not None:

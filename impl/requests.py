@@ -119,12 +119,10 @@ class RequestTable(Mapping[int, Request]):
         self._records[req] = record
         self._open.add(req)
 
-    def release_row(self, idx: int) -> int:
-        """State row `idx` goes back; returns the request that held it."""
-        owner = self.owners[idx]
+    def release_row(self, idx: int) -> None:
+        """State row `idx` goes back: its owner holds none, the next arrival may take it."""
+        self._records[self.owners[idx]].state_row = -1
         self.owners[idx] = -1
-        self._records[owner].state_row = -1
-        return owner
 
     def open(self) -> list[int]:
         """Requests not closed, in id order (a closed one leaves the index here: closing is

@@ -644,7 +644,8 @@ class Runner:
         token is read from (the guard: while it is in flight, the previous step's slot, or with
         state rows its own state row, whichever in-flight step wrote it)."""
         rows_mode = self.config.state == "rows"
-        on_device = self._device_rows(prev) if rows_mode else self._previous_rows(prev)
+        prev_rows = self._previous_rows(prev)
+        on_device = self._device_rows() if rows_mode else set()
         guard = self._guarded()
         rows = []
         for i, r in enumerate(rows_order):
@@ -653,9 +654,9 @@ class Runner:
             # input is built on the host: none of them reads the mirror.
             from_host = req.status == Status.WAITING or req.host_sync
             idx = self._state_row(i, r, prev) if rows_mode else -1
-            source = (idx if r in on_device else None) if rows_mode else on_device.get(r)
+            source = (idx if r in on_device else None) if rows_mode else prev_rows.get(r)
             if rows_mode and source is not None and guard and not from_host and (
-                    prev is None or r not in self._previous_rows(prev)):
+                    r not in prev_rows):
                 self.stats["rows_from_older_step"] += 1  # the ring's previous step lacks it
             prev_row = self._prev_row(i, source) if guard and not from_host else None
             partial = req.prefill_left > 0
@@ -670,15 +671,11 @@ class Runner:
         """Row i's `idx_mapping` entry (state rows): its request's own state row."""
         return self.requests[r].state_row
 
-    def _device_rows(self, prev: Step | None) -> dict[int, int]:
+    def _device_rows(self) -> set[int]:
         """With state rows: the requests whose newest token is in flight, in any in-flight step
         (a live row whose id is its next token): their state row will hold it when the next
-        combine runs, whichever step wrote it last. Valued by their row in the step that
-        holds it last (what the ring would read)."""
-        found: dict[int, int] = {}
-        for step in self.queue:
-            found.update(self._previous_rows(step))
-        return found
+        combine runs, whichever step wrote it last."""
+        return {r for step in self.queue for r in self._previous_rows(step)}
 
     def _guarded(self) -> bool:
         """The stale-host-ids guard: rows whose newest token is in flight read the mirror."""

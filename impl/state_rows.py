@@ -53,13 +53,6 @@ class StateTable:
         self.incoming = allocate_ids(device, batch, tile)
         """The slot's ids as TILE: what the post-update gathers from (batch width)."""
 
-    def tensors(self) -> tuple[ttnn.Tensor, ...]:
-        """Every tensor of the table, in one order (allocation checks, release)."""
-        state = (self.newest, *((self.position,) if self.position is not None else ()),
-                 *self.drafts)
-        return (*state, self.writer_rows, self.written_rows, self.writer, self.written,
-                self.incoming, self.gathered, self.merged)
-
     def stage(self, inputs: StepInputs, cq: int) -> None:
         """The step's inverse map and its mask, written on `cq` (the combine's queue)."""
         writer, written = inputs.scatter(self.rows)

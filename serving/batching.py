@@ -504,7 +504,6 @@ class ServingEngine(Engine):
         left = c.max_step_tokens
         decoding = [q for q in rows if q not in self.needs_prefill]
         prefilling = [q for q in rows if q in self.needs_prefill]
-        chosen: list[int] = []
         for q in decoding:
             if left is not None and left < 1:
                 break
@@ -516,15 +515,13 @@ class ServingEngine(Engine):
             self.kv.context_trimmed_drafts += due - room
             self.kv.budget_trimmed_drafts += room - drafts
             self._planned[q] = drafts
-            chosen.append(q)
         for q in prefilling:
             if left is not None and left < 1:
                 break
             if left is not None:
                 left -= 1  # its chunk takes at least one token: `_before_schedule` sizes it
             self._planned[q] = 0
-            chosen.append(q)
-        self.kv.left_out_rows += len(rows) - len(chosen)
+        self.kv.left_out_rows += len(rows) - len(self._planned)
         chosen = [q for q in rows if q in self._planned]  # in the policy's order
         return chosen, [self._planned[q] for q in chosen] if self.k else None
 
