@@ -19,7 +19,6 @@ from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 
-from ..impl.backend import MAX_STATE_ROWS
 from ..impl.events import Event
 from ..model.actions import (
     ALL_ACTIONS,
@@ -409,12 +408,12 @@ def bounds_of(events: Sequence[Event] | Event) -> Bounds:
     policy, state = str(load.get("preempt_policy")), str(load.get("state", "ring"))
     if not (1 <= depth <= 4 and 1 <= slots <= 64 and 1 <= chunks <= 1024
             and policy in ("keep", "drop") and 0 <= spec <= 4 and state in ("ring", "rows")
-            and (state == "rows") == (1 <= state_rows <= MAX_STATE_ROWS)):
+            and (state == "rows") == (1 <= state_rows <= 4096)):
         raise EventsError(f"the allocate (depth {depth}, K={slots}, prefill chunks {chunks}, "
                           f"preempt policy {policy!r}, spec tokens {spec}, state {state!r} "
                           f"with {state_rows} state rows) is no instance of this model (depth 1 "
                           "to 4, K and chunks 1 or more, policy keep or drop, spec tokens 0 to "
-                          f"4, state ring, or rows with 1 to {MAX_STATE_ROWS} state rows)")
+                          "4, state ring, or rows with 1 to 4096 state rows)")
     return Bounds(depth=depth, slots=slots, preemptions=0, guard=bool(load.get("guard")),
                   preempt_policy=policy, prefill_chunks=chunks, spec_tokens=spec,
                   subsets=bool(load.get("subsets")), state=state, state_rows=state_rows)
