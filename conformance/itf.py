@@ -30,7 +30,7 @@ from typing import Any
 from ..impl.events import Event
 from ..impl.rows import Row
 from ..model.actions import FAULT, Action
-from ..model.state import Bounds, State, initial_state
+from ..model.state import RING, Bounds, State, initial_state
 from .configs import CONFIGS
 from .moves import EFFECT, Divergence, Drafter, Move
 
@@ -49,7 +49,8 @@ _VALIDATION = ("max_tokens_of", "host_sync_of", "chunk_per_step", "state", "stat
                "subsets")
 """Bounds only a validated serving run sets, and the bounds of spec rule 14; left out of a trace
 where they are at their defaults, so that the traces written before them stay as they were."""
-_BOUNDS_DEFAULTS = Bounds()
+_BOUNDS_DEFAULTS = RING
+"""What a trace that leaves a bound out means: the traces before rule 14 are of the ring."""
 
 _AT_DEFAULT: dict[tuple[str, str], Any] = {("Row", "idx"): -1, ("Request", "state_row"): -1,
                                            ("State", "table"): ()}
@@ -225,7 +226,7 @@ def load(path: Path) -> Loaded:
         if data.get("vars") != VARS:
             raise TraceError(f"{path}: vars {data.get('vars')} are not this model's {VARS}")
         fields = dict(meta["bounds"])
-        bounds = Bounds(**{**fields, "max_tokens_of": tuple(fields.get("max_tokens_of", ())),
+        bounds = RING._replace(**{**fields, "max_tokens_of": tuple(fields.get("max_tokens_of", ())),
                            "host_sync_of": tuple(fields.get("host_sync_of", ()))})
         prompts = tuple(int(p) for p in meta["prompts"])
         states = data["states"]

@@ -75,7 +75,7 @@ class Bounds(NamedTuple):
     """K spec tokens (speculative decoding, spec rule 13): a decoding row whose drafts exist
     consumes its newest token and K drafts (any d in 0..K with ``subsets``), and its launch's
     verification accepts a in 0..d of them, yielding a + 1 tokens. 0 = no drafts."""
-    state: str = "ring"
+    state: str = "rows"
     """Where the tokens the host does not know yet live on the device (spec rule 14): "ring"
     (the V1 runner's shape: step n's sampled ids in slot n mod K, the next step's combine reads
     the previous step's slot through the previous-row map) or "rows" (model runner v2's: one
@@ -85,11 +85,17 @@ class Bounds(NamedTuple):
     state_rows: int = 0
     """With ``state`` "rows": how many state rows the device holds (vLLM's ``max_num_reqs``);
     0 = one per request. Fewer than the requests makes a closed request's row be reused."""
-    subsets: bool = False
+    subsets: bool = True
     """vLLM's scheduler freedoms: a step holds any non-empty subset of the schedulable
     requests (a token budget leaves some out), and each decoding row with drafts carries any
     d in 0..K of them (fewer near ``max_model_len``, or a budget). At depth 3 and more, a
     request may be in one in-flight step and absent from the next (pipeline batches)."""
+
+
+RING = Bounds(state="ring", subsets=False)
+"""The V1 runner's shape (spec rules 1 to 13): a per-step ring read through the previous-row
+map, every eligible request in every step with all K drafts. The defaults before rule 14: a
+trace or a recorded run that names no ``state`` is an instance of it."""
 
 
 VARIANTS: dict[str, str] = {

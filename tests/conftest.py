@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from ttmirror.model.explore import Exploration, explore
-from ttmirror.model.state import Bounds
+from ttmirror.model.state import RING, Bounds
 
 # The emulated device's ops and the tiny models' forwards are a few dozen to a few thousand
 # elements each: torch's intra-op threads only spin against each other and against the suite's
@@ -35,7 +35,7 @@ def explored() -> Callable[[Bounds], Exploration]:
 
 @pytest.fixture(scope="session")
 def default_run() -> Exploration:
-    return _explored(Bounds())
+    return _explored(RING)
 
 
 @pytest.fixture(autouse=True)

@@ -13,6 +13,8 @@ from ttmirror.cli import main
 from ttmirror.impl.cpu_backend import CpuBackend
 
 SMALL = ["--requests", "1"]
+RING_FLAGS = ["--state", "ring", "--no-subsets"]
+"""The V1 ring's bounds (the defaults are state rows and vLLM's freedoms)."""
 
 
 def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
@@ -122,7 +124,7 @@ def test_full_view_refuses_unreadable_graphs() -> None:
 
 def test_full_view_at_tiny_bounds(capsys: pytest.CaptureFixture[str]) -> None:
     args = ["graph", "--view", "full", "--requests", "1", "--max-tokens", "1", "--depth", "1",
-            "--no-abort", "--no-preempt", "--no-finish", "--format", "dot"]
+            "--no-abort", "--no-preempt", "--no-finish", "--format", "dot", *RING_FLAGS]
     assert main(args) == 0
     out = capsys.readouterr().out
     assert "allocate [allocated]" in out and "arrive(r0) [requests[0]]" in out
@@ -228,10 +230,10 @@ def test_info_with_drafts_resolves_off_without_a_draft_aware_combine(
 @pytest.mark.parametrize(
     ("args", "invariant", "length"),
     [
-        (["--variant", "resume-with-placeholder"], "StaleHostIdsGuard", 9),
-        (["--variant", "partial-prefill-feeds-mirror"], "StaleHostIdsGuard", 7),
-        (["--variant", "host-sync-unguarded"], "StaleHostIdsGuard", 7),
-        (["--variant", "guard-off"], "StaleHostIdsGuard", 7),
+        (["--variant", "resume-with-placeholder", *RING_FLAGS], "StaleHostIdsGuard", 9),
+        (["--variant", "partial-prefill-feeds-mirror", *RING_FLAGS], "StaleHostIdsGuard", 7),
+        (["--variant", "host-sync-unguarded", *RING_FLAGS], "StaleHostIdsGuard", 7),
+        (["--variant", "guard-off", *RING_FLAGS], "StaleHostIdsGuard", 7),
     ],
 )
 def test_variants_fail_check_with_their_shortest_counterexample(

@@ -12,15 +12,15 @@ import pytest
 
 from ttmirror import explore_jobs
 from ttmirror.model.explore import Exploration, Search, explore
-from ttmirror.model.state import Bounds
+from ttmirror.model.state import RING
 
 BOUNDS = {
-    "default": Bounds(),
-    "guard-off": Bounds(guard=False),
-    "depth-3-two-slots": Bounds(depth=3, slots=2),
-    "faults": Bounds(faults=True),
-    "release-at-issue": Bounds(release_at="issue"),
-    "one-request": Bounds(requests=1, max_tokens=3),
+    "default": RING,
+    "guard-off": RING._replace(guard=False),
+    "depth-3-two-slots": RING._replace(depth=3, slots=2),
+    "faults": RING._replace(faults=True),
+    "release-at-issue": RING._replace(release_at="issue"),
+    "one-request": RING._replace(requests=1, max_tokens=3),
 }
 FAILING = ("guard-off", "depth-3-two-slots", "release-at-issue")
 
@@ -57,9 +57,9 @@ def test_forked_workers_agree_in_a_one_thread_process() -> None:
     script = (
         "from ttmirror import explore_jobs\n"
         "from ttmirror.model.explore import explore\n"
-        "from ttmirror.model.state import Bounds\n"
+        "from ttmirror.model.state import RING\n"
         "assert explore_jobs.start_method() == 'fork'\n"
-        "b = Bounds(depth=3, slots=2)\n"
+        "b = RING._replace(depth=3, slots=2)\n"
         "a, c = explore(b), explore_jobs.explore(b, 2)\n"
         "assert a.states == c.states and a.parent == c.parent\n"
         "assert list(a.edges) == list(c.edges) and a.violations == c.violations\n"
@@ -74,7 +74,7 @@ def test_forked_workers_agree_in_a_one_thread_process() -> None:
 def test_levels_are_split_and_merged_in_order() -> None:
     """Expanding a level in runs, and merging runs computed again from their recipes, gives
     the serial ids (in one process, so a failure is easy to read)."""
-    b = Bounds(depth=3, slots=2)
+    b = RING._replace(depth=3, slots=2)
     serial, search = explore(b), Search(b)
     lo, hi, split = 0, 1, 0
     while lo < hi:
@@ -98,7 +98,7 @@ def test_a_worker_that_dies_ends_the_search_with_an_error(monkeypatch: pytest.Mo
 
     monkeypatch.setattr(explore_jobs._Spread, "_start", start_then_kill)
     with pytest.raises(explore_jobs.WorkerFailed, match="ended early"):
-        explore_jobs.explore(Bounds(requests=1), 2)
+        explore_jobs.explore(RING._replace(requests=1), 2)
 
 
 def test_runs_cover_the_level_in_order() -> None:

@@ -11,7 +11,7 @@ import pytest
 
 from ttmirror import manifest, tlc
 from ttmirror.model.explore import Exploration
-from ttmirror.model.state import Bounds
+from ttmirror.model.state import RING, Bounds
 
 Explored = Callable[[Bounds], Exploration]
 ENTRIES = manifest.load()
@@ -29,7 +29,7 @@ def test_the_manifest_is_well_formed() -> None:
         assert (e.violated is None) == all(v == "ok" for v in e.verdicts.values())
         assert e.violated is None or isinstance(e.length, int)
     # What the issue of depth asks for: K = D suffices at D = 3 and K = D - 1 does not.
-    assert manifest.entry("depth-3").bounds == Bounds(depth=3, slots=3)
+    assert manifest.entry("depth-3").bounds == RING._replace(depth=3, slots=3)
     assert manifest.entry("depth-3").violated is None
     assert manifest.entry("depth-3-two-slots").violated == "NoRewriteWhileReaderOutstanding"
 

@@ -3,9 +3,18 @@
 from __future__ import annotations
 
 from ttmirror.model import actions as A
-from ttmirror.model.state import GARBAGE, PLACEHOLDER, Bounds, Phase, State, Status, initial_state
+from ttmirror.model.state import (
+    GARBAGE,
+    PLACEHOLDER,
+    RING,
+    Bounds,
+    Phase,
+    State,
+    Status,
+    initial_state,
+)
 
-B = Bounds()
+B = RING
 
 
 def run(*steps: tuple, b: Bounds = B) -> State:

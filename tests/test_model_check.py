@@ -9,7 +9,7 @@ import pytest
 from ttmirror import manifest, report
 from ttmirror.model.explore import Exploration
 from ttmirror.model.invariants import INVARIANTS, SOMETIMES
-from ttmirror.model.state import Bounds
+from ttmirror.model.state import RING, Bounds
 
 Explored = Callable[[Bounds], Exploration]
 
@@ -41,7 +41,7 @@ def test_default_bounds_reach_both_steps_in_flight(default_run: Exploration) -> 
 
 
 def test_depth_1_is_the_oracle_and_passes(explored: Explored) -> None:
-    ex = explored(Bounds(depth=1))
+    ex = explored(RING._replace(depth=1))
     assert ex.ok
     assert all(len(s.queue) <= 1 for s in ex.states)
     assert "combined_from_mirror" not in ex.sometimes  # n/a: sync never mirrors
@@ -74,11 +74,11 @@ def test_known_bad_variants_fail_with_minimal_counterexample(
 @pytest.mark.parametrize(
     ("option", "checks"),
     [
-        (Bounds(preempt_policy="drop"), set()),
-        (Bounds(prefill_chunks=2), {"partial_prefill_beside_mirror"}),
-        (Bounds(host_sync=True), {"host_sync_skipped"}),
-        (Bounds(faults=True), {"fault_spares_bystander", "fault_after_launch"}),
-        (Bounds(depth=3, slots=3), {"mirror_read_three_in_flight"}),
+        (RING._replace(preempt_policy="drop"), set()),
+        (RING._replace(prefill_chunks=2), {"partial_prefill_beside_mirror"}),
+        (RING._replace(host_sync=True), {"host_sync_skipped"}),
+        (RING._replace(faults=True), {"fault_spares_bystander", "fault_after_launch"}),
+        (RING._replace(depth=3, slots=3), {"mirror_read_three_in_flight"}),
     ],
     ids=["preempt-drop", "prefill-chunks-2", "host-sync", "faults", "depth-3"],
 )
@@ -93,13 +93,13 @@ def test_each_option_holds_at_the_default_bounds_and_its_situations_occur(
 
 
 def test_one_slot_is_safe_when_only_one_step_is_in_flight(explored: Explored) -> None:
-    assert explored(Bounds(slots=1, depth=1)).ok
+    assert explored(RING._replace(slots=1, depth=1)).ok
 
 
 def test_counterexamples_are_shortest_paths(explored: Explored) -> None:
     import networkx as nx
 
-    ex = explored(Bounds(guard=False))
+    ex = explored(RING._replace(guard=False))
     target = ex.violations["StaleHostIdsGuard"]
     assert len(ex.path_to(target)) == nx.shortest_path_length(ex.graph, 0, target)
 

@@ -15,6 +15,7 @@ from ttmirror.model.invariants import invariants_for
 from ttmirror.model.state import (
     GARBAGE,
     PLACEHOLDER,
+    RING,
     ROWS_VARIANTS,
     VARIANTS,
     Bounds,
@@ -26,11 +27,11 @@ from ttmirror.model.state import (
 
 Explored = Callable[[Bounds], Exploration]
 
-ROWS = Bounds(state="rows")
-SUBSETS = Bounds(state="rows", subsets=True)
-PIPELINE = Bounds(state="rows", subsets=True, depth=3, slots=3, abort=False, preempt=False,
+ROWS = RING._replace(state="rows")
+SUBSETS = RING._replace(state="rows", subsets=True)
+PIPELINE = RING._replace(state="rows", subsets=True, depth=3, slots=3, abort=False, preempt=False,
                   finish=False)
-DRAFTS = Bounds(state="rows", subsets=True, spec_tokens=2, max_tokens=3)
+DRAFTS = RING._replace(state="rows", subsets=True, spec_tokens=2, max_tokens=3)
 
 
 def run(*steps: tuple, b: Bounds) -> State:
@@ -56,7 +57,7 @@ BOTH = (("allocate",), ("arrive", 0), ("arrive", 1))
 
 
 def test_arrival_takes_the_lowest_free_state_row_and_waits_when_none_is_free() -> None:
-    b = Bounds(state="rows", state_rows=1, abort=True)
+    b = RING._replace(state="rows", state_rows=1, abort=True)
     s = run(("allocate",), ("arrive", 1), b=b)
     assert s.requests[1].state_row == 0 and s.table[0].owner == 1
     assert A.arrive(s, b, 0) is None  # no free row: it waits, as max_num_seqs holds it back
@@ -65,7 +66,7 @@ def test_arrival_takes_the_lowest_free_state_row_and_waits_when_none_is_free() -
 
 
 def test_a_state_row_is_released_only_once_no_step_of_its_closed_owner_is_in_flight() -> None:
-    b = Bounds(state="rows", requests=1)
+    b = RING._replace(state="rows", requests=1)
     s = run(("allocate",), ("arrive", 0), ("schedule", 0), ("abort", 0), b=b)
     assert A.release_row(s, b, 0) is None  # its dropped row still scatters into it
     assert s.queue[0].rows[0].live is False and s.queue[0].rows[0].idx == 0
@@ -77,7 +78,7 @@ def test_a_state_row_is_released_only_once_no_step_of_its_closed_owner_is_in_fli
 
 
 def test_the_known_bad_release_lets_a_launch_scatter_into_a_released_row() -> None:
-    b = Bounds(state="rows", requests=1, variant="state-row-reused-in-flight")
+    b = RING._replace(state="rows", requests=1, variant="state-row-reused-in-flight")
     s = run(("allocate",), ("arrive", 0), ("schedule", 0), ("combine", 0), ("abort", 0),
             ("release_row", 0), b=b)
     assert broken(s, b) == set()
@@ -177,7 +178,7 @@ def test_a_skipped_request_keeps_its_drafts() -> None:
 
 
 def test_a_dropped_row_scatters_garbage_and_the_request_restarts_from_host_ids() -> None:
-    b = Bounds(state="rows", requests=1, preempt_policy="drop", max_tokens=3)
+    b = RING._replace(state="rows", requests=1, preempt_policy="drop", max_tokens=3)
     s = run(("allocate",), ("arrive", 0), ("schedule", 0), ("combine", 0), ("launch", 0),
             ("schedule", 0), ("preempt", 0), ("combine", 1), ("launch", 1), b=b)
     assert s.table[0].newest == GARBAGE and s.requests[0].status == Status.PREEMPTED
@@ -185,13 +186,14 @@ def test_a_dropped_row_scatters_garbage_and_the_request_restarts_from_host_ids()
 
 
 def test_state_row_bounds_are_checked() -> None:
-    for bad, text in ((Bounds(state="cube"), "--state"),
-                      (Bounds(state_rows=1), "--state-rows needs"),
-                      (Bounds(state="rows", state_rows=3), "--state-rows must"),
-                      (Bounds(depth=5), "--depth"),
-                      (Bounds(spec_tokens=5), "--spec-tokens"),
-                      (Bounds(variant="skipped-from-previous-step", state="rows"), "--depth 3"),
-                      (Bounds(variant="idx-from-previous-order"), "--state rows")):
+    for bad, text in ((RING._replace(state="cube"), "--state"),
+                      (RING._replace(state_rows=1), "--state-rows needs"),
+                      (RING._replace(state="rows", state_rows=3), "--state-rows must"),
+                      (RING._replace(depth=5), "--depth"),
+                      (RING._replace(spec_tokens=5), "--spec-tokens"),
+                      (RING._replace(variant="skipped-from-previous-step", state="rows"),
+                       "--depth 3"),
+                      (RING._replace(variant="idx-from-previous-order"), "--state rows")):
         with pytest.raises(ValueError, match=text):
             validate_bounds(bad)
     assert set(ROWS_VARIANTS) <= set(VARIANTS)
@@ -203,10 +205,10 @@ NEW_CHECKS = {"skipped_with_step_in_flight", "fewer_drafts", "no_drafts_beside_a
 
 @pytest.mark.parametrize("bounds", [
     SUBSETS,
-    Bounds(state="rows", subsets=True, state_rows=1),
+    RING._replace(state="rows", subsets=True, state_rows=1),
     PIPELINE,
-    Bounds(state="rows", subsets=True, spec_tokens=1, max_tokens=2, abort=False, preempt=False,
-           finish=False),
+    RING._replace(state="rows", subsets=True, spec_tokens=1, max_tokens=2, abort=False,
+                  preempt=False, finish=False),
 ], ids=["subsets", "one-state-row", "pipeline", "drafts"])
 def test_the_freedoms_hold_and_each_new_situation_occurs(bounds: Bounds,
                                                           explored: Explored) -> None:
@@ -218,8 +220,8 @@ def test_the_freedoms_hold_and_each_new_situation_occurs(bounds: Bounds,
 
 def test_every_new_situation_applies_somewhere_above() -> None:
     from ttmirror.model.invariants import SOMETIMES
-    bounds = [SUBSETS, Bounds(state="rows", subsets=True, state_rows=1), PIPELINE,
-              Bounds(state="rows", subsets=True, spec_tokens=1, max_tokens=2, abort=False,
+    bounds = [SUBSETS, RING._replace(state="rows", subsets=True, state_rows=1), PIPELINE,
+              RING._replace(state="rows", subsets=True, spec_tokens=1, max_tokens=2, abort=False,
                      preempt=False, finish=False)]
     for check in SOMETIMES:
         if check.name in NEW_CHECKS:
@@ -229,6 +231,6 @@ def test_every_new_situation_applies_somewhere_above() -> None:
 def test_the_ring_holds_subsets_at_depth_2(explored: Explored) -> None:
     """At depth 2 a request left out of a step has its newest token on the host by its next
     step (the step it was in has been applied): the ring serves subsets there, not deeper."""
-    ex = explored(Bounds(subsets=True, abort=False, preempt=False, finish=False))
+    ex = explored(RING._replace(subsets=True, abort=False, preempt=False, finish=False))
     assert ex.ok
     assert ex.sometimes["skipped_with_step_in_flight"]

@@ -15,6 +15,7 @@ from ttmirror.model.invariants import INVARIANTS, SOMETIMES
 from ttmirror.model.state import (
     PLACEHOLDER,
     REJECTED,
+    RING,
     SPEC_VARIANTS,
     Bounds,
     Phase,
@@ -26,7 +27,7 @@ from ttmirror.model.state import (
 
 Explored = Callable[[Bounds], Exploration]
 
-K1 = Bounds(requests=1, max_tokens=3, spec_tokens=1)
+K1 = RING._replace(requests=1, max_tokens=3, spec_tokens=1)
 SPEC_CHECKS = {"accepted_0", "accepted_1", "accepted_2", "accepted_counts_differ",
                "reentry_beside_device_drafts", "preempt_with_drafts_in_flight"}
 
@@ -133,38 +134,39 @@ def test_a_preempted_request_resumes_only_once_it_owes_no_placeholder() -> None:
     assert s.requests[0].placeholders == 2 and A.resume(s, K1, 0) is None
     s = run(*PIPE, ("combine", 1), ("launch", 1, 1), *_retire(), ("preempt", 0), *_retire())
     assert s.requests[0].status == Status.FINISHED  # its run reached max tokens
-    bad = Bounds(requests=1, max_tokens=4, spec_tokens=1, variant="placeholders-drain-by-one")
+    bad = RING._replace(requests=1, max_tokens=4, spec_tokens=1,
+                        variant="placeholders-drain-by-one")
     s = run(*PIPE, ("combine", 1), ("launch", 1, 1), *_retire(), *_retire(), b=bad)
     assert s.requests[0].placeholders == 1 and not s.queue  # one owed that nothing will pay
     assert s.requests[0].status == Status.RUNNING
 
 
 def test_a_request_done_at_its_budget_drops_its_later_rows() -> None:
-    b = Bounds(requests=1, max_tokens=2, spec_tokens=1)
+    b = RING._replace(requests=1, max_tokens=2, spec_tokens=1)
     s = run(("allocate",), ("arrive", 0), ("schedule", 0), ("combine", 0), ("launch", 0, 0),
             *_retire(), ("schedule", 0), ("combine", 0), ("launch", 0, 1), b=b)
     # Delivered 1; in flight a run of 2 that reaches the budget: no third step is scheduled.
     assert A.schedule(s, b, (0,)) is None
     s = run(("allocate",), ("arrive", 0), ("schedule", 0), ("combine", 0), ("launch", 0, 0),
             ("schedule", 0), ("combine", 1), ("launch", 1, 0), *_retire(),
-            b=Bounds(requests=1, max_tokens=3, spec_tokens=1))
+            b=RING._replace(requests=1, max_tokens=3, spec_tokens=1))
     assert len(s.queue) == 1 and s.queue[0].rows[0].live
 
 
 def test_spec_bounds_are_checked() -> None:
     with pytest.raises(ValueError, match="--spec-tokens must be between 0 and 4"):
-        validate_bounds(Bounds(spec_tokens=5))
+        validate_bounds(RING._replace(spec_tokens=5))
     for variant in SPEC_VARIANTS:
         with pytest.raises(ValueError, match="needs --spec-tokens 1 or more"):
-            validate_bounds(Bounds(variant=variant))
+            validate_bounds(RING._replace(variant=variant))
     with pytest.raises(ValueError, match="needs --preempt or --host-sync"):
-        validate_bounds(Bounds(spec_tokens=1, preempt=False,
+        validate_bounds(RING._replace(spec_tokens=1, preempt=False,
                                variant="reentering-drafts-from-device"))
 
 
 def test_the_spec_default_bound_holds_and_every_draft_situation_occurs(
         explored: Explored) -> None:
-    b = Bounds(max_tokens=3, spec_tokens=1)
+    b = RING._replace(max_tokens=3, spec_tokens=1)
     ex = explored(b)
     assert ex.ok and report.passed(ex), report.unreached(ex)
     assert SPEC_CHECKS - {"accepted_2"} <= set(ex.sometimes)
@@ -175,7 +177,7 @@ def test_the_spec_default_bound_holds_and_every_draft_situation_occurs(
 
 
 def test_two_drafts_reach_every_accepted_count(explored: Explored) -> None:
-    ex = explored(Bounds(max_tokens=3, spec_tokens=2, abort=False))
+    ex = explored(RING._replace(max_tokens=3, spec_tokens=2, abort=False))
     assert ex.ok and report.passed(ex), report.unreached(ex)
     assert {"accepted_0", "accepted_1", "accepted_2", "accepted_counts_differ"} <= {
         k for k, v in ex.sometimes.items() if v}
@@ -201,9 +203,9 @@ def test_a_preemption_with_drafts_in_flight_occurs_under_each_policy(
 
 
 def test_without_drafts_no_record_carries_any() -> None:
-    assert all(c.applies(Bounds()) is False for c in SOMETIMES if c.name in SPEC_CHECKS)
+    assert all(c.applies(RING) is False for c in SOMETIMES if c.name in SPEC_CHECKS)
     s = run(("allocate",), ("arrive", 0), ("schedule", 0), ("combine", 0), ("launch", 0),
-            b=Bounds())
+            b=RING)
     step = s.queue[0]
     assert (step.accepted, step.rows[0].spec, step.rows[0].placed, step.rows[0].drafts) == (
         (), 0, None, ())

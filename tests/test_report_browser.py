@@ -18,12 +18,13 @@ from urllib.parse import unquote, urlparse
 
 import pytest
 
-from ttmirror import report
+from ttmirror import manifest, report
 from ttmirror.cli import main
 from ttmirror.model.explore import explore
-from ttmirror.model.state import Bounds
+from ttmirror.model.state import RING
 
-BOUNDS = Bounds(requests=1)
+BOUNDS = RING._replace(requests=1)
+RING_FLAGS = manifest.flags(RING).split()
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 DRIVER = shutil.which("chromedriver")
 
@@ -191,10 +192,12 @@ def test_the_benchmark_is_plotted(browser: Any) -> None:
 FAILING = {
     # The guard off: StaleHostIdsGuard violated (and, every combine reading the host's ids,
     # none from the mirror).
-    "violated": (["--variant", "guard-off", "--requests", "1"], Bounds(requests=1, guard=False),
+    "violated": (["--variant", "guard-off", "--requests", "1", *RING_FLAGS],
+                 RING._replace(requests=1, guard=False),
                  "FAIL: violated: StaleHostIdsGuard; not reached: combined_from_mirror"),
     # One token: every invariant holds, but nothing combines from the mirror or overlaps.
-    "not-reached": (["--requests", "1", "--max-tokens", "1"], Bounds(requests=1, max_tokens=1),
+    "not-reached": (["--requests", "1", "--max-tokens", "1", *RING_FLAGS],
+                    RING._replace(requests=1, max_tokens=1),
                     "FAIL: not reached: combined_from_mirror, steps_overlap"),
 }
 

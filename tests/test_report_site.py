@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from ttmirror.cli import main
-from ttmirror.model.state import Bounds
+from ttmirror.model.state import RING
 from ttmirror.review import known_bad, trace_table
 
 
@@ -45,25 +45,27 @@ def test_an_unreadable_trace_is_shown_as_unreadable(tmp_path: Path) -> None:
     assert row["name"] == "broken.itf.json" and row["error"].startswith("unreadable: ")
 
 
-def test_every_known_bad_variant_of_the_manifest_fails_at_the_default_bounds() -> None:
+def test_every_known_bad_variant_of_the_manifest_fails_on_the_ring() -> None:
     from ttmirror.model.explore import explore
 
-    variants = known_bad(Bounds())
+    variants = known_bad(RING)
     assert len(variants) >= 5
     for name, _about, bounds in variants[:3]:  # the rest: the manifest's own test checks them
         assert explore(bounds).failure() is not None, name
 
 
-def test_at_the_default_bounds_the_page_shows_what_check_json_prints(tmp_path: Path) -> None:
+def test_on_the_ring_the_page_shows_what_check_json_prints(tmp_path: Path) -> None:
+    """At the ring's default sizes (the default bounds' graph is four times its size)."""
     import json
     import re
 
     from ttmirror import report
     from ttmirror.model.explore import explore
 
-    assert main(["report", "--fuzz-seconds", "0", "--no-tlc", "-o", str(tmp_path)]) == 0
+    assert main(["report", "--fuzz-seconds", "0", "--no-tlc", "--state", "ring", "--no-subsets",
+                 "-o", str(tmp_path)]) == 0
     page = (tmp_path / "index.html").read_text()
-    expected = report.as_json(explore(Bounds()))
+    expected = report.as_json(explore(RING))
     figures = dict(re.findall(r'data-figure="(\w+)">([\d,]+)<', page))
     for key in ("states", "transitions", "deadlocks", "cannot_finish", "final_states"):
         assert figures[key] == f"{expected[key]:,}", key

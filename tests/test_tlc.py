@@ -10,9 +10,9 @@ import pytest
 
 from ttmirror import manifest, tlc
 from ttmirror.model.explore import Exploration
-from ttmirror.model.state import SPEC_VARIANTS, Bounds
+from ttmirror.model.state import RING, SPEC_VARIANTS, Bounds
 
-SMALL = Bounds(requests=1)
+SMALL = RING._replace(requests=1)
 Explored = Callable[[Bounds], Exploration]
 
 

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from ttmirror.conformance.coverage import Coverage, Planner
 from ttmirror.conformance.walk_bound import CycleError, walks_lower_bound
 from ttmirror.model.explore import Edges, Exploration, explore
-from ttmirror.model.state import Bounds, initial_state
+from ttmirror.model.state import RING, initial_state
 
 
 def maximal_path_masks(graph: nx.DiGraph) -> list[int]:
@@ -52,7 +52,7 @@ def brute_force_walks(graph: nx.DiGraph) -> int:
 
 
 def test_bound_equals_brute_force_on_a_tiny_bound() -> None:
-    graph = explore(Bounds(requests=1, max_tokens=1)).graph
+    graph = explore(RING._replace(requests=1, max_tokens=1)).graph
     paths = len(maximal_path_masks(graph))
     bound = walks_lower_bound(graph)
     assert bound == brute_force_walks(graph)
@@ -85,10 +85,10 @@ def test_a_cycle_is_refused_by_name() -> None:
     graph.add_edge(2, 1, action="uncombine(q=0)")
     with pytest.raises(CycleError, match=r"cycle: 1 -\[combine\(q=0\)\] -> 2 -\[uncombine"):
         walks_lower_bound(graph)
-    state = initial_state(Bounds())
+    state = initial_state(RING)
     edges = Edges()
     for u, v, label in graph.edges(data="action"):
         edges.add(u, v, label)
-    ex = Exploration(bounds=Bounds(), states=[state] * 3, parent=[None] * 3, edges=edges)
+    ex = Exploration(bounds=RING, states=[state] * 3, parent=[None] * 3, edges=edges)
     with pytest.raises(CycleError, match="walks are planned on a DAG"):
         Planner(Coverage(ex), random.Random(0))

@@ -29,7 +29,7 @@ from .arguments import (
     planted_bug,
     writable_dir,
 )
-from .model.state import Bounds
+from .model.state import RING, Bounds
 
 if TYPE_CHECKING:  # imported for real inside the commands: they load torch and ttnn
     pass
@@ -269,7 +269,7 @@ def cmd_mutants(ns: argparse.Namespace) -> int:
     allocator_bugs = [b for b in ns.bug or [] if b in PLANTED]
     kills = []
     if not ns.bug or lockstep_bugs:
-        kills = mutants.matrix(Bounds(), ns.backend, profiles.profile(ns.profile),
+        kills = mutants.matrix(RING, ns.backend, profiles.profile(ns.profile),
                                bugs=lockstep_bugs or None, configs=configs,
                                walk_seconds=ns.walk_seconds,
                                trace_dir=Path(ns.traces) if ns.traces else None)

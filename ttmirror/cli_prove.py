@@ -19,7 +19,7 @@ import time
 from dataclasses import asdict
 from typing import Any
 
-from .arguments import AddParser, UsageError
+from .arguments import DEFAULTS, AddParser, UsageError
 
 UNBOUNDED = ("requests N >= 1", "slots K >= D", "rows per step", "max tokens per request",
              "preemptions per request", "prompt chunks per request", "host-sync requests (any "
@@ -52,12 +52,12 @@ def register(add_parser: AddParser) -> None:
     p.add_argument("--abort", action=flag, default=True, help="user aborts")
     p.add_argument("--preempt", action=flag, default=True, help="preemption")
     p.add_argument("--condense", action=flag, default=True, help="rows may be reordered")
-    p.add_argument("--state", choices=("ring", "rows"), default="ring",
+    p.add_argument("--state", choices=("ring", "rows"), default=DEFAULTS.state,
                    help="where in-flight tokens live on the device: the ring, or a state row per "
                         "request (spec rule 14) (default %(default)s)")
-    p.add_argument("--subsets", action=flag, default=False,
+    p.add_argument("--subsets", action=flag, default=DEFAULTS.subsets,
                    help="vLLM's scheduler freedoms: any subset of the eligible requests per step, "
-                        "any number of a row's drafts (spec rule 14)")
+                        "any number of a row's drafts (spec rule 14) (default on)")
     p.add_argument("--guard", action=flag, default=True,
                    help="the stale-host-ids guard (--no-guard: the known-bad variant)")
     p.add_argument("--release-at", choices=("complete", "issue"), default="complete")

@@ -42,7 +42,7 @@ OPTIONS: dict[str, tuple[str, Any]] = {
     "host_sync": ("--host-sync", True), "faults": ("--faults", True),
     "spec_tokens": ("--spec-tokens", None),
     "variant": ("--variant", None), "state": ("--state", None),
-    "state_rows": ("--state-rows", None), "subsets": ("--subsets", True),
+    "state_rows": ("--state-rows", None), "subsets": ("--no-subsets", False),
 }
 """Bounds field -> the `ttmirror check` option that sets it (and the value a bare flag means)."""
 

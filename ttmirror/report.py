@@ -6,6 +6,7 @@ from typing import Any
 
 from .model.explore import Exploration, changes
 from .model.invariants import GRAPH_PROPERTIES, SOMETIMES, invariants_for
+from .model.state import state_row_count
 
 
 def verdicts(ex: Exploration) -> dict[str, str]:
@@ -75,7 +76,9 @@ def as_text(ex: Exploration) -> str:
         f"max tokens {b.max_tokens}, preemptions {b.preemptions}; "
         f"finish {_on(b.finish)}, abort {_on(b.abort)}, preempt {_on(b.preempt)}, "
         f"condense {_on(b.condense)}; guard {_on(b.guard)}, release at {b.release_at}"
-        + (f"; spec tokens {b.spec_tokens}" if b.spec_tokens else ""),
+        + (f"; spec tokens {b.spec_tokens}" if b.spec_tokens else "")
+        + (f"; state rows ({state_row_count(b)})" if b.state == "rows" else "; state ring")
+        + f", subsets {_on(b.subsets)}",
         f"explored {len(ex.states):,} states, {ex.transitions:,} transitions in {ex.seconds:.2f} s"
         f" ({len(ex.states) / max(ex.seconds, 1e-9):,.0f} states/s)",
         "",

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from . import manifest
 from .model.explore import Exploration, explore
-from .model.state import Bounds
+from .model.state import RING
 from .render import to_mermaid
 from .tlc import write_configs
 from .views import project
@@ -107,7 +107,7 @@ def rewrite(path: Path, blocks: dict[str, str]) -> None:
 
 def main() -> int:
     entries = manifest.load()
-    rewrite(SPEC, spec_blocks(explore(Bounds()), entries))
+    rewrite(SPEC, spec_blocks(explore(RING), entries))
     print(f"updated {SPEC}")
     rewrite(README, readme_blocks(entries))
     print(f"updated {README}")

@@ -28,6 +28,7 @@ from typing import Any
 from .model.explore import Exploration, explore
 from .model.invariants import invariants_for
 from .model.state import (
+    RING,
     Bounds,
     Phase,
     Request,
@@ -325,28 +326,30 @@ def workspace() -> tempfile.TemporaryDirectory[str]:
 # ---------------------------------------------------------------------------------------------
 # The cross-check as a whole.
 
-SPEC_SMALL = Bounds(requests=1, max_tokens=3, spec_tokens=1)
+SPEC_SMALL = RING._replace(requests=1, max_tokens=3, spec_tokens=1)
 """Speculative decoding's small bound: one request of three tokens, one draft per decoding row
 (three tokens, so that a step reads a position the device advanced by its accepted count)."""
 
 CONFIGS: dict[str, Bounds] = {
     "MirroredSampledIds.cfg": Bounds(),
-    "MC_small.cfg": Bounds(requests=1),
-    "MC_depth1.cfg": Bounds(depth=1),
-    "MC_guard_off.cfg": Bounds(guard=False),
-    "MC_one_slot.cfg": Bounds(slots=1),
-    "MC_release_at_issue.cfg": Bounds(release_at="issue"),
-    "MC_preempt_drop.cfg": Bounds(preempt_policy="drop"),
-    "MC_prefill_chunks.cfg": Bounds(prefill_chunks=2),
-    "MC_host_sync.cfg": Bounds(host_sync=True),
-    "MC_resume_with_placeholder.cfg": Bounds(variant="resume-with-placeholder"),
-    "MC_partial_prefill_feeds_mirror.cfg": Bounds(
+    "MC_ring.cfg": RING,
+    "MC_small.cfg": RING._replace(requests=1),
+    "MC_depth1.cfg": RING._replace(depth=1),
+    "MC_guard_off.cfg": RING._replace(guard=False),
+    "MC_one_slot.cfg": RING._replace(slots=1),
+    "MC_release_at_issue.cfg": RING._replace(release_at="issue"),
+    "MC_preempt_drop.cfg": RING._replace(preempt_policy="drop"),
+    "MC_prefill_chunks.cfg": RING._replace(prefill_chunks=2),
+    "MC_host_sync.cfg": RING._replace(host_sync=True),
+    "MC_resume_with_placeholder.cfg": RING._replace(variant="resume-with-placeholder"),
+    "MC_partial_prefill_feeds_mirror.cfg": RING._replace(
         prefill_chunks=2, variant="partial-prefill-feeds-mirror"),
-    "MC_host_sync_unguarded.cfg": Bounds(host_sync=True, variant="host-sync-unguarded"),
-    "MC_faults.cfg": Bounds(faults=True),
-    "MC_fault_spares_later_rows.cfg": Bounds(faults=True, variant="fault-spares-later-rows"),
-    "MC_depth3.cfg": Bounds(depth=3, slots=3),
-    "MC_depth3_two_slots.cfg": Bounds(depth=3, slots=2),
+    "MC_host_sync_unguarded.cfg": RING._replace(host_sync=True, variant="host-sync-unguarded"),
+    "MC_faults.cfg": RING._replace(faults=True),
+    "MC_fault_spares_later_rows.cfg": RING._replace(faults=True,
+                                                    variant="fault-spares-later-rows"),
+    "MC_depth3.cfg": RING._replace(depth=3, slots=3),
+    "MC_depth3_two_slots.cfg": RING._replace(depth=3, slots=2),
     "MC_spec_small.cfg": SPEC_SMALL,
     "MC_spec2_small.cfg": SPEC_SMALL._replace(spec_tokens=2),
     "MC_spec_preempt_drop.cfg": SPEC_SMALL._replace(preempt_policy="drop"),
@@ -359,19 +362,18 @@ CONFIGS: dict[str, Bounds] = {
     "MC_placeholders_drain_by_one.cfg": SPEC_SMALL._replace(
         max_tokens=4, variant="placeholders-drain-by-one"),
     # Rule 14: per-request state rows and vLLM's scheduler freedoms.
-    "MC_rows.cfg": Bounds(state="rows"),
-    "MC_rows_subsets.cfg": Bounds(state="rows", subsets=True),
-    "MC_rows_subsets_depth3.cfg": Bounds(state="rows", subsets=True, depth=3, slots=3),
+    "MC_rows.cfg": Bounds(subsets=False),
+    "MC_rows_subsets_depth3.cfg": Bounds(depth=3, slots=3),
     "MC_rows_spec_small.cfg": SPEC_SMALL._replace(state="rows", subsets=True),
-    "MC_ring_subsets_depth3.cfg": Bounds(subsets=True, depth=3, slots=3),
-    "MC_state_row_reused_in_flight.cfg": Bounds(state="rows",
-                                                variant="state-row-reused-in-flight"),
-    "MC_idx_from_previous_order.cfg": Bounds(state="rows", variant="idx-from-previous-order"),
+    "MC_ring_subsets_depth3.cfg": RING._replace(subsets=True, depth=3, slots=3),
+    "MC_state_row_reused_in_flight.cfg": Bounds(
+        subsets=False, variant="state-row-reused-in-flight"),
+    "MC_idx_from_previous_order.cfg": Bounds(subsets=False, variant="idx-from-previous-order"),
     "MC_draft_count_of_another_row.cfg": Bounds(
-        state="rows", subsets=True, spec_tokens=1, max_tokens=2, abort=False, preempt=False,
+        spec_tokens=1, max_tokens=2, abort=False, preempt=False,
         finish=False, variant="draft-count-of-another-row"),
     "MC_skipped_from_previous_step.cfg": Bounds(
-        state="rows", subsets=True, depth=3, slots=3, variant="skipped-from-previous-step"),
+        depth=3, slots=3, variant="skipped-from-previous-step"),
 }
 """The committed model configurations in specs/, one per bound or variant."""
 

@@ -14,7 +14,7 @@ from ttmirror.arguments import BUG_VARIABLE
 from ttmirror.cli import main
 from ttmirror.conformance import campaign, machine, profiles
 from ttmirror.conformance.lockstep import Lockstep
-from ttmirror.model.state import Bounds
+from ttmirror.model.state import RING
 
 
 def _expire_at_the_first_smaller_failure(monkeypatch: pytest.MonkeyPatch) -> list[int]:
@@ -36,7 +36,7 @@ def _expire_at_the_first_smaller_failure(monkeypatch: pytest.MonkeyPatch) -> lis
 
 def test_a_passed_deadline_stops_generation_at_once() -> None:
     start = time.perf_counter()
-    result = campaign.run(Bounds(requests=1), "tt", profiles.profile("ci"), seed=0,
+    result = campaign.run(RING._replace(requests=1), "tt", profiles.profile("ci"), seed=0,
                           deadline=start)
     assert result.out_of_time and not result.failed
     assert result.examples == 1  # the first move of the first example saw the deadline
@@ -47,7 +47,7 @@ def test_hypothesis_shrinks_and_the_deadline_keeps_the_smallest_failure_so_far(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     failures = _expire_at_the_first_smaller_failure(monkeypatch)
     bug = "stale-host-id-on-resume"  # first found in a long run, so there is much to shrink
-    result = campaign.run(Bounds(), "tt", profiles.profile("ci"), seed=0, bug=bug,
+    result = campaign.run(RING, "tt", profiles.profile("ci"), seed=0, bug=bug,
                           trace_dir=tmp_path, deadline=time.perf_counter() + 600)
     assert result.out_of_time and result.failed and result.error, failures
     # Hypothesis shrank (a failure it cannot trace back to its origin, it does not shrink), and

@@ -34,10 +34,10 @@ from ttmirror.conformance.moves import Divergence, Drafter, Move
 from ttmirror.conformance.replay import CONFORMS, INVALID, replay
 from ttmirror.model.actions import Action, successors
 from ttmirror.model.explore import Exploration
-from ttmirror.model.state import Bounds
+from ttmirror.model.state import RING, Bounds
 
-SPEC = Bounds(requests=1, max_tokens=3, spec_tokens=1)
-SPEC2 = Bounds(requests=1, max_tokens=3, spec_tokens=2)
+SPEC = RING._replace(requests=1, max_tokens=3, spec_tokens=1)
+SPEC2 = RING._replace(requests=1, max_tokens=3, spec_tokens=2)
 RUNS = [("tt", "eager-2cq"), ("tt", "eager-1cq"), ("tt", "traced"), ("cpu", "host")]
 type Explored = Callable[[Bounds], Exploration]
 

@@ -10,22 +10,22 @@ from __future__ import annotations
 import pytest
 
 from ttmirror.model.invariants import SOMETIMES
-from ttmirror.model.state import Bounds
+from ttmirror.model.state import RING, Bounds
 
 from .edges import Explored, reached, walk_every_edge
 
 QUIET = {"abort": False, "preempt": False, "finish": False}
-ONE = Bounds(requests=1, state="rows")
+ONE = RING._replace(requests=1, state="rows")
 """One request, every request event, state rows."""
-SKIPS = Bounds(state="rows", subsets=True, **QUIET)
+SKIPS = RING._replace(state="rows", subsets=True, **QUIET)
 """Two requests of two tokens, any subset per step."""
-REUSE = Bounds(state="rows", state_rows=1, subsets=True, abort=False, preempt=False)
+REUSE = RING._replace(state="rows", state_rows=1, subsets=True, abort=False, preempt=False)
 """Two requests, one state row: the second waits for the first one's row and reuses it (a stop
 token closes the first with its next step in flight, whose dropped row still writes the row)."""
-DEPTH_3 = Bounds(depth=3, slots=3, state="rows", subsets=True, condense=False, **QUIET)
+DEPTH_3 = RING._replace(depth=3, slots=3, state="rows", subsets=True, condense=False, **QUIET)
 """Pipeline batches: three steps in flight, a request absent from the step after its own."""
-DEPTH_4 = Bounds(depth=4, slots=4, requests=1, max_tokens=3, state="rows", subsets=True)
-ONE_DRAFT = Bounds(requests=1, max_tokens=3, spec_tokens=1, state="rows", subsets=True)
+DEPTH_4 = RING._replace(depth=4, slots=4, requests=1, max_tokens=3, state="rows", subsets=True)
+ONE_DRAFT = RING._replace(requests=1, max_tokens=3, spec_tokens=1, state="rows", subsets=True)
 """Drafts in the state rows: the position and the drafts after the newest token. (A row with
 none of its drafts beside one with all, on state rows: `tests/impl/test_runner_state_rows.py`,
 device data against the reference and every run validated; the ring's lockstep walks it.)"""

@@ -8,16 +8,16 @@ from __future__ import annotations
 import pytest
 
 from ttmirror.model.invariants import SOMETIMES
-from ttmirror.model.state import Bounds
+from ttmirror.model.state import RING, Bounds
 
 from .edges import Explored, reached, walk_every_edge
 
 QUIET = {"abort": False, "preempt": False, "finish": False}
-SKIPS = Bounds(subsets=True, **QUIET)
+SKIPS = RING._replace(subsets=True, **QUIET)
 """Two requests of two tokens, any subset per step."""
-FEWER = Bounds(subsets=True, spec_tokens=1, max_tokens=2, **QUIET)
+FEWER = RING._replace(subsets=True, spec_tokens=1, max_tokens=2, **QUIET)
 """Two requests, one draft: a row with none of its draft beside a row with it."""
-ONE_OF_TWO = Bounds(subsets=True, spec_tokens=2, max_tokens=3, requests=1)
+ONE_OF_TWO = RING._replace(subsets=True, spec_tokens=2, max_tokens=3, requests=1)
 """One request of three tokens, any of two drafts per decoding row, with request events."""
 
 

@@ -14,7 +14,7 @@ from ttmirror.conformance.abstraction import PENDING
 from ttmirror.conformance.coverage import Coverage
 from ttmirror.conformance.lockstep import Lockstep
 from ttmirror.model.explore import Exploration
-from ttmirror.model.state import Bounds
+from ttmirror.model.state import RING, Bounds
 
 RUNS = [("tt", "eager-2cq"), ("tt", "eager-1cq"), ("tt", "traced"), ("cpu", "host")]
 
@@ -33,7 +33,7 @@ def test_state_machine_conforms_in_ci_profile(backend: str, config: str,
         if observer is not None:
             compared.append(len(observer.observed.consumed) + len(observer.observed.content))
 
-    result = campaign.run(Bounds(), backend, profiles.profile("ci"), on_run=record,
+    result = campaign.run(RING, backend, profiles.profile("ci"), on_run=record,
                           config=config)
     assert not result.failed, result.error
     assert result.config == config and "combine output and slot content" in result.observation
@@ -72,14 +72,14 @@ def test_the_longer_bound_conforms_and_reaches_a_row_two_steps_back() -> None:
                     reached[0] += 1
                     return
 
-    result = campaign.run(Bounds(max_tokens=3), "tt", profiles.profile("ci"), on_run=record)
+    result = campaign.run(RING._replace(max_tokens=3), "tt", profiles.profile("ci"), on_run=record)
     assert not result.failed, result.error
     assert reached[0] > 0
 
 
 @pytest.mark.parametrize("config", ["eager-2cq", "eager-1cq", "traced"])
 def test_device_moves_reveal_the_data_the_model_says(config: str) -> None:
-    ls = Lockstep(Bounds(), "tt", (5, 22), config=config)
+    ls = Lockstep(RING, "tt", (5, 22), config=config)
     try:
         for a in [("allocate", ()), ("arrive", (0,)), ("schedule", (0,)), ("combine", (0,)),
                   ("launch", (0,))]:
@@ -99,7 +99,7 @@ def test_device_moves_reveal_the_data_the_model_says(config: str) -> None:
 
 
 def test_refusals_cover_disabled_actions() -> None:
-    ls = Lockstep(Bounds(), "cpu")
+    ls = Lockstep(RING, "cpu")
     try:
         names = {a.name for a in ls.refusable()}
         assert {"arrive", "schedule", "combine", "apply", "release"} <= names
@@ -118,10 +118,10 @@ def test_profiles_exist() -> None:
 
 OPTIONS = [
     # (bounds, the runner counter that shows the option's situation really occurred)
-    (Bounds(preempt_policy="drop"), "dropped_rows"),
-    (Bounds(), "preempted_delivered"),  # keep, the default: a preempted token delivered
-    (Bounds(prefill_chunks=2), "partial_rows"),
-    (Bounds(host_sync=True), "host_sync_held"),
+    (RING._replace(preempt_policy="drop"), "dropped_rows"),
+    (RING, "preempted_delivered"),  # keep, the default: a preempted token delivered
+    (RING._replace(prefill_chunks=2), "partial_rows"),
+    (RING._replace(host_sync=True), "host_sync_held"),
 ]
 
 

@@ -16,7 +16,7 @@ from ttmirror.conformance.replay import CONFORMS, FAILS, replay
 from ttmirror.emulator import ProcessScheduler
 from ttmirror.impl.overrides import NONE
 from ttmirror.model.explore import Exploration
-from ttmirror.model.state import Bounds
+from ttmirror.model.state import RING
 
 REGRESSIONS = Path(__file__).parent.parent / "regressions"
 DATA_BUGS = sorted(mutants.DEVICE_HALF - {"stage-cq1-no-event"})
@@ -110,8 +110,8 @@ def test_device_half_traces_fail_when_the_wrong_data_comes_into_being(bug: str) 
 def test_suite_kills_bug_in_every_configuration(backend: str, config: str, bug: str,
                                                 default_run: Exploration, tmp_path: Path) -> None:
     default = (backend, config) == ("tt", CONFIGS["tt"][0])
-    bounds = mutants.bounds_for(bug, Bounds())
-    explored = (lambda: default_run) if bounds == Bounds() else None
+    bounds = mutants.bounds_for(bug, RING)
+    explored = (lambda: default_run) if bounds == RING else None
     # The walks stop at the first kill, or when every edge is walked: no clock decides the
     # verdict (alone, the slowest cell takes about 45 s of walking).
     kill = mutants.kill(bug, bounds, backend, profiles.profile("ci"), walk_seconds=math.inf,
@@ -134,7 +134,7 @@ def test_a_harness_error_is_not_a_kill(monkeypatch: pytest.MonkeyPatch, tmp_path
         raise KeyError("the harness's own bug")
 
     monkeypatch.setattr("ttmirror.conformance.lockstep.abstract", broken)
-    kill = mutants.kill("where-swapped", Bounds(), "tt", profiles.profile("ci"), walk_seconds=1,
+    kill = mutants.kill("where-swapped", RING, "tt", profiles.profile("ci"), walk_seconds=1,
                         trace_dir=tmp_path, shrinking=False)
     assert not kill.killed and kill.layer is None
     assert kill.harness_error is not None and "the harness's own bug" in kill.harness_error

@@ -18,9 +18,9 @@ import pytest
 from ttmirror.conformance.lockstep import DROPS, Lockstep, Move
 from ttmirror.emulator import readbacks
 from ttmirror.model.actions import Action
-from ttmirror.model.state import Bounds
+from ttmirror.model.state import RING
 
-BOUNDS = Bounds(requests=2, max_tokens=3)
+BOUNDS = RING._replace(requests=2, max_tokens=3)
 
 
 def device_data(ls: Lockstep) -> tuple[Any, ...]:

@@ -9,7 +9,7 @@ from ttmirror.impl.cpu_backend import CpuBackend
 from ttmirror.impl.events import Event
 from ttmirror.impl.rows import Row
 from ttmirror.impl.runner import CLOSED, Status
-from ttmirror.model.state import Bounds
+from ttmirror.model.state import RING
 from ttmirror.serving.engine import Engine, EngineConfig
 
 
@@ -52,7 +52,7 @@ def _most_in_flight(events: list[Event]) -> int:
 
 def test_a_run_validates_against_the_model_and_really_overlapped() -> None:
     events = _run(2, 2)
-    assert validate(events, Bounds()) is None
+    assert validate(events, RING) is None
     actions = [e.action for e in events]
     # Non-vacuous: two steps really were in flight at once, and slots were released.
     assert _most_in_flight(events) == 2
@@ -62,7 +62,7 @@ def test_a_run_validates_against_the_model_and_really_overlapped() -> None:
 def test_a_long_run_validates_far_beyond_the_default_bounds() -> None:
     events = _run(8, 8)
     assert sum(e.action == "schedule" for e in events) > 20 and _most_in_flight(events) == 2
-    assert validate(events, Bounds(requests=8, max_tokens=8)) is None
+    assert validate(events, RING._replace(requests=8, max_tokens=8)) is None
 
 
 def test_two_applies_swapped_diverge_at_the_first_of_them() -> None:
@@ -71,7 +71,7 @@ def test_two_applies_swapped_diverge_at_the_first_of_them() -> None:
     # The apply moved before the readback it needs: the model does not enable it there.
     done = max(i for i in range(first) if events[i].action == "readback_complete")
     edited = [*events[:done], events[first], *events[done:first], *events[first + 1:]]
-    d = validate(edited, Bounds())
+    d = validate(edited, RING)
     assert d is not None and d.index == done and d.event.action == "apply"
     assert d.reason == "not enabled in this state" and any("readback_complete" in a
                                                            for a in d.allowed)
@@ -83,7 +83,7 @@ def test_a_release_before_its_readback_completes_diverges() -> None:
     slot = events[i].args[0]
     issue = next(j for j, e in enumerate(events) if e.action == "readback_issue")
     edited = [*events[: issue + 1], events[i], *events[issue + 1 : i], *events[i + 1 :]]
-    d = validate(edited, Bounds())
+    d = validate(edited, RING)
     assert d is not None and d.index == issue + 1 and d.event.args == (slot,)
 
 
@@ -98,7 +98,7 @@ def test_a_decision_the_model_would_not_make_diverges() -> None:
     i = next(i for i, e in enumerate(events)
              if e.action == "schedule" and any(r.prev_row is not None for r in e.get("rows")))
     wrong = _with_rows(events[i], lambda r: r._replace(prev_row=None))
-    d = validate([*events[:i], wrong, *events[i + 1:]], Bounds())
+    d = validate([*events[:i], wrong, *events[i + 1:]], RING)
     assert d is not None and d.index == i and "prev_rows" in d.reason
 
 
@@ -107,7 +107,7 @@ def test_a_position_the_model_would_not_give_diverges() -> None:
     i = next(i for i, e in enumerate(events) if e.action == "schedule" and any(
         r.pos > 0 for r in e.get("rows")))
     wrong = _with_rows(events[i], lambda r: r._replace(pos=r.pos + 1))
-    d = validate([*events[:i], wrong, *events[i + 1:]], Bounds())
+    d = validate([*events[:i], wrong, *events[i + 1:]], RING)
     assert d is not None and d.index == i and "positions" in d.reason
 
 
@@ -126,7 +126,7 @@ def test_a_host_id_staged_from_the_wrong_position_diverges_at_its_combine() -> N
              if e.action == "combine" and any(r.host_pos for r in e.get("rows")))
     wrong = _with_rows(events[i], lambda r: r if r.host_pos is None else r._replace(
         host_pos=max(r.host_pos - 1, 0)))
-    d = validate([*events[:i], wrong, *events[i + 1:]], Bounds())
+    d = validate([*events[:i], wrong, *events[i + 1:]], RING)
     assert d is not None and d.index == i and "host ids of positions" in d.reason
 
 
@@ -153,7 +153,7 @@ def test_an_event_recorded_before_it_happened_diverges() -> None:
     events = _run(2, 2)
     assert all(e.get("phase") for e in events if e.action in ("launch", "readback_complete"))
     i, edited = _edited(events, "launch", "phase", "combined")
-    d = validate(edited, Bounds())
+    d = validate(edited, RING)
     assert d is not None and d.index == i and "recorded before it happened" in d.reason
 
 
@@ -163,5 +163,5 @@ def test_an_apply_whose_requests_hold_other_counts_diverges() -> None:
     (req, count), *rest = events[i].get("counts")
     assert count >= 1  # non-vacuous: the apply delivered, and said how many its request holds
     _, edited = _edited(events[i:], "apply", "counts", ((req, count + 1), *rest))
-    d = validate([*events[:i], *edited], Bounds())
+    d = validate([*events[:i], *edited], RING)
     assert d is not None and d.index == i and f"request {req} holds {count + 1} tokens" in d.reason

@@ -16,7 +16,7 @@ from ttmirror.cli_prove import manifest_option_sets
 from ttmirror.manifest import load
 from ttmirror.model.actions import successors
 from ttmirror.model.explore import explore
-from ttmirror.model.state import SPEC_VARIANTS, Bounds, State, state_row_count
+from ttmirror.model.state import RING, SPEC_VARIANTS, Bounds, State, state_row_count
 from ttmirror.proof.concrete import decode, domain_for, pin, pin_params
 from ttmirror.proof.inductive import CONJUNCTS, SAFETY, STRENGTHENING
 from ttmirror.proof.lookup import action_name, crossing
@@ -134,41 +134,43 @@ def test_dropping_any_strengthening_conjunct_fails_an_obligation(dropped, opts) 
 
 # --- the encoding is the model's, not a second model -------------------------------------------
 
+R = RING._replace
+"""A bound of the ring (the defaults are state rows and vLLM's freedoms)."""
+
 AGREEMENT_BOUNDS = [
-    Bounds(), Bounds(preempt_policy="drop"), Bounds(prefill_chunks=2), Bounds(host_sync=True),
-    Bounds(faults=True), Bounds(depth=3, slots=3, requests=1, max_tokens=3), Bounds(depth=1),
-    Bounds(guard=False), Bounds(release_at="issue"), Bounds(slots=1),
-    Bounds(variant="resume-with-placeholder"),
-    Bounds(prefill_chunks=2, variant="partial-prefill-feeds-mirror"),
-    Bounds(host_sync=True, variant="host-sync-unguarded"),
-    Bounds(faults=True, variant="fault-spares-later-rows"),
-    Bounds(condense=False, finish=False),
+    RING, R(preempt_policy="drop"), R(prefill_chunks=2), R(host_sync=True),
+    R(faults=True), R(depth=3, slots=3, requests=1, max_tokens=3), R(depth=1),
+    R(guard=False), R(release_at="issue"), R(slots=1),
+    R(variant="resume-with-placeholder"),
+    R(prefill_chunks=2, variant="partial-prefill-feeds-mirror"),
+    R(host_sync=True, variant="host-sync-unguarded"),
+    R(faults=True, variant="fault-spares-later-rows"),
+    R(condense=False, finish=False),
     # With drafts (rule 13): the relation is written; the invariant's conjuncts for them not yet.
-    Bounds(requests=1, max_tokens=3, spec_tokens=1),
-    Bounds(requests=1, max_tokens=3, spec_tokens=2),
-    Bounds(requests=2, max_tokens=2, spec_tokens=1),
-    Bounds(requests=1, max_tokens=3, spec_tokens=1, preempt_policy="drop"),
-    Bounds(requests=1, max_tokens=3, spec_tokens=1, faults=True),
-    Bounds(requests=1, max_tokens=3, spec_tokens=1, prefill_chunks=2),
-    Bounds(requests=1, max_tokens=3, spec_tokens=1, host_sync=True),
-    Bounds(depth=3, slots=3, requests=1, max_tokens=3, spec_tokens=1),
+    R(requests=1, max_tokens=3, spec_tokens=1),
+    R(requests=1, max_tokens=3, spec_tokens=2),
+    R(requests=2, max_tokens=2, spec_tokens=1),
+    R(requests=1, max_tokens=3, spec_tokens=1, preempt_policy="drop"),
+    R(requests=1, max_tokens=3, spec_tokens=1, faults=True),
+    R(requests=1, max_tokens=3, spec_tokens=1, prefill_chunks=2),
+    R(requests=1, max_tokens=3, spec_tokens=1, host_sync=True),
+    R(depth=3, slots=3, requests=1, max_tokens=3, spec_tokens=1),
     # vLLM's scheduler freedoms on the ring (rule 14): subsets, any drafts per row, depth 3.
-    Bounds(subsets=True),
-    Bounds(subsets=True, requests=2, max_tokens=2, spec_tokens=1),
-    Bounds(subsets=True, depth=3, slots=3, abort=False, preempt=False, finish=False),
+    R(subsets=True),
+    R(subsets=True, requests=2, max_tokens=2, spec_tokens=1),
+    R(subsets=True, depth=3, slots=3, abort=False, preempt=False, finish=False),
     # Per-request state rows (rule 14), and their known-bad variants.
-    Bounds(state="rows"), Bounds(state="rows", state_rows=1, max_tokens=2),
-    Bounds(state="rows", subsets=True, requests=2, max_tokens=2, spec_tokens=1),
-    Bounds(state="rows", subsets=True, depth=3, slots=3, abort=False, preempt=False,
-           finish=False),
-    Bounds(state="rows", requests=1, variant="state-row-reused-in-flight"),
-    Bounds(state="rows", variant="idx-from-previous-order", abort=False, preempt=False),
-    Bounds(state="rows", subsets=True, spec_tokens=1, max_tokens=2, abort=False, preempt=False,
-           variant="draft-count-of-another-row"),
-    Bounds(state="rows", subsets=True, depth=3, slots=3, abort=False, preempt=False,
-           finish=False, variant="skipped-from-previous-step"),
-    *(Bounds(requests=1, max_tokens=4 if v == "placeholders-drain-by-one" else 3,
-             spec_tokens=1, variant=v) for v in SPEC_VARIANTS),
+    R(state="rows"), R(state="rows", state_rows=1, max_tokens=2),
+    R(state="rows", subsets=True, requests=2, max_tokens=2, spec_tokens=1),
+    R(state="rows", subsets=True, depth=3, slots=3, abort=False, preempt=False, finish=False),
+    R(state="rows", requests=1, variant="state-row-reused-in-flight"),
+    R(state="rows", variant="idx-from-previous-order", abort=False, preempt=False),
+    R(state="rows", subsets=True, spec_tokens=1, max_tokens=2, abort=False, preempt=False,
+      variant="draft-count-of-another-row"),
+    R(state="rows", subsets=True, depth=3, slots=3, abort=False, preempt=False, finish=False,
+      variant="skipped-from-previous-step"),
+    *(R(requests=1, max_tokens=4 if v == "placeholders-drain-by-one" else 3, spec_tokens=1,
+        variant=v) for v in SPEC_VARIANTS),
 ]
 
 
@@ -264,7 +266,7 @@ def test_a_sample_of_each_default_bound_satisfies_the_invariant(entry) -> None: 
 
 def test_the_checker_sees_a_state_that_breaks_the_invariant() -> None:
     # The "every reachable state" check can fail: a guard-off state that consumed a stale id.
-    b = Bounds(requests=1, guard=False)
+    b = RING._replace(requests=1, guard=False)
     ex = explore(b)
     bad = ex.states[ex.violations["StaleHostIdsGuard"]]
     sol, s = _invariant_checker(b)
