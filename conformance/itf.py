@@ -48,7 +48,8 @@ VARS = ["allocated", "next_slot", "queue", "slots", "requests", "broken",
 _VALIDATION = ("max_tokens_of", "host_sync_of", "chunk_per_step", "state", "state_rows",
                "subsets")
 """Bounds only a validated serving run sets, and the bounds of spec rule 14; left out of a trace
-where they are at their defaults, so that the traces written before them stay as they were."""
+where they hold the ring's values (`RING`), so that the traces written before them stay as they
+were."""
 _BOUNDS_DEFAULTS = RING
 """What a trace that leaves a bound out means: the traces before rule 14 are of the ring."""
 

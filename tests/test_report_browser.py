@@ -21,9 +21,10 @@ import pytest
 from ttmirror import manifest, report
 from ttmirror.cli import main
 from ttmirror.model.explore import explore
-from ttmirror.model.state import RING
+from ttmirror.model.state import RING, Bounds
 
-BOUNDS = RING._replace(requests=1)
+BOUNDS = Bounds(requests=1)
+"""The site's bounds: one request, state rows and vLLM's freedoms (the defaults)."""
 RING_FLAGS = manifest.flags(RING).split()
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 DRIVER = shutil.which("chromedriver")
@@ -120,7 +121,8 @@ def test_a_click_on_a_state_shows_its_variables(browser: Any) -> None:
         panel = driver.find_element(By.ID, f"state-{view}")
         variables = {row.get_attribute("data-variable")
                      for row in panel.find_elements(By.CSS_SELECTOR, "tr[data-variable]")}
-        assert variables == {"allocated", "next_slot", "queue", "slots", "requests", "broken"}
+        assert variables == {"allocated", "next_slot", "queue", "slots", "requests", "broken",
+                             "table"}
         assert "model states look like this" in panel.text, label
     # The request view marks the states whose host ids are stale, and says what ends it.
     stale = driver.find_elements(

@@ -135,7 +135,7 @@ def cmd_graph(ns: argparse.Namespace) -> int:
 def cmd_demo(ns: argparse.Namespace) -> int:
     out = Path(ns.out)
     mkdir(out)
-    print("== ttmirror check at the default bounds (D=2, K=2, 2 requests, all features)")
+    print("== ttmirror check at the default bounds (state rows, vLLM's freedoms, every feature)")
     ex = _explore(DEFAULTS)
     print(report.as_text(ex))
     ok = report.passed(ex)

@@ -24,6 +24,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from ttmirror import manifest
 from ttmirror.arguments import BUG_VARIABLE
 from ttmirror.cli import main
 from ttmirror.conformance import branches, campaign, itf, patterns, profiles, walks
@@ -88,8 +89,9 @@ def test_two_drafts_walk_every_edge_on_the_cpu(explored: Explored) -> None:
 
 
 def test_fuzz_walks_every_edge_of_the_spec_bound(tmp_path: Path) -> None:
-    """`ttmirror fuzz --requests 1 --spec-tokens 1 --json` (eager-2cq): Hypothesis, then the
-    passes; every edge covered, none out of a drafter's reach."""
+    """`ttmirror fuzz --requests 1 --spec-tokens 1 --json` (eager-2cq, the default state rows
+    with vLLM's freedoms): Hypothesis, then the passes; every edge covered, none out of a
+    drafter's reach."""
     env = {k: v for k, v in os.environ.items() if k != BUG_VARIABLE} | {"OMP_NUM_THREADS": "1"}
     done = subprocess.run(
         [sys.executable, "-m", "ttmirror.cli", "fuzz", "--requests", "1", "--spec-tokens", "1",
@@ -99,7 +101,8 @@ def test_fuzz_walks_every_edge_of_the_spec_bound(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stderr[-3000:]
     report = json.loads(done.stdout)
     assert report["bounds"]["spec_tokens"] == 1 and report["bounds"]["max_tokens"] == 3
-    assert report["edges_covered"] == 1.0 and report["edges"] == report["total_edges"] == 3774
+    edges = manifest.entry("rows-spec-small").transitions
+    assert report["edges_covered"] == 1.0 and report["edges"] == report["total_edges"] == edges
     assert report["passes"] >= 2 and report["unreachable_edges"] == 0
     assert report["stopped"] == "covered" and report["failure"] is None
     assert "draft lanes" in report["observation"]

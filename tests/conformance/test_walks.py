@@ -24,7 +24,7 @@ from ttmirror.conformance.replay import CONFORMS, FAILS, replay
 from ttmirror.conformance.walk_bound import walks_lower_bound
 from ttmirror.model.actions import take
 from ttmirror.model.explore import Exploration, explore
-from ttmirror.model.state import RING, initial_state
+from ttmirror.model.state import RING, Bounds, initial_state
 
 SMALL = RING._replace(requests=1)
 
@@ -135,7 +135,7 @@ def test_fuzz_json_contract_and_coverage(tmp_path: Path) -> None:
     assert report["stopped"] == "covered" and report["walks"] > 0 and report["jobs"] == 2
     # At one request the bound is what a brute-force search finds (tests/test_walk_bound.py
     # checks the method); walks from the initial state can never beat it.
-    bound = walks_lower_bound(explore(RING._replace(requests=1)).graph)
+    bound = walks_lower_bound(explore(Bounds(requests=1)).graph)
     assert report["walks_lower_bound"] == bound > 1
     assert "edges_covered" in done.stderr  # progress went to stderr, not into the JSON
 
