@@ -29,8 +29,8 @@ Explored = Callable[[Bounds], Exploration]
 
 ROWS = RING._replace(state="rows")
 SUBSETS = RING._replace(state="rows", subsets=True)
-PIPELINE = RING._replace(state="rows", subsets=True, depth=3, slots=3, abort=False, preempt=False,
-                  finish=False)
+PIPELINE = RING._replace(state="rows", subsets=True, depth=3, slots=3, abort=False,
+                         preempt=False, finish=False)
 DRAFTS = RING._replace(state="rows", subsets=True, spec_tokens=2, max_tokens=3)
 
 
@@ -222,7 +222,7 @@ def test_every_new_situation_applies_somewhere_above() -> None:
     from ttmirror.model.invariants import SOMETIMES
     bounds = [SUBSETS, RING._replace(state="rows", subsets=True, state_rows=1), PIPELINE,
               RING._replace(state="rows", subsets=True, spec_tokens=1, max_tokens=2, abort=False,
-                     preempt=False, finish=False)]
+                            preempt=False, finish=False)]
     for check in SOMETIMES:
         if check.name in NEW_CHECKS:
             assert any(check.applies(b) for b in bounds), check.name

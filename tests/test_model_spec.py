@@ -161,7 +161,7 @@ def test_spec_bounds_are_checked() -> None:
             validate_bounds(RING._replace(variant=variant))
     with pytest.raises(ValueError, match="needs --preempt or --host-sync"):
         validate_bounds(RING._replace(spec_tokens=1, preempt=False,
-                               variant="reentering-drafts-from-device"))
+                                      variant="reentering-drafts-from-device"))
 
 
 def test_the_spec_default_bound_holds_and_every_draft_situation_occurs(
