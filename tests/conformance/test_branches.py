@@ -89,9 +89,9 @@ def test_a_planted_bug_is_found_and_its_trace_replays_from_the_initial_state(
 
 def test_fuzz_default_bounds(tmp_path: Path) -> None:
     """CI's full-coverage run: `ttmirror fuzz --json` at the ring's default sizes (`--state ring
-    --no-subsets`) walks every edge. (Every edge at the default bounds, state rows with vLLM's
-    freedoms, takes the walks four times as long; CI walks every edge of eight named bounds of
-    state rows instead, `test_lockstep_state_rows.py`.)
+    --no-subsets`) walks every edge. (The default bounds, state rows with vLLM's freedoms, have
+    four times its edges; CI walks every edge of eight named bounds of state rows instead,
+    `test_lockstep_state_rows.py`.)
 
     Its JSON is kept as out/fuzz-default.json (the figures the closing note and README quote).
     """
