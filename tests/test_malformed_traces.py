@@ -16,8 +16,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from ttmirror.cli import main
+from ttmirror.resources import REGRESSIONS
 
-REGRESSION = Path(__file__).parent / "regressions" / "release-at-issue.itf.json"
+REGRESSION = REGRESSIONS / "release-at-issue.itf.json"
 KINDS = ("truncate", "type", "huge", "action", "other")
 SETTINGS = settings(max_examples=10, deadline=None, derandomize=True, database=None,
                     suppress_health_check=[HealthCheck.function_scoped_fixture])

@@ -165,7 +165,7 @@ def test_a_non_editable_install_runs_check_report_and_replay(installed: Path,
                                                                 "review.css"}
 
     site = _site_packages(installed)
-    trace = site / "ttmirror" / "regressions" / "deliver-dropped.itf.json"
+    trace = site / "ttmirror" / "specs" / "regressions" / "deliver-dropped.itf.json"
     conforms = run_installed(installed, "replay", str(trace), cwd=tmp_path)
     assert conforms.returncode == 0, conforms.stderr
     assert "conforms" in conforms.stdout

@@ -1,8 +1,8 @@
 """What the package ships beside its code, read through `importlib.resources`: the design spec,
-the TLA+ twin and its configs, the manifest (`specs/`), the regression traces
-(`tests/regressions/`) and the review site's assets.
+the TLA+ twin and its configs, the manifest and the regression traces (`specs/`, the traces in
+`specs/regressions/`) and the review site's assets.
 
-In the source tree `ttmirror/specs` and `ttmirror/regressions` are links to those folders; an
+In the source tree `ttmirror/specs` is a link to that folder; an
 installed package holds copies. Either way each is a folder on disk (the package is never run
 zipped), so TLC and Graphviz can be pointed at its files.
 """
@@ -26,6 +26,6 @@ SPECS = shipped("specs")
 SPEC = SPECS / "mirrored-sampled-ids.md"
 TLA = SPECS / "MirroredSampledIds.tla"
 MANIFEST = SPECS / "manifest.json"
-REGRESSIONS = shipped("regressions")
+REGRESSIONS = SPECS / "regressions"
 """The regression traces (ITF) that `ttmirror replay` and the report's step tables read."""
 REVIEW_ASSETS = shipped("review_assets")

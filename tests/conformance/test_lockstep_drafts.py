@@ -36,6 +36,7 @@ from ttmirror.conformance.replay import CONFORMS, INVALID, replay
 from ttmirror.model.actions import Action, successors
 from ttmirror.model.explore import Exploration
 from ttmirror.model.state import RING, Bounds
+from ttmirror.resources import REGRESSIONS
 
 SPEC = RING._replace(requests=1, max_tokens=3, spec_tokens=1)
 SPEC2 = RING._replace(requests=1, max_tokens=3, spec_tokens=2)
@@ -243,7 +244,7 @@ def test_a_launch_the_drafter_does_not_accept_is_not_offered(tmp_path: Path) -> 
 
 
 def test_replay_runs_a_spec_regression_trace(capsys: pytest.CaptureFixture[str]) -> None:
-    trace = Path(__file__).parent.parent / "regressions" / "positions-advance-by-spec.itf.json"
+    trace = REGRESSIONS / "positions-advance-by-spec.itf.json"
     assert main(["replay", str(trace)]) == 0  # its drafter comes from the trace
     assert main(["replay", str(trace), "--bug", "positions-advance-by-spec"]) == 1
     assert "(device data)" in capsys.readouterr().out

@@ -17,8 +17,8 @@ from ttmirror.emulator import ProcessScheduler
 from ttmirror.impl.overrides import NONE
 from ttmirror.model.explore import Exploration
 from ttmirror.model.state import RING
+from ttmirror.resources import REGRESSIONS
 
-REGRESSIONS = Path(__file__).parent.parent / "regressions"
 DATA_BUGS = sorted(mutants.DEVICE_HALF - {"stage-cq1-no-event"})
 """Device-half bugs that change what the device computes (the other one is a race)."""
 KILLS = [

@@ -8,8 +8,9 @@ from pathlib import Path
 import pytest
 
 from ttmirror.cli import main
+from ttmirror.resources import REGRESSIONS
 
-TRACE = Path(__file__).parent.parent / "regressions" / "deliver-dropped.itf.json"
+TRACE = REGRESSIONS / "deliver-dropped.itf.json"
 
 
 def test_regression_conforms_without_its_bug(capsys: pytest.CaptureFixture[str]) -> None:
