@@ -135,9 +135,7 @@ def _walked(o: Options, cov: Coverage, deadline: float, explore_seconds: float,
             f"{cov.edges_covered:.4f}; their Hypothesis phase is not repeated")
     say(f"explored {cov.total_edges:,} edges in {explore_seconds:.0f} s; Hypothesis: "
         f"{before.hypothesis_examples if resumed else o.examples} examples")
-    # Shards divide the Hypothesis phase by seed (shard i of a campaign seeded s draws with
-    # s + i - 1), as they divide the walks by index: no two draw from the same seed.
-    hypothesis_seed = o.seed + (o.shard[0] - 1 if o.shard else 0)
+    hypothesis_seed = _hypothesis_seed(o)
     if resumed is None:
         result = campaign.run(o.bounds, o.backend, profiles.profile(o.profile),
                               seed=hypothesis_seed, trace_dir=o.traces, on_run=cov.record,
@@ -167,21 +165,44 @@ def _walked(o: Options, cov: Coverage, deadline: float, explore_seconds: float,
         stopped = walked.stopped
     if failure is None:  # a failing run's edges are not all checked: keep the last save
         saver.save(cov, walked, force=True)
-    # A statistic, not a check: a minimum flow over the whole graph (seconds at the default
-    # bounds), so only a run that --seconds did not stop spends time on it.
-    lower_bound = None
-    if failure is None and stopped != "seconds" and time.perf_counter() < deadline:
-        lower_bound = walks_lower_bound(cov.ex.graph)
-        say(f"walks from the initial state cover the {cov.total_edges:,} edges in no fewer "
-            f"than {lower_bound:,}")
-    report = {
+    measured = failure is None and stopped != "seconds"
+    lower_bound = _lower_bound(cov, deadline, say) if measured else None
+    report = _report(o, cov, result, before, walked, failure, stopped, lower_bound,
+                     explore_seconds, time.perf_counter() - explored)
+    return _verdict(o, cov, report, walked, failure)
+
+
+def _hypothesis_seed(o: Options) -> int:
+    """Shards divide the Hypothesis phase by seed (shard i of a campaign seeded s draws with
+    s + i - 1), as they divide the walks by index: no two draw from the same seed."""
+    return o.seed + (o.shard[0] - 1 if o.shard else 0)
+
+
+def _lower_bound(cov: Coverage, deadline: float, say: Say) -> int | None:
+    """The fewest walks from the initial state that cover every edge, where time is left: a
+    statistic, not a check, and a minimum flow over the whole graph (seconds at the default
+    bounds), so a run that --seconds or a failure stopped does not spend time on it."""
+    if time.perf_counter() >= deadline:
+        return None
+    bound = walks_lower_bound(cov.ex.graph)
+    say(f"walks from the initial state cover the {cov.total_edges:,} edges in no fewer than "
+        f"{bound:,}")
+    return bound
+
+
+def _report(o: Options, cov: Coverage, result: campaign.Campaign, before: checkpoint.Progress,
+            walked: walks.Report | None, failure: Failure | None, stopped: str,
+            lower_bound: int | None, explore_seconds: float, walk_seconds: float
+            ) -> dict[str, Any]:
+    """The run's JSON report: what `ttmirror fuzz --json` prints."""
+    return {
         "backend": o.backend,
         "config": o.config,
         "observation": result.observation,
         "bounds": o.bounds._asdict(),
         "seed": o.seed,
-        "hypothesis_seed": hypothesis_seed,
-        **coverage_figures(cov, time.perf_counter() - explored + before.walk_seconds),
+        "hypothesis_seed": _hypothesis_seed(o),
+        **coverage_figures(cov, walk_seconds + before.walk_seconds),
         "explore_seconds": round(explore_seconds, 2),
         "hypothesis_examples": result.examples,
         "hypothesis_first_failure_example": result.first_failure_examples,
@@ -204,7 +225,6 @@ def _walked(o: Options, cov: Coverage, deadline: float, explore_seconds: float,
         **({"checkpoint": str(o.checkpoint), "runs": before.runs + 1,
             "resumed_at_edges": before.edges} if o.checkpoint else {}),
     }
-    return _verdict(o, cov, report, walked, failure)
 
 
 def _verdict(o: Options, cov: Coverage, report: dict[str, Any], walked: walks.Report | None,
