@@ -86,6 +86,22 @@ def permissive(b: Bounds) -> Bounds:
     return b._replace(finish=True, abort=True, preempt=True, preemptions=1 << 30, condense=True)
 
 
+def _checked(bounds: Bounds, backend: str, config: str | None, sampling: str) -> str:
+    """The lockstep's configuration (default: the backend's first), or a ValueError naming what
+    the implementation cannot be set to."""
+    if bounds.release_at != "complete":
+        raise ValueError("the implementation has no --release-at issue switch; plant the "
+                         "release-at-issue bug instead")
+    if bounds.variant:
+        raise ValueError(f"the implementation has no --variant switch; plant the "
+                         f"{bounds.variant} bug instead")
+    if backend not in BACKENDS:
+        raise ValueError(f"unknown backend {backend!r}; choose one of: {', '.join(BACKENDS)}")
+    if sampling not in SAMPLERS:
+        raise ValueError(f"unknown sampler {sampling!r}; choose one of: {', '.join(SAMPLERS)}")
+    return check_config(backend, config)
+
+
 class Lockstep:
     """A model state and a runner on one backend, moved together."""
 
@@ -111,17 +127,7 @@ class Lockstep:
         implementation (`planted.py`), or None; `drafter`: with spec tokens, the
         probe's drafter (default `Drafter()`); `device_process`: the emulated device's queues
         in a device process of their own, each device move one command run there."""
-        if bounds.release_at != "complete":
-            raise ValueError("the implementation has no --release-at issue switch; plant the "
-                             "release-at-issue bug instead")
-        if bounds.variant:
-            raise ValueError(f"the implementation has no --variant switch; plant the "
-                             f"{bounds.variant} bug instead")
-        if backend not in BACKENDS:
-            raise ValueError(f"unknown backend {backend!r}; choose one of: {', '.join(BACKENDS)}")
-        config = check_config(backend, config)
-        if sampling not in SAMPLERS:
-            raise ValueError(f"unknown sampler {sampling!r}; choose one of: {', '.join(SAMPLERS)}")
+        config = _checked(bounds, backend, config, sampling)
         self.device_process = device_process
         self.sampling = sampling
         self.sampling_seed = sampling_seed
