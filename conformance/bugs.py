@@ -150,3 +150,11 @@ def check(ids: Iterable[str | None] = ()) -> frozenset[str]:
     if unknown:
         raise ValueError(f"unknown planted bug {unknown[0]!r}; choose one of: {', '.join(ALL)}")
     return chosen
+
+
+def model_only(release_at: str, variant: str) -> str | None:
+    """The planted bug that stands for a model-only option (`--release-at issue`, a
+    `--variant`), which the implementation has no switch for; None for options it runs."""
+    if release_at != "complete":
+        return "release-at-issue"
+    return variant or None

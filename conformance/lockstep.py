@@ -43,6 +43,7 @@ from ..model.actions import Action, take
 from ..model.invariants import invariants_for
 from ..model.state import Bounds, Phase, State, Status, initial_state, state_row_count
 from .abstraction import Abstract, Context, Seen, abstract, diff, project, seen_in
+from .bugs import model_only
 from .configs import check_config
 from .moves import EFFECT, Divergence, Drafter, Move
 from .observe import DeviceObserver, HostObserver
@@ -89,12 +90,9 @@ def permissive(b: Bounds) -> Bounds:
 def _checked(bounds: Bounds, backend: str, config: str | None, sampling: str) -> str:
     """The lockstep's configuration (default: the backend's first), or a ValueError naming what
     the implementation cannot be set to."""
-    if bounds.release_at != "complete":
-        raise ValueError("the implementation has no --release-at issue switch; plant the "
-                         "release-at-issue bug instead")
-    if bounds.variant:
-        raise ValueError(f"the implementation has no --variant switch; plant the "
-                         f"{bounds.variant} bug instead")
+    if (bug := model_only(bounds.release_at, bounds.variant)) is not None:
+        raise ValueError(f"the implementation has no switch for the model's {bug}; plant the "
+                         f"{bug} bug instead")
     if backend not in BACKENDS:
         raise ValueError(f"unknown backend {backend!r}; choose one of: {', '.join(BACKENDS)}")
     if sampling not in SAMPLERS:

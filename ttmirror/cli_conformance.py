@@ -29,6 +29,7 @@ from .arguments import (
     planted_bug,
     writable_dir,
 )
+from .conformance.bugs import model_only
 from .model.state import RING, Bounds
 
 if TYPE_CHECKING:  # imported for real inside the commands: they load torch and ttnn
@@ -183,12 +184,10 @@ def cmd_coverage_merge(ns: argparse.Namespace) -> int:
 def _fuzz_bounds(ns: argparse.Namespace) -> Bounds:
     """The bounds and budgets of `fuzz`, checked (a `UsageError` before anything loads)."""
     bounds = bounds_from(ns)
-    if bounds.release_at != "complete":
-        raise UsageError("--release-at issue has no implementation counterpart; use "
-                         "`ttmirror mutants --bug release-at-issue`")
-    if bounds.variant:
-        raise UsageError(f"--variant {bounds.variant} is a model variant with no implementation "
-                         f"switch; use `ttmirror mutants --bug {bounds.variant}`")
+    if (bug := model_only(bounds.release_at, bounds.variant)) is not None:
+        option = "--release-at issue" if bug == "release-at-issue" else f"--variant {bug}"
+        raise UsageError(f"{option} is a model option with no implementation switch; use "
+                         f"`ttmirror mutants --bug {bug}`")
     if (ns.examples < 0 or ns.seconds < 0 or ns.jobs < 1
             or (ns.min_edges is not None and not 0 <= ns.min_edges <= 1)):
         raise UsageError("--examples and --seconds must be >= 0, --jobs >= 1, --min-edges in "
