@@ -152,9 +152,9 @@ def check(ids: Iterable[str | None] = ()) -> frozenset[str]:
     return chosen
 
 
-def model_only(release_at: str, variant: str) -> str | None:
-    """The planted bug that stands for a model-only option (`--release-at issue`, a
-    `--variant`), which the implementation has no switch for; None for options it runs."""
+def model_only(release_at: str, variant: str) -> tuple[str, str] | None:
+    """A model-only option the implementation has no switch for (`--release-at issue`, a
+    `--variant`) and the planted bug that stands for it; None for options it runs."""
     if release_at != "complete":
-        return "release-at-issue"
-    return variant or None
+        return "--release-at issue", "release-at-issue"
+    return (f"--variant {variant}", variant) if variant else None

@@ -227,8 +227,9 @@ def load(path: Path) -> Loaded:
         if data.get("vars") != VARS:
             raise TraceError(f"{path}: vars {data.get('vars')} are not this model's {VARS}")
         fields = dict(meta["bounds"])
-        bounds = RING._replace(**{**fields, "max_tokens_of": tuple(fields.get("max_tokens_of", ())),
-                           "host_sync_of": tuple(fields.get("host_sync_of", ()))})
+        bounds = RING._replace(**{**fields,
+                                  "max_tokens_of": tuple(fields.get("max_tokens_of", ())),
+                                  "host_sync_of": tuple(fields.get("host_sync_of", ()))})
         prompts = tuple(int(p) for p in meta["prompts"])
         states = data["states"]
         if not states or states[0]["mbt::actionTaken"] != "init":

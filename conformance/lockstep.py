@@ -90,9 +90,9 @@ def permissive(b: Bounds) -> Bounds:
 def _checked(bounds: Bounds, backend: str, config: str | None, sampling: str) -> str:
     """The lockstep's configuration (default: the backend's first), or a ValueError naming what
     the implementation cannot be set to."""
-    if (bug := model_only(bounds.release_at, bounds.variant)) is not None:
-        raise ValueError(f"the implementation has no switch for the model's {bug}; plant the "
-                         f"{bug} bug instead")
+    if (only := model_only(bounds.release_at, bounds.variant)) is not None:
+        raise ValueError(f"the implementation has no switch for the model's {only[0]}; plant "
+                         f"the {only[1]} bug instead")
     if backend not in BACKENDS:
         raise ValueError(f"unknown backend {backend!r}; choose one of: {', '.join(BACKENDS)}")
     if sampling not in SAMPLERS:

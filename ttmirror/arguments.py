@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import NoReturn
 
 from .conformance.bugs import BUGS
-from .model.state import ROWS_VARIANTS, SPEC_VARIANTS, VARIANTS, Bounds, validate_bounds
+from .model.state import SPEC_VARIANTS, VARIANTS, Bounds, validate_bounds
 
 DEFAULTS = Bounds()
 
@@ -55,10 +55,10 @@ def add_bounds(p: argparse.ArgumentParser) -> None:
                    "parallelism of that size) (default %(default)s)")
     g.add_argument("--slots", type=int, default=DEFAULTS.slots,
                    help="mirror slots K in the ring (default %(default)s)")
-    g.add_argument("--state", choices=("ring", "rows"), default=None,
+    g.add_argument("--state", choices=("ring", "rows"), default=DEFAULTS.state,
                    help="where in-flight tokens live on the device: ring (a step's slot, read "
                         "through the previous-row map) or rows (a state row per request) "
-                        f"(default {DEFAULTS.state}; rows with a state-row --variant)")
+                        "(default %(default)s)")
     g.add_argument("--state-rows", type=int, default=DEFAULTS.state_rows,
                    help="with --state rows: state rows on the device (default: one per request)")
     g.add_argument("--requests", type=int, default=DEFAULTS.requests,
@@ -96,11 +96,10 @@ def add_bounds(p: argparse.ArgumentParser) -> None:
     t.add_argument("--faults", action=bool_flag, default=None,
                    help="the device may fail any step before its readback completes "
                         "(default off; on with --variant fault-spares-later-rows)")
-    t.add_argument("--subsets", action=bool_flag, default=None,
+    t.add_argument("--subsets", action=bool_flag, default=DEFAULTS.subsets,
                    help="vLLM's scheduler freedoms: a step holds any non-empty subset of the "
                         "schedulable requests, each decoding row any number of its drafts "
-                        f"(default {'on' if DEFAULTS.subsets else 'off'}; on with a --variant "
-                        "that needs it)")
+                        f"(default {'on' if DEFAULTS.subsets else 'off'})")
     t.add_argument("--spec-tokens", type=int, default=None,
                    help="K draft tokens per decoding row, verified on the device "
                         f"(default {DEFAULTS.spec_tokens}: no drafts; 1 with a spec-decode "
@@ -136,11 +135,6 @@ def bounds_from(ns: argparse.Namespace) -> Bounds:
     spec = ns.spec_tokens
     if spec is None and variant in SPEC_VARIANTS:
         spec = 1
-    state = ns.state or ("rows" if variant in ROWS_VARIANTS else DEFAULTS.state)
-    subsets = ns.subsets
-    if subsets is None:
-        subsets = DEFAULTS.subsets or variant in (
-            "draft-count-of-another-row", "skipped-from-previous-step")
     if spec is None:
         spec = 1 if variant == "draft-count-of-another-row" else DEFAULTS.spec_tokens
     b = Bounds(
@@ -152,7 +146,7 @@ def bounds_from(ns: argparse.Namespace) -> Bounds:
         release_at="issue" if variant == "release-at-issue" else ns.release_at,
         preempt_policy=ns.preempt_policy, prefill_chunks=chunks, host_sync=host_sync,
         variant=variant if variant in VARIANTS else "", faults=faults, spec_tokens=spec,
-        state=state, state_rows=ns.state_rows, subsets=subsets,
+        state=ns.state, state_rows=ns.state_rows, subsets=ns.subsets,
     )
     if ns.preemptions < 0:
         raise UsageError(f"--preemptions must be 0 or more, got {ns.preemptions}")

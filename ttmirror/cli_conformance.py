@@ -184,8 +184,8 @@ def cmd_coverage_merge(ns: argparse.Namespace) -> int:
 def _fuzz_bounds(ns: argparse.Namespace) -> Bounds:
     """The bounds and budgets of `fuzz`, checked (a `UsageError` before anything loads)."""
     bounds = bounds_from(ns)
-    if (bug := model_only(bounds.release_at, bounds.variant)) is not None:
-        option = "--release-at issue" if bug == "release-at-issue" else f"--variant {bug}"
+    if (only := model_only(bounds.release_at, bounds.variant)) is not None:
+        option, bug = only
         raise UsageError(f"{option} is a model option with no implementation switch; use "
                          f"`ttmirror mutants --bug {bug}`")
     if (ns.examples < 0 or ns.seconds < 0 or ns.jobs < 1
