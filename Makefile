@@ -26,7 +26,7 @@ help:
 	@echo "make bench-engine serving tokens/s at depth 2 vs 1; overlap under layout churn"
 	@echo "make bench-validate  a 10,000-step serving run validated against the model"
 	@echo "make soak         100,000 serving steps with device faults, replayable from the seed"
-	@echo "make spec         regenerate the generated parts of specs/"
+	@echo "make spec         regenerate the generated parts of the spec (src/ttmirror/specs/)"
 	@echo "make serve-vllm   vLLM's own engine and scheduler serving through the TT mirror"
 	@echo "make bench-serve  vllm serve on the TT mirror under vLLM's own client (vllm bench serve): async vs sync"
 	@echo "make lint         ruff + mypy"
@@ -82,7 +82,7 @@ demo: setup
 TEST_WORKERS ?= auto
 test: setup setup-vllm
 	$(VENV)/bin/ruff check .
-	$(VENV)/bin/mypy ttmirror
+	$(VENV)/bin/mypy src/ttmirror
 	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist worksteal --durations=40
 
 serve-vllm: setup setup-vllm
@@ -96,7 +96,7 @@ bench-serve: setup setup-vllm
 
 lint: setup
 	$(VENV)/bin/ruff check .
-	$(VENV)/bin/mypy ttmirror
+	$(VENV)/bin/mypy src/ttmirror
 
 prove: setup
 	$(VENV)/bin/ttmirror prove --manifest
@@ -108,7 +108,7 @@ clean:
 	rm -rf out .pytest_cache .ruff_cache .mypy_cache
 
 spec: setup
-	$(PY) -m ttmirror.specdoc
+	$(PY) -m ttmirror.report.specdoc
 
 bench-device: setup
 	$(PY) benchmarks/bench_device.py
@@ -134,4 +134,4 @@ soak: setup
 # DATABASE=redis://HOST:PORT/DB shares the example database with every machine of a campaign.
 DATABASE ?=
 fuzz-long: setup
-	TTMIRROR_DATABASE=$(DATABASE) $(VENV)/bin/hypothesis fuzz --no-dashboard -- conformance/fuzz_target.py
+	TTMIRROR_DATABASE=$(DATABASE) $(VENV)/bin/hypothesis fuzz --no-dashboard -- src/ttmirror/conformance/fuzz_target.py

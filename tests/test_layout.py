@@ -1,37 +1,34 @@
-"""The layout holds: one home per concern, no import cycles, no private names across modules.
+"""The layout holds: what a static import-graph tool cannot see.
 
-Every rule reads the source with `ast` (nothing is imported), and each has a twin that plants a
-violation in a snippet and watches the rule catch it, so a green run is never vacuous. One check
-runs code: two runners in one process, one with a planted bug and one without, and only the first
-misbehaves (planted bugs are values of a configuration, never process state).
+The layering itself (the model pure, the mirror and the serving engine never reaching the
+emulator, validation loading no runner, no import cycles) is import-linter's: the contracts in
+`pyproject.toml`, run here on the tree, and on a copy of it with one violation planted per
+contract. What stays here reads the source with `ast`, each rule with a twin that plants a
+violation in a snippet and watches the rule catch it, so a green run is never vacuous. Two checks
+run code: two runners in one process, one with a planted bug and one without, and only the first
+misbehaves (planted bugs are values of a configuration, never process state); and `ttmirror
+validate` in a fresh interpreter loads no runner.
 """
 
 from __future__ import annotations
 
 import ast
+import os
 import re
+import shutil
+import subprocess
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-import networkx as nx
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-
-
-def package_links() -> dict[str, str]:
-    """Folder -> import name, read off the tree: `ttmirror/` holds a link to each top-level
-    package folder (ttmirror/model -> ../model), so the links are the mapping."""
-    out = {"ttmirror": "ttmirror"}
-    for link in sorted((ROOT / "ttmirror").iterdir()):
-        if link.is_symlink() and (link / "__init__.py").is_file():
-            out[str(link.resolve().relative_to(ROOT))] = f"ttmirror.{link.name}"
-    return out
-
-
-PACKAGES = package_links()
+SRC = ROOT / "src"
+PACKAGE = SRC / "ttmirror"
 SCRIPTS = ("tests", "benchmarks")
 """Folders of code that no package imports; held to the private-name rule too."""
+LINT_IMPORTS = Path(sys.executable).parent / "lint-imports"
 
 
 @dataclass(frozen=True)
@@ -46,13 +43,8 @@ class Import:
 
 
 def module_name(path: Path) -> str:
-    rel = path.relative_to(ROOT)
-    parts = list(rel.with_suffix("").parts)
-    base = PACKAGES.get(parts[0], parts[0])
-    rest = parts[1:]
-    if rest and rest[-1] == "__init__":
-        rest = rest[:-1]
-    return ".".join([base, *rest])
+    parts = list(path.relative_to(SRC if path.is_relative_to(SRC) else ROOT).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
 def imports(source: str, module: str, is_package: bool = False) -> list[Import]:
@@ -82,6 +74,99 @@ def imports(source: str, module: str, is_package: bool = False) -> list[Import]:
     return out
 
 
+def sources() -> dict[str, tuple[Path, str]]:
+    """Module name -> (path, source) for every Python file of the project."""
+    out = {}
+    for folder in (PACKAGE, *(ROOT / s for s in SCRIPTS)):
+        for path in sorted(folder.rglob("*.py")):
+            out[module_name(path)] = (path, path.read_text())
+    return out
+
+
+# --- one identity per module ---------------------------------------------------------------------
+
+
+def test_only_ttmirror_is_importable_from_the_project() -> None:
+    """The src/ layout: from the tree's root, as a user's shell has it, `import model` finds
+    nothing and `ttmirror.model.state` is one module under one name."""
+    probe = ("import importlib.util as u, sys, ttmirror.model.state; "
+             "print([u.find_spec(n) is not None for n in ('model', 'impl', 'conformance')], "
+             "sorted(m for m in sys.modules if m.endswith('model.state')))")
+    done = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, capture_output=True,
+                          text=True, timeout=60, check=True)
+    assert done.stdout.strip() == "[False, False, False] ['ttmirror.model.state']"
+    # The twin: a folder at the root holding an __init__.py imports under its own name.
+    assert (ROOT / "tests" / "__init__.py").is_file()
+    probe = "import importlib.util as u; print(u.find_spec('tests') is not None)"
+    done = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, capture_output=True,
+                          text=True, timeout=60, check=True)
+    assert done.stdout.strip() == "True"
+
+
+def test_tests_import_under_their_own_names() -> None:
+    """Every test folder is a package below `tests`, so pytest never imports one as `impl`."""
+    folders = [p for p in (ROOT / "tests").rglob("*") if p.is_dir() and p.name != "__pycache__"]
+    assert len(folders) >= 8
+    assert [str(f) for f in folders if not (f / "__init__.py").is_file()] == []
+    assert __name__ == "tests.test_layout"
+    assert {p.name for p in folders} >= {"model", "impl", "emulator", "serving", "conformance"}
+
+
+# --- the layering: import-linter's contracts -----------------------------------------------------
+
+
+def lint_imports(root: Path, path: Path | None = None) -> tuple[int, str]:
+    """`lint-imports` with `root`'s contracts, on the package found first on the path."""
+    env = {**os.environ, "COLUMNS": "400"}
+    if path is not None:
+        env["PYTHONPATH"] = str(path)
+    done = subprocess.run([str(LINT_IMPORTS), "--no-cache", "--config",
+                           str(root / "pyproject.toml")], cwd=root, capture_output=True,
+                          text=True, timeout=300, env=env)
+    return done.returncode, done.stdout + done.stderr
+
+
+CONTRACTS = {
+    # the start of a contract's name -> one violation of it: (file, line appended to it)
+    "The model is pure": ("model/state.py", "import ttnn"),
+    "The mirror knows nothing of": ("impl/ring.py",
+                                    "from ..emulator.device import EmulatedMeshDevice"),
+    "The serving engine reaches the mirror": ("serving/engine.py",
+                                              "from ttmirror.model import state"),
+    "The emulator plugs into": ("emulator/ops.py", "from ttmirror.conformance import bugs"),
+    "Validating a recorded run": ("conformance/validate.py", "from .lockstep import take"),
+    "No import cycles": ("cli/serving.py", "from ttmirror.cli.main import main"),
+}
+
+
+def contract_verdicts(output: str) -> dict[str, str]:
+    found = dict(re.findall(r"^(.+?) (KEPT|BROKEN)\b", output, re.M))
+    return {prefix: verdict for name, verdict in found.items() for prefix in CONTRACTS
+            if name.startswith(prefix)}
+
+
+def test_the_import_contracts_hold() -> None:
+    code, out = lint_imports(ROOT)
+    assert code == 0, out
+    assert contract_verdicts(out) == dict.fromkeys(CONTRACTS, "KEPT")
+    assert re.search(r"Analyzed \d{3,} files, \d{4,} dependencies", out)  # it read the tree
+
+
+def test_each_import_contract_catches_its_planted_violation(tmp_path: Path) -> None:
+    shutil.copytree(PACKAGE, tmp_path / "src" / "ttmirror",
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copy(ROOT / "pyproject.toml", tmp_path)
+    for file, line in CONTRACTS.values():
+        path = tmp_path / "src" / "ttmirror" / file
+        path.write_text(path.read_text() + f"\n{line}\n")
+    code, out = lint_imports(tmp_path, tmp_path / "src")
+    assert code == 1, out
+    assert contract_verdicts(out) == dict.fromkeys(CONTRACTS, "BROKEN")
+
+
+# --- what the tool cannot see --------------------------------------------------------------------
+
+
 def private_imports(source: str, module: str) -> list[str]:
     """``from other import _name`` and ``import other._mod``: a private name of another module."""
     found = []
@@ -96,32 +181,6 @@ def private_imports(source: str, module: str) -> list[str]:
     return found
 
 
-def sources() -> dict[str, tuple[Path, str]]:
-    """Module name -> (path, source) for every Python file of the project."""
-    out = {}
-    for folder in (*PACKAGES, *SCRIPTS):
-        for path in sorted((ROOT / folder).rglob("*.py")):
-            out[module_name(path)] = (path, path.read_text())
-    return out
-
-
-def import_graph(modules: dict[str, tuple[Path, str]]) -> nx.DiGraph:
-    """Run-time imports between the project's package modules (type-only imports left out)."""
-    graph = nx.DiGraph()
-    for name, (path, source) in modules.items():
-        if name.split(".")[0] != "ttmirror":
-            continue
-        graph.add_node(name)
-        for imp in imports(source, name, is_package=path.name == "__init__.py"):
-            if imp.type_only:
-                continue
-            targets = [f"{imp.module}.{n}" for n in imp.names if f"{imp.module}.{n}" in modules]
-            if len(targets) < len(imp.names) or not imp.names:
-                targets.append(imp.module)  # names defined in the module itself
-            graph.add_edges_from((name, t) for t in targets if t in modules and t != name)
-    return graph
-
-
 def test_no_module_imports_a_private_name_of_another() -> None:
     modules = sources()
     found = [hit for name, (_, source) in modules.items() for hit in private_imports(source, name)]
@@ -129,103 +188,12 @@ def test_no_module_imports_a_private_name_of_another() -> None:
 
 
 def test_the_private_name_rule_catches_a_planted_import() -> None:
-    planted = "from .cli import UsageError, _bounds\nimport ttmirror._secret\n"
-    assert private_imports(planted, "ttmirror.cli_conformance") == [
-        "ttmirror.cli_conformance:1 imports _bounds from ttmirror.cli",
-        "ttmirror.cli_conformance:2 imports _secret from ttmirror._secret",
+    planted = "from .arguments import UsageError, _bounds\nimport ttmirror._secret\n"
+    assert private_imports(planted, "ttmirror.cli.conformance") == [
+        "ttmirror.cli.conformance:1 imports _bounds from ttmirror.cli.arguments",
+        "ttmirror.cli.conformance:2 imports _secret from ttmirror._secret",
     ]
     assert private_imports("from __future__ import annotations\n", "x") == []
-
-
-def test_no_import_cycles() -> None:
-    graph = import_graph(sources())
-    assert graph.number_of_edges() > 100  # the graph really holds the project's imports
-    assert list(nx.simple_cycles(graph)) == []
-
-
-def test_the_cycle_rule_catches_a_planted_cycle() -> None:
-    modules = sources()
-    cli_path, cli_source = modules["ttmirror.cli"]
-    planted = dict(modules)
-    # What the CLI once did: a plugin importing from `cli`, which imports the plugin.
-    path, source = modules["ttmirror.cli_serving"]
-    planted["ttmirror.cli_serving"] = (path, source + "\nfrom .cli import main\n")
-    cycles = list(nx.simple_cycles(import_graph(planted)))
-    assert ["ttmirror.cli", "ttmirror.cli_serving"] in [sorted(c) for c in cycles]
-    assert "from . import (" in cli_source and "    cli_serving,\n" in cli_source
-    assert cli_path.exists()
-
-
-def test_the_mirror_never_imports_the_serving_engine() -> None:
-    graph = import_graph(sources())
-    mirror = [n for n in graph if n.startswith("ttmirror.impl")]
-    assert "ttmirror.impl.runner" in mirror and "ttmirror.impl.devices" in mirror
-    for name in mirror:
-        reached = nx.descendants(graph, name)
-        assert not any(r.startswith("ttmirror.serving") for r in reached), name
-        assert not any(r.startswith(("ttmirror.model", "ttmirror.conformance")) for r in reached)
-    # The twin: the serving engine does import the mirror, so the graph can see the edge.
-    engine = nx.descendants(graph, "ttmirror.serving.engine")
-    assert any(r.startswith("ttmirror.impl") for r in engine)
-
-
-CHIP_SIDE = ("ttmirror.impl", "ttmirror.serving")
-"""What would run beside a chip: the mirror and the serving engine over it."""
-
-
-def emulator_reached(modules: dict[str, tuple[Path, str]]) -> list[str]:
-    """Every chip-side module that imports the emulator, or imports what does (type-only
-    imports included: a reader of the chip path should not need the emulator either)."""
-    graph = nx.DiGraph()
-    for name, (path, source) in modules.items():
-        for imp in imports(source, name, is_package=path.name == "__init__.py"):
-            graph.add_edge(name, imp.module)
-    found = []
-    for name in modules:
-        if name.startswith(CHIP_SIDE) and name in graph:
-            hits = sorted(r for r in nx.descendants(graph, name)
-                          if r.startswith("ttmirror.emulator"))
-            if hits:
-                found.append(f"{name} reaches {', '.join(hits)}")
-    return found
-
-
-def test_the_mirror_and_the_serving_engine_reach_nothing_of_the_emulator() -> None:
-    modules = sources()
-    assert {"ttmirror.impl.tt_backend", "ttmirror.serving.backend",
-            "ttmirror.emulator.entry"} <= set(modules)
-    assert emulator_reached(modules) == []
-    # The emulator does plug in: its entry points name it, and it imports the mirror's seam.
-    pyproject = (ROOT / "pyproject.toml").read_text()
-    assert 'emulated = "ttmirror.emulator.entry:device_process"' in pyproject
-    assert 'emulated = "ttmirror.emulator.decoder:DeviceDecoder"' in pyproject
-
-
-def test_the_emulator_rule_catches_a_planted_import() -> None:
-    modules = sources()
-    planted = dict(modules)
-    path, source = modules["ttmirror.impl.ring"]  # the twin: the ring reaching for the emulator
-    planted["ttmirror.impl.ring"] = (
-        path, source + "\nfrom ..emulator.device import EmulatedMeshDevice\n")
-    found = emulator_reached(planted)
-    assert any(f.startswith("ttmirror.impl.ring reaches ttmirror.emulator") for f in found)
-    # ...and whatever imports the ring reaches it too, the serving engine included.
-    assert any(f.startswith("ttmirror.serving.") for f in found)
-
-
-def test_the_model_is_pure_and_only_conformance_imports_model_and_mirror() -> None:
-    importers: dict[str, set[str]] = {"ttmirror.model": set(), "ttmirror.impl": set()}
-    for name, (_, source) in sources().items():
-        touched = {imp.module for imp in imports(source, name)}
-        if name.startswith("ttmirror.model"):
-            assert not {t.split(".")[0] for t in touched} & {"torch", "ttnn", "numpy"}, name
-        for target, found in importers.items():
-            if any(t.startswith(target) for t in touched):
-                found.add(".".join(name.split(".")[:2]))
-    packages = {"ttmirror.model", "ttmirror.impl", "ttmirror.serving", "ttmirror.conformance"}
-    both = importers["ttmirror.model"] & importers["ttmirror.impl"] & packages
-    assert both == {"ttmirror.conformance"}
-    assert importers["ttmirror.model"] & packages == {"ttmirror.model", "ttmirror.conformance"}
 
 
 def test_only_the_entry_point_builds_an_emulated_device() -> None:
@@ -260,23 +228,23 @@ def _layout_rows() -> dict[str, tuple[str, str]]:
 
 def test_readme_layout_table_matches_the_tree() -> None:
     rows = _layout_rows()
-    folders = {
-        p.name
-        for p in ROOT.iterdir()
-        if p.is_dir() and not p.name.startswith((".", "_")) and not p.name.endswith(".egg-info")
-    } - {"out", "build"}
-    assert {f for f in rows if "/" not in f} == folders
+    top = {p.name for p in ROOT.iterdir()
+           if p.is_dir() and not p.name.startswith((".", "_")) and not p.name.endswith(".egg-info")}
+    packages = {f"src/ttmirror/{p.name}" for p in PACKAGE.iterdir()
+                if p.is_dir() and p.name != "__pycache__"}
+    assert set(rows) == (top - {"out", "build", "src"}) | packages | {"src/ttmirror"}
     for folder, (name, _) in rows.items():
         assert (ROOT / folder).is_dir(), folder
         if name:
             assert module_name(ROOT / folder / "__init__.py") == name
 
 
-@pytest.mark.parametrize("folder", ["impl", "emulator", "serving"])
+@pytest.mark.parametrize("folder", ["impl", "emulator", "serving", "cli", "report"])
 def test_readme_names_every_module_of_the_core_packages(folder: str) -> None:
-    what = _layout_rows()[folder][1]
-    modules = sorted(p.name for p in (ROOT / folder).glob("*.py") if p.name != "__init__.py")
-    assert len(modules) >= 8
+    what = _layout_rows()[f"src/ttmirror/{folder}"][1]
+    modules = sorted(p.name for p in (PACKAGE / folder).glob("*.py")
+               if p.name not in ("__init__.py", "__main__.py"))
+    assert len(modules) >= 5
     assert [m for m in modules if f"`{m}`" not in what] == []
 
 
@@ -355,35 +323,6 @@ def test_two_runners_in_one_process_only_the_planted_one_misbehaves(bug: str) ->
     planted, clean = _serve_side_by_side(bug)
     assert clean == owed
     assert planted != owed and all(len(t) == 4 for t in planted)  # it ran, and went wrong
-
-
-# --- validating a recorded run needs the model and the events only -------------------------------
-
-VALIDATION = ("ttmirror.conformance.validate", "ttmirror.conformance.itf")
-NOT_FOR_VALIDATION = ("ttmirror.impl.runner", "ttmirror.impl.tt_backend", "ttmirror.emulator",
-                      "ttmirror.conformance.lockstep", "ttmirror.serving", "torch", "ttnn")
-"""What checking a recorded run must not load: the runner, any device, the lockstep."""
-
-
-def validation_reaches(modules: dict[str, tuple[Path, str]]) -> list[str]:
-    graph = nx.DiGraph()
-    for name, (path, source) in modules.items():
-        for imp in imports(source, name, is_package=path.name == "__init__.py"):
-            if not imp.type_only:
-                graph.add_edge(name, imp.module)
-                graph.add_edges_from((name, f"{imp.module}.{n}") for n in imp.names)
-    reached = set().union(*(nx.descendants(graph, v) | {v} for v in VALIDATION if v in graph))
-    return sorted(r for r in reached if r.startswith(NOT_FOR_VALIDATION))
-
-
-def test_validation_imports_only_the_model_and_the_recorded_events() -> None:
-    modules = sources()
-    assert validation_reaches(modules) == []
-    # The twin: what validate once did, taking the model's step function from the lockstep.
-    planted = dict(modules)
-    path, source = modules["ttmirror.conformance.validate"]
-    planted["ttmirror.conformance.validate"] = (path, source + "\nfrom .lockstep import take\n")
-    assert "ttmirror.impl.runner" in validation_reaches(planted)
 
 
 def test_ttmirror_validate_loads_no_runner(tmp_path: Path) -> None:

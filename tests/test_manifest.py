@@ -62,8 +62,8 @@ def test_a_wrong_manifest_is_caught(explored: Explored) -> None:
 
 
 def test_flags_select_the_bounds() -> None:
-    from ttmirror.arguments import bounds_from
     from ttmirror.cli import build_parser
+    from ttmirror.cli.arguments import bounds_from
 
     for e in ENTRIES:
         ns = build_parser().parse_args(["check", *e.flags.split()])

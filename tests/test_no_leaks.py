@@ -23,8 +23,8 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 
 
-@pytest.mark.parametrize("paths", [("tests/device", "tests/impl"), ("tests/device",)],
-                         ids=["device+impl", "device"])
+@pytest.mark.parametrize("paths", [("tests/emulator", "tests/impl"), ("tests/emulator",)],
+                         ids=["emulator+impl", "emulator"])
 def test_the_run_ends_without_nanobind_leak_reports(paths: tuple[str, ...]) -> None:
     env = {**os.environ, "LOGURU_LEVEL": "WARNING"}
     run = subprocess.run(

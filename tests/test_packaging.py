@@ -2,12 +2,13 @@
 and followed by static tools.
 
 - `make setup` installs the project editable; setuptools prints no warning doing so (a planted
-  twin, a data folder the configuration does not list, makes it print one).
+  twin, a deprecated setting, makes it print one).
 - A non-editable install (the wheel, into a fresh venv) runs `check`, `report` and `replay` on a
   trace it ships, with the source tree nowhere on its path: specs, manifest, regression traces
   and the review site's assets come from the package (`ttmirror/resources.py`).
+- The wheel carries every file of the package the tree tracks (code and data alike).
 - mypy, run on one file outside the tree, finds `ttmirror.model.state` (the editable install is
-  a static path entry, and the package's folders are links it follows).
+  a static path entry: `src/`).
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import shutil
 import subprocess
 import sys
 import sysconfig
-import tomllib
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -71,34 +72,21 @@ def editable_install_output(tree: Path, target: Path) -> list[str]:
 def test_setup_prints_no_packaging_warning(tmp_path: Path) -> None:
     tree = copy_tree(tmp_path / "tree")
     assert warnings_in(editable_install_output(tree, tmp_path / "site")) == []
+    # The src/ layout: the path entry is `src/`, never the tree's root (where `tests/` and the
+    # Makefile live), so only `ttmirror.*` imports from it.
     assert (tmp_path / "site" / "__editable__.ttmirror-0.1.0.pth").read_text().strip() == str(
-        tree.resolve())
+        (tree / "src").resolve())
 
 
-def test_the_warning_check_sees_a_data_folder_left_unlisted(tmp_path: Path) -> None:
+def test_the_warning_check_sees_a_deprecated_setting(tmp_path: Path) -> None:
     tree = copy_tree(tmp_path / "tree")
-    (tree / "ttmirror" / "extra_assets").mkdir()
-    (tree / "ttmirror" / "extra_assets" / "a.css").write_text("p {}\n")
     pyproject = tree / "pyproject.toml"
     text = pyproject.read_text()
-    assert 'ttmirror = ["py.typed"]' in text
-    pyproject.write_text(text.replace('ttmirror = ["py.typed"]',
-                                      'ttmirror = ["py.typed", "extra_assets/*"]'))
+    assert 'license = "Apache-2.0"' in text
+    # The twin: the license as a TOML table, which setuptools >= 77 warns is deprecated.
+    pyproject.write_text(text.replace('license = "Apache-2.0"', 'license = {text = "Apache-2.0"}'))
     found = warnings_in(editable_install_output(tree, tmp_path / "site"))
-    assert any("ttmirror.extra_assets" in line for line in found), found
-
-
-def test_pyproject_lists_every_package_the_tree_holds() -> None:
-    listed = set(tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
-                 ["packages"])
-    found = set()
-    for folder, _, names in os.walk(ROOT / "ttmirror", followlinks=True):
-        path = Path(folder)
-        if "__pycache__" in path.parts:
-            continue
-        if "__init__.py" in names or any(not n.endswith(".pyc") for n in names):
-            found.add(".".join(path.relative_to(ROOT).parts))
-    assert found == listed
+    assert any("license" in line.lower() for line in found), found
 
 
 def _site_packages(venv: Path) -> Path:
@@ -106,24 +94,41 @@ def _site_packages(venv: Path) -> Path:
 
 
 @pytest.fixture(scope="module")
-def installed(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The wheel of this tree, built from a copy of it."""
+    tmp = tmp_path_factory.mktemp("wheel")
+    tree = copy_tree(tmp / "tree")
+    pip("wheel", "-q", "--no-deps", "--no-build-isolation", "-w", str(tmp / "dist"), ".",
+        cwd=tree)
+    shutil.rmtree(tree)
+    return next((tmp / "dist").glob("ttmirror-*.whl"))
+
+
+def test_the_wheel_carries_every_file_of_the_package(wheel: Path) -> None:
+    tracked = subprocess.run(["git", "ls-files", "-co", "--exclude-standard", "src/ttmirror"],
+                             cwd=ROOT, capture_output=True, text=True, check=True).stdout.split()
+    want = {str(Path(f).relative_to("src")) for f in tracked if (ROOT / f).is_file()}
+    with zipfile.ZipFile(wheel) as z:
+        got = {n for n in z.namelist() if n.startswith("ttmirror/")}
+    assert len(want) > 150 and "ttmirror/specs/regressions/guard-off.itf.json" in want
+    assert want - got == set()  # every module and data file (specs, traces, assets) ships
+    assert {n for n in got - want if not n.endswith(".pyc")} == set()
+
+
+@pytest.fixture(scope="module")
+def installed(tmp_path_factory: pytest.TempPathFactory, wheel: Path) -> Path:
     """A fresh venv holding the wheel of this tree; its dependencies are the dev venv's (a
     .pth file names that venv's site-packages: a plain path entry, so the dev venv's editable
     install is not processed), so no torch is downloaded."""
     tmp = tmp_path_factory.mktemp("installed")
-    tree = copy_tree(tmp / "tree")
-    pip("wheel", "-q", "--no-deps", "--no-build-isolation", "-w", str(tmp / "dist"), ".",
-        cwd=tree)
     venv = tmp / "venv"
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
     site = _site_packages(venv)
     (site / "dev_dependencies.pth").write_text(
         str(Path(sysconfig.get_path("purelib"))) + "\n")
-    wheel = next((tmp / "dist").glob("ttmirror-*.whl"))
     pip("--python", str(venv / "bin" / "python"), "install", "-q", "--no-deps", str(wheel),
         cwd=tmp)
-    shutil.rmtree(tree)  # nothing of the source tree is left to fall back on
-    return venv
+    return venv  # nothing of the source tree is on its path to fall back on
 
 
 def run_installed(venv: Path, *args: str, cwd: Path) -> subprocess.CompletedProcess[str]:

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from ttmirror.arguments import BUG_VARIABLE
 from ttmirror.conformance import branches
+from ttmirror.conformance.bugs import BUG_VARIABLE
 from ttmirror.conformance.coverage import Coverage
 from ttmirror.conformance.replay import CONFORMS, FAILS, replay
 from ttmirror.model.explore import explore

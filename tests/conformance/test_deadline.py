@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from ttmirror.arguments import BUG_VARIABLE
 from ttmirror.cli import main
 from ttmirror.conformance import campaign, machine, profiles
+from ttmirror.conformance.bugs import BUG_VARIABLE
 from ttmirror.conformance.lockstep import Lockstep
 from ttmirror.model.state import RING
 

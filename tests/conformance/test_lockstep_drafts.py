@@ -25,10 +25,10 @@ import pytest
 import torch
 
 from ttmirror import manifest
-from ttmirror.arguments import BUG_VARIABLE
 from ttmirror.cli import main
 from ttmirror.conformance import branches, campaign, itf, patterns, profiles, walks
 from ttmirror.conformance.abstraction import seen_in
+from ttmirror.conformance.bugs import BUG_VARIABLE
 from ttmirror.conformance.coverage import Coverage
 from ttmirror.conformance.lockstep import Lockstep, prompts_from
 from ttmirror.conformance.moves import Divergence, Drafter, Move

@@ -171,7 +171,7 @@ def test_every_bug_of_the_catalog_is_planted_by_overrides_of_impl_classes() -> N
             assert base.__module__.startswith("ttmirror.impl."), (bug, cls)
             own = {n for n, v in vars(cls).items() if callable(v) and n != "__init__"}
             assert own and own <= set(dir(base)), (bug, cls, own - set(dir(base)))
-    for path in (Path(__file__).resolve().parents[2] / "impl").glob("*.py"):
+    for path in (Path(__file__).resolve().parents[2] / "src" / "ttmirror" / "impl").glob("*.py"):
         text = path.read_text()
         assert "_planted(" not in text and not any(f'"{b}"' in text for b in bugs.ALL), path
 

@@ -16,8 +16,8 @@ from pathlib import Path
 import networkx as nx
 import pytest
 
-from ttmirror.arguments import BUG_VARIABLE
 from ttmirror.conformance import walks
+from ttmirror.conformance.bugs import BUG_VARIABLE
 from ttmirror.conformance.coverage import Coverage, Planner
 from ttmirror.conformance.lockstep import Lockstep
 from ttmirror.conformance.replay import CONFORMS, FAILS, replay
@@ -133,8 +133,8 @@ def test_fuzz_json_contract_and_coverage(tmp_path: Path) -> None:
     assert report["actions_covered"] == 1.0 and report["edges_covered"] >= 0.95
     assert report["steps"] > 0 and report["steps_per_second"] > 0 and report["seed"] == 0
     assert report["stopped"] == "covered" and report["walks"] > 0 and report["jobs"] == 2
-    # At one request the bound is what a brute-force search finds (tests/test_walk_bound.py
-    # checks the method); walks from the initial state can never beat it.
+    # At one request the bound is what a brute-force search finds (test_walk_bound.py checks the
+    # method); walks from the initial state can never beat it.
     bound = walks_lower_bound(explore(Bounds(requests=1)).graph)
     assert report["walks_lower_bound"] == bound > 1
     assert "edges_covered" in done.stderr  # progress went to stderr, not into the JSON

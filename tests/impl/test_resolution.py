@@ -6,6 +6,7 @@ from typing import Any
 
 import pytest
 
+from ttmirror.cli.info import backend_info
 from ttmirror.impl.backend import Backend, Mirror, MirrorSpec, get_backend
 from ttmirror.impl.cpu_backend import CpuBackend
 from ttmirror.impl.devices import device_info
@@ -16,7 +17,6 @@ from ttmirror.impl.resolution import (
     runner_supports_async,
 )
 from ttmirror.impl.tt_backend import TtBackend
-from ttmirror.info import backend_info
 from ttmirror.serving.engine import Engine, EngineConfig
 
 

@@ -12,7 +12,7 @@ from functools import cache
 
 import pytest
 
-from ttmirror.cli_prove import manifest_option_sets
+from ttmirror.cli.prove import manifest_option_sets
 from ttmirror.manifest import load
 from ttmirror.model.actions import successors
 from ttmirror.model.explore import explore
@@ -291,8 +291,8 @@ def test_a_known_bad_option_set_prints_and_draws_its_counterexample() -> None:
     says the proof fails and draws both as before/after tables."""
     import re
 
-    from ttmirror.cli_prove import run_set
-    from ttmirror.review import TEMPLATES, cti_rows
+    from ttmirror.cli.prove import run_set
+    from ttmirror.report.site import TEMPLATES, cti_rows
 
     lines: list[str] = []
     result = run_set(Options(guard=False), "z3", 5_000_000, lines.append)

@@ -1,0 +1,5 @@
+"""python -m ttmirror"""
+
+from ttmirror.cli import run
+
+run()

@@ -1,0 +1,5 @@
+"""python -m ttmirror.cli"""
+
+from ttmirror.cli import run
+
+run()

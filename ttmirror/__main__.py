@@ -1,5 +1,0 @@
-"""python -m ttmirror"""
-
-from .cli import run
-
-run()
