@@ -30,31 +30,32 @@ ROWS, VOCAB = 32, 64
 
 
 def emulated_round(device: EmulatedMeshDevice, ops: int) -> tuple[float, int]:
-    logits = ttnn.from_torch(
+    tt = device.api
+    logits = tt.from_torch(
         torch.randn(1, 1, ROWS, VOCAB, dtype=torch.bfloat16),
         dtype=ttnn.bfloat16,
         layout=ttnn.TILE_LAYOUT,
         device=device,
     )
-    tokens = ttnn.allocate_tensor_on_device(
+    tokens = tt.allocate_tensor_on_device(
         ttnn.Shape([1, 1, ROWS]), ttnn.uint32, ttnn.ROW_MAJOR_LAYOUT, device
     )
-    positions = ttnn.from_torch(
+    positions = tt.from_torch(
         torch.zeros(1, ROWS, dtype=torch.int32), dtype=ttnn.int32, device=device
     )
-    mirror = ttnn.allocate_tensor_on_device(
+    mirror = tt.allocate_tensor_on_device(
         ttnn.Shape([1, 1, ROWS]), ttnn.uint32, ttnn.ROW_MAJOR_LAYOUT, device
     )
-    ttnn.synchronize_device(device)
+    tt.synchronize_device(device)
     before = len(device.completion_log)
     start = time.perf_counter()
     for i in range(ops // 3):
-        ttnn.argmax(logits, dim=-1, output_tensor=tokens)
-        ttnn.plus_one(positions, skip_negative_entries=True)
-        ttnn.copy(tokens, mirror)
+        tt.argmax(logits, dim=-1, output_tensor=tokens)
+        tt.plus_one(positions, skip_negative_entries=True)
+        tt.copy(tokens, mirror)
         if i % 64 == 63:
-            ttnn.synchronize_device(device)
-    ttnn.synchronize_device(device)
+            tt.synchronize_device(device)
+    tt.synchronize_device(device)
     elapsed = time.perf_counter() - start
     return elapsed, len(device.completion_log) - before
 
@@ -77,39 +78,40 @@ def golden_round(ops: int) -> tuple[float, int]:
 
 def handshake_round(device: EmulatedMeshDevice, iterations: int) -> tuple[float, int]:
     """Commands/s of the canonical two-queue loop (events included), for context."""
+    tt = device.api
     rows = 4
     inp, work, out = (
-        ttnn.allocate_tensor_on_device(
+        tt.allocate_tensor_on_device(
             ttnn.Shape([1, rows]), ttnn.int32, ttnn.ROW_MAJOR_LAYOUT, device
         )
         for _ in range(3)
     )
-    host = ttnn.from_torch(torch.ones(1, rows, dtype=torch.int32), dtype=ttnn.int32)
-    ttnn.copy(inp, work)
-    ttnn.copy(work, out)
-    read_event = ttnn.record_event(device, 1)
-    write_event = ttnn.record_event(device, 1)
-    ttnn.synchronize_device(device)
+    host = tt.from_torch(torch.ones(1, rows, dtype=torch.int32), dtype=ttnn.int32)
+    tt.copy(inp, work)
+    tt.copy(work, out)
+    read_event = tt.record_event(device, 1)
+    write_event = tt.record_event(device, 1)
+    tt.synchronize_device(device)
     before = len(device.completion_log)
     start = time.perf_counter()
     pending = []
     for _ in range(iterations):
-        ttnn.wait_for_event(0, write_event)
-        ttnn.copy(inp, work)
-        first_op = ttnn.record_event(device, 0)
-        ttnn.wait_for_event(0, read_event)
-        ttnn.copy(work, out)
-        last_op = ttnn.record_event(device, 0)
-        ttnn.wait_for_event(1, first_op)
-        ttnn.copy_host_to_device_tensor(host, inp, cq_id=1)
-        write_event = ttnn.record_event(device, 1)
-        ttnn.wait_for_event(1, last_op)
+        tt.wait_for_event(0, write_event)
+        tt.copy(inp, work)
+        first_op = tt.record_event(device, 0)
+        tt.wait_for_event(0, read_event)
+        tt.copy(work, out)
+        last_op = tt.record_event(device, 0)
+        tt.wait_for_event(1, first_op)
+        tt.copy_host_to_device_tensor(host, inp, cq_id=1)
+        write_event = tt.record_event(device, 1)
+        tt.wait_for_event(1, last_op)
         pending.append(out.cpu(blocking=False, cq_id=1))
-        read_event = ttnn.record_event(device, 1)
+        read_event = tt.record_event(device, 1)
         if len(pending) == 2:
-            ttnn.event_synchronize(read_event)
+            tt.event_synchronize(read_event)
             pending.clear()
-    ttnn.synchronize_device(device)
+    tt.synchronize_device(device)
     return time.perf_counter() - start, len(device.completion_log) - before
 
 
@@ -128,6 +130,7 @@ def main() -> None:
     device = open_device(
         num_command_queues=2, emulator=Emulator(hazard_mode="count"), emulated=True
     )
+    tt = device.api
     # The same device with its queues in a device process of their own (ProcessScheduler).
     apart = open_device(
         num_command_queues=2, emulated=True, emulator=Emulator(
@@ -152,7 +155,7 @@ def main() -> None:
     apart_handshake = commands / seconds
     for d in (device, apart):
         assert d.hazards.total == 0, d.hazards.counts
-        ttnn.close_mesh_device(d)
+        tt.close_mesh_device(d)
 
     emulated = statistics.median(emulated_rates)
     golden = statistics.median(golden_rates)

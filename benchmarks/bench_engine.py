@@ -62,7 +62,6 @@ from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-import ttnn
 from pinning import add_pin, split_cores
 
 from ttmirror.conformance.validate import bounds_of, validate
@@ -203,6 +202,7 @@ def _serve(scheduler: ProcessScheduler | ThreadedScheduler, plan: list[RequestPl
         emulator=Emulator(scheduler=lambda: scheduler, hazard_mode="raise"),
         emulated=True,
     )
+    tt = device.api
     backend = ServingBackend(TtBackend(device), MODEL)
     engine = ServingEngine(
         backend, ServingConfig(async_scheduling=mode, rows=ROWS, drain_on_layout_change=drain,
@@ -228,7 +228,7 @@ def _serve(scheduler: ProcessScheduler | ThreadedScheduler, plan: list[RequestPl
         VALIDATED["events"] += len(events)
     engine.close()
     hazards = device.hazards.total
-    ttnn.close_mesh_device(device)  # joins the queue workers: their CPU is final
+    tt.close_mesh_device(device)  # joins the queue workers: their CPU is final
     assert hazards == 0, device.hazards.counts
     return Measured(outcome, layouts, sum(scheduler.cpu_s.values()),
                     max(scheduler.busy_s.values(), default=0.0), host_cpu_s)

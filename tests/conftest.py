@@ -40,16 +40,17 @@ def default_run() -> Exploration:
 
 @pytest.fixture(autouse=True)
 def every_emulated_device_closed() -> Iterator[None]:
-    """Fail a test that leaves an emulated device open: ttnn stays routed until it closes."""
+    """Fail a test that leaves an emulated device open (and with it, perhaps, its device
+    process)."""
     yield
-    routing = sys.modules.get("ttmirror.emulator.routing")  # never imported: nothing to check
-    if routing is None:
+    device = sys.modules.get("ttmirror.emulator.device")  # never imported: nothing to check
+    if device is None:
         return
-    left = routing.open_devices()
-    for device in left:
-        device.close()
+    left = list(device.OPEN)
+    for each in left:
+        each.close()
     if left:
-        pytest.fail(f"the test left {len(left)} emulated device(s) open; ttnn was routed to them")
+        pytest.fail(f"the test left {len(left)} emulated device(s) open")
 
 
 @pytest.hookimpl(trylast=True)

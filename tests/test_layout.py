@@ -135,7 +135,7 @@ CONTRACTS = {
                                               "from ttmirror.model import state"),
     "The emulator plugs into": ("emulator/ops.py", "from ttmirror.conformance import bugs"),
     "Validating a recorded run": ("conformance/validate.py", "from .lockstep import take"),
-    "No import cycles": ("cli/serving.py", "from ttmirror.cli.main import main"),
+    "No import cycles": ("cli/serving.py", "from ttmirror.cli.core import main"),
 }
 
 
@@ -207,15 +207,50 @@ def test_only_the_entry_point_builds_an_emulated_device() -> None:
     assert builders == ["ttmirror.emulator.entry"]
 
 
-def test_ttnn_is_patched_only_by_the_routing_module() -> None:
-    patchers = []
-    pattern = re.compile(r"setattr\(\s*(ttnn|owner)\b|^\s*ttnn(\.Tensor)?\.\w+\s*=[^=]", re.M)
+PATCH = re.compile(r"setattr\(\s*ttnn\b|^\s*ttnn(\.Tensor)?\.\w+\s*=[^=]", re.M)
+"""Assigning an attribute of `ttnn` or `ttnn.Tensor`."""
+
+
+def test_nothing_patches_ttnn() -> None:
+    patchers = [name for name, (_, source) in sources().items()
+                if name.split(".")[0] not in SCRIPTS and PATCH.search(source)]
+    assert patchers == []
+    # The twin: the old routing's patch is caught.
+    assert PATCH.search("    setattr(ttnn, name, RoutedCall(route))\n")
+    assert PATCH.search("    ttnn.Tensor.to = _routed_to(ttnn.Tensor.to)\n")
+
+
+def ttnn_calls(source: str) -> list[str]:
+    """`ttnn.<function>(...)` calls: functions of the module called by name (types such as
+    `ttnn.Shape(...)` are values and are left out)."""
+    return [f"{node.lineno}: ttnn.{node.func.attr}"
+            for node in ast.walk(ast.parse(source))
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+            and isinstance(node.func.value, ast.Name) and node.func.value.id == "ttnn"
+            and node.func.attr[:1].islower()]
+
+
+def api_calls(source: str) -> set[str]:
+    """The attributes the mirror takes from its ttnn API object (`tt.x`, `self.tt.x`)."""
+    return {node.attr for node in ast.walk(ast.parse(source))
+            if isinstance(node, ast.Attribute) and ast.unparse(node.value) in ("tt", "self.tt")}
+
+
+def test_the_mirror_calls_ttnn_only_through_the_api_its_provider_hands_it() -> None:
+    from ttmirror.impl import api
+
+    found, used = [], set()
     for name, (_, source) in sources().items():
-        if name.split(".")[0] in SCRIPTS:
-            continue  # tests may monkeypatch
-        if pattern.search(source):
-            patchers.append(name)
-    assert patchers == ["ttmirror.emulator.routing"]
+        if name.startswith("ttmirror.impl."):
+            used |= api_calls(source)
+            if name != "ttmirror.impl.devices":  # the chip's provider: ttnn itself
+                found += [f"{name}:{call}" for call in ttnn_calls(source)]
+    assert found == []
+    assert used - set(api.FUNCTIONS) == set()  # the protocol names everything the mirror calls
+    assert {"gather", "where", "record_event", "execute_trace"} <= used
+    # The twins: a direct call is caught, a call outside the protocol is seen.
+    assert ttnn_calls("x = ttnn.gather(a, 3, i)\ny = ttnn.Shape([1])\n") == ["1: ttnn.gather"]
+    assert api_calls("self.tt.softmax(x)\n") - set(api.FUNCTIONS) == {"softmax"}
 
 
 def _layout_rows() -> dict[str, tuple[str, str]]:
@@ -231,7 +266,7 @@ def test_readme_layout_table_matches_the_tree() -> None:
     top = {p.name for p in ROOT.iterdir()
            if p.is_dir() and not p.name.startswith((".", "_")) and not p.name.endswith(".egg-info")}
     packages = {f"src/ttmirror/{p.name}" for p in PACKAGE.iterdir()
-                if p.is_dir() and p.name != "__pycache__"}
+                if p.is_dir() and p.name != "__pycache__" and not p.name.startswith(".")}
     assert set(rows) == (top - {"out", "build", "src"}) | packages | {"src/ttmirror"}
     for folder, (name, _) in rows.items():
         assert (ROOT / folder).is_dir(), folder
@@ -275,7 +310,6 @@ def _serve_side_by_side(bug: str) -> list[list[list[int]]]:
     turn (so a process-wide switch would reach both): the first with `bug` planted (its
     overrides in its configuration only), the second with nothing. Each request's delivered
     ids, per runner."""
-    import ttnn
 
     from ttmirror.conformance.planted import overrides
     from ttmirror.emulator import open_device
@@ -309,7 +343,7 @@ def _serve_side_by_side(bug: str) -> list[list[list[int]]]:
         for r in runners:
             r.close()
         for d in devices:
-            ttnn.close_mesh_device(d)
+            d.api.close_mesh_device(d)
 
 
 @pytest.mark.parametrize("bug", ["guard-off", "gather-off-by-one"])

@@ -140,7 +140,7 @@ def test_bad_graph_arguments_fail_before_any_exploration(
         args: list[str], monkeypatch: pytest.MonkeyPatch,
         capsys: pytest.CaptureFixture[str]) -> None:
     """At the default bounds (a minute to explore): the check comes first, so nothing explores."""
-    import ttmirror.cli as cli
+    import ttmirror.cli.core as cli
 
     def explored(*_: object) -> None:
         raise AssertionError("explored before checking the arguments")

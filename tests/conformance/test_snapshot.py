@@ -176,17 +176,16 @@ def test_weak_references_copy_as_weak_references() -> None:
 def test_a_threaded_device_refuses_a_snapshot_in_one_line() -> None:
     import pickle
 
-    import ttnn
-
     from ttmirror.emulator import Emulator, ThreadedScheduler, open_device
     from ttmirror.emulator.snapshot import snapshot
 
     device = open_device(emulator=Emulator(scheduler=ThreadedScheduler), emulated=True)
+    tt = device.api
     try:
         with pytest.raises(pickle.PicklingError, match="ManualScheduler"):
             snapshot(device)
     finally:
-        ttnn.close_mesh_device(device)
+        tt.close_mesh_device(device)
 
 
 def dram_span(ls: Lockstep) -> tuple[int, int]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+from typing import Any
 
 import pytest
 import torch
@@ -38,8 +39,9 @@ def open_emulated(
 @pytest.fixture
 def device() -> Iterator[EmulatedMeshDevice]:
     dev = open_emulated()
+    tt = dev.api
     yield dev
-    ttnn.close_mesh_device(dev)
+    tt.close_mesh_device(dev)
 
 
 def host_ids(values: list[int], dtype: ttnn.DataType = ttnn.uint32) -> ttnn.Tensor:
@@ -51,14 +53,17 @@ def host_ids(values: list[int], dtype: ttnn.DataType = ttnn.uint32) -> ttnn.Tens
     )
 
 
-def values_of(host: ttnn.Tensor) -> list[int]:
-    return [int(v) for v in ttnn.to_torch(host).reshape(-1).tolist()]
+def values_of(host: ttnn.Tensor, tt: Any = ttnn) -> list[int]:
+    """A host tensor's values, read through `tt` (a device's API object sees a read of a
+    tensor its non-blocking readback still fills)."""
+    return [int(v) for v in tt.to_torch(host).reshape(-1).tolist()]
 
 
 def on_device(
     dev: EmulatedMeshDevice, values: list[int], dtype: ttnn.DataType = ttnn.uint32
 ) -> ttnn.Tensor:
-    return ttnn.from_torch(
+    tt = dev.api
+    return tt.from_torch(
         torch.tensor(values, dtype=torch.int32).reshape(1, -1),
         dtype=dtype,
         layout=ttnn.ROW_MAJOR_LAYOUT,

@@ -13,17 +13,18 @@ from .conftest import host_ids, on_device, open_emulated, values_of
 def racy_run(seed: int) -> tuple[list[str], list[list[int]]]:
     """Writes on CQ1 with no events against reads on CQ0: results depend on completion order."""
     device = open_emulated(scheduler=lambda: SeededScheduler(seed), hazard_mode="count")
+    tt = device.api
     a, b = on_device(device, [0, 0]), on_device(device, [0, 0])
     readbacks = []
     for i in range(12):
-        ttnn.copy_host_to_device_tensor(host_ids([i, i]), a, cq_id=1)
-        ttnn.copy(a, b)
+        tt.copy_host_to_device_tensor(host_ids([i, i]), a, cq_id=1)
+        tt.copy(a, b)
         readbacks.append(b.cpu(blocking=False))
-    ttnn.synchronize_device(device)
+    tt.synchronize_device(device)
     results = [values_of(r) for r in readbacks]
     log = list(device.completion_log)
     assert device.hazards.total > 0  # the run really raced
-    ttnn.close_mesh_device(device)
+    tt.close_mesh_device(device)
     return log, results
 
 
@@ -39,9 +40,10 @@ def test_different_seeds_explore_different_orders() -> None:
 
 def test_seeded_scheduler_advances_between_host_calls() -> None:
     device = open_emulated(scheduler=lambda: SeededScheduler(3, eagerness=0.9))
-    t = ttnn.from_torch(torch.zeros((1, 4), dtype=torch.int32), dtype=ttnn.int32, device=device)
+    tt = device.api
+    t = tt.from_torch(torch.zeros((1, 4), dtype=torch.int32), dtype=ttnn.int32, device=device)
     for _ in range(20):
-        ttnn.plus_one(t)
+        tt.plus_one(t)
     assert 0 < len(device.completion_log) < 21  # some work ran without any host-blocking call
-    assert values_of(ttnn.from_device(t)) == [20] * 4
-    ttnn.close_mesh_device(device)
+    assert values_of(tt.from_device(t)) == [20] * 4
+    tt.close_mesh_device(device)

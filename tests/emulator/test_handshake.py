@@ -9,7 +9,7 @@ import pytest
 import torch
 import ttnn
 
-from ttmirror.emulator import EmulatedMeshDevice, HazardError, HazardKind
+from ttmirror.emulator import EmulatedMeshDevice, HazardError, HazardKind, MeshEvent
 
 WAITS = ("op_event", "write_event", "last_op_event", "read_event")
 
@@ -29,25 +29,26 @@ class Handshake:
     ROWS = 4
 
     def __init__(self, device: EmulatedMeshDevice, skip: str | None) -> None:
+        self.tt = tt = device.api
         self.device, self.skip = device, skip
         self.inp, self.work, self.out = (
-            ttnn.allocate_tensor_on_device(
+            tt.allocate_tensor_on_device(
                 ttnn.Shape([1, self.ROWS]), ttnn.int32, ttnn.ROW_MAJOR_LAYOUT, device
             )
             for _ in range(3)
         )
         # Compile every op, then capture the model against the persistent `work`.
-        ttnn.copy(self.inp, self.work)
-        ttnn.plus_one(self.work)
-        ttnn.copy(self.work, self.out)
-        self.trace = ttnn.begin_trace_capture(device, cq_id=0)
-        ttnn.plus_one(self.work)
-        ttnn.end_trace_capture(device, self.trace, cq_id=0)
-        first_op_event = ttnn.record_event(device, 0)
-        self.read_event = ttnn.record_event(device, 1)
-        ttnn.wait_for_event(1, first_op_event)
-        ttnn.copy_host_to_device_tensor(self.host_input(0), self.inp, cq_id=1)
-        self.write_event = ttnn.record_event(device, 1)
+        tt.copy(self.inp, self.work)
+        tt.plus_one(self.work)
+        tt.copy(self.work, self.out)
+        self.trace = tt.begin_trace_capture(device, cq_id=0)
+        tt.plus_one(self.work)
+        tt.end_trace_capture(device, self.trace, cq_id=0)
+        first_op_event = tt.record_event(device, 0)
+        self.read_event = tt.record_event(device, 1)
+        tt.wait_for_event(1, first_op_event)
+        tt.copy_host_to_device_tensor(self.host_input(0), self.inp, cq_id=1)
+        self.write_event = tt.record_event(device, 1)
 
     def host_input(self, value: int) -> ttnn.Tensor:
         return ttnn.from_torch(
@@ -56,26 +57,26 @@ class Handshake:
 
     def wait(self, name: str, cq: int, event: object) -> None:
         if self.skip != name:
-            ttnn.wait_for_event(cq, event)
+            self.tt.wait_for_event(cq, event)
 
     def iteration(self, i: int) -> ttnn.Tensor:
         """Step i on both queues; returns output i's non-blocking readback."""
         device = self.device
         # CQ0: consume input i, run the model, write the output once CQ1 has read the last one.
         self.wait("write_event", 0, self.write_event)
-        ttnn.copy(self.inp, self.work)
-        first_op_event = ttnn.record_event(device, 0)
-        ttnn.execute_trace(device, self.trace, cq_id=0, blocking=False)
+        self.tt.copy(self.inp, self.work)
+        first_op_event = self.tt.record_event(device, 0)
+        self.tt.execute_trace(device, self.trace, cq_id=0, blocking=False)
         self.wait("read_event", 0, self.read_event)
-        ttnn.copy(self.work, self.out)
-        last_op_event = ttnn.record_event(device, 0)
+        self.tt.copy(self.work, self.out)
+        last_op_event = self.tt.record_event(device, 0)
         # CQ1: write input i + 1 once CQ0 has consumed input i, then read output i.
         self.wait("op_event", 1, first_op_event)
-        ttnn.copy_host_to_device_tensor(self.host_input(i + 1), self.inp, cq_id=1)
-        self.write_event = ttnn.record_event(device, 1)
+        self.tt.copy_host_to_device_tensor(self.host_input(i + 1), self.inp, cq_id=1)
+        self.write_event = self.tt.record_event(device, 1)
         self.wait("last_op_event", 1, last_op_event)
         readback = self.out.cpu(blocking=False, cq_id=1)
-        self.read_event = ttnn.record_event(device, 1)
+        self.read_event = self.tt.record_event(device, 1)
         return readback
 
     def run(self, iterations: int) -> list[int]:
@@ -86,14 +87,15 @@ class Handshake:
             if len(in_flight) == 2:  # depth 2: only now wait for the previous step
                 seen.append(_checked(*in_flight.pop(0)))
         seen.extend(_checked(*entry) for entry in in_flight)
-        ttnn.synchronize_device(self.device)
-        ttnn.release_trace(self.device, self.trace)
+        self.tt.synchronize_device(self.device)
+        self.tt.release_trace(self.device, self.trace)
         return seen
 
 
-def _checked(step: int, readback: ttnn.Tensor, event: object) -> int:
-    ttnn.event_synchronize(event)
-    return int(ttnn.to_torch(readback)[0, 0]) - step
+def _checked(step: int, readback: ttnn.Tensor, event: MeshEvent) -> int:
+    tt = event.device.api
+    tt.event_synchronize(event)
+    return int(tt.to_torch(readback)[0, 0]) - step
 
 
 def test_handshake_runs_1000_iterations_without_hazard(device: EmulatedMeshDevice) -> None:

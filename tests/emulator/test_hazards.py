@@ -13,8 +13,9 @@ from .conftest import host_ids, on_device, values_of
 
 
 def _synced_pair(device: EmulatedMeshDevice) -> tuple[ttnn.Tensor, ttnn.Tensor]:
+    tt = device.api
     a, b = on_device(device, [1, 2]), on_device(device, [0, 0])
-    ttnn.synchronize_device(device)
+    tt.synchronize_device(device)
     return a, b
 
 
@@ -22,98 +23,108 @@ def _synced_pair(device: EmulatedMeshDevice) -> tuple[ttnn.Tensor, ttnn.Tensor]:
 
 
 def test_read_after_write_across_queues_without_event(device: EmulatedMeshDevice) -> None:
+    tt = device.api
     a, b = _synced_pair(device)
-    ttnn.copy_host_to_device_tensor(host_ids([7, 8]), a, cq_id=1)
+    tt.copy_host_to_device_tensor(host_ids([7, 8]), a, cq_id=1)
     with pytest.raises(HazardError, match="read-after-write") as caught:
-        ttnn.copy(a, b)  # CQ0 reads what CQ1 writes
+        tt.copy(a, b)  # CQ0 reads what CQ1 writes
     assert caught.value.hazard.queues == (1, 0)
     assert any("copy" in c for c in caught.value.hazard.commands)
 
 
 def test_read_after_write_ordered_by_event(device: EmulatedMeshDevice) -> None:
+    tt = device.api
     a, b = _synced_pair(device)
-    ttnn.copy_host_to_device_tensor(host_ids([7, 8]), a, cq_id=1)
-    ttnn.wait_for_event(0, ttnn.record_event(device, 1))
-    ttnn.copy(a, b)
-    assert values_of(ttnn.from_device(b)) == [7, 8]
+    tt.copy_host_to_device_tensor(host_ids([7, 8]), a, cq_id=1)
+    tt.wait_for_event(0, tt.record_event(device, 1))
+    tt.copy(a, b)
+    assert values_of(tt.from_device(b)) == [7, 8]
     assert device.hazards.total == 0
 
 
 def test_write_after_read_across_queues_without_event(device: EmulatedMeshDevice) -> None:
+    tt = device.api
     a, b = _synced_pair(device)
-    ttnn.copy(a, b)  # CQ0 reads a
+    tt.copy(a, b)  # CQ0 reads a
     with pytest.raises(HazardError, match="write-after-read"):
-        ttnn.copy_host_to_device_tensor(host_ids([7, 8]), a, cq_id=1)
+        tt.copy_host_to_device_tensor(host_ids([7, 8]), a, cq_id=1)
 
 
 def test_write_after_read_ordered_by_event(device: EmulatedMeshDevice) -> None:
+    tt = device.api
     a, b = _synced_pair(device)
-    ttnn.copy(a, b)
-    ttnn.wait_for_event(1, ttnn.record_event(device, 0))
-    ttnn.copy_host_to_device_tensor(host_ids([7, 8]), a, cq_id=1)
-    assert values_of(ttnn.from_device(b)) == [1, 2]
+    tt.copy(a, b)
+    tt.wait_for_event(1, tt.record_event(device, 0))
+    tt.copy_host_to_device_tensor(host_ids([7, 8]), a, cq_id=1)
+    assert values_of(tt.from_device(b)) == [1, 2]
     assert device.hazards.total == 0
 
 
 def test_write_after_write_across_queues_without_event(device: EmulatedMeshDevice) -> None:
+    tt = device.api
     a, _ = _synced_pair(device)
-    ttnn.fill(a, 3, output_tensor=a)  # CQ0 writes a
+    tt.fill(a, 3, output_tensor=a)  # CQ0 writes a
     with pytest.raises(HazardError, match="write-after-write"):
-        ttnn.copy_host_to_device_tensor(host_ids([7, 8]), a, cq_id=1)
+        tt.copy_host_to_device_tensor(host_ids([7, 8]), a, cq_id=1)
 
 
 def test_write_after_write_ordered_by_event(device: EmulatedMeshDevice) -> None:
+    tt = device.api
     a, _ = _synced_pair(device)
-    ttnn.fill(a, 3, output_tensor=a)
-    ttnn.wait_for_event(1, ttnn.record_event(device, 0))
-    ttnn.copy_host_to_device_tensor(host_ids([7, 8]), a, cq_id=1)
-    assert values_of(ttnn.from_device(a, queue_id=1)) == [7, 8]
+    tt.fill(a, 3, output_tensor=a)
+    tt.wait_for_event(1, tt.record_event(device, 0))
+    tt.copy_host_to_device_tensor(host_ids([7, 8]), a, cq_id=1)
+    assert values_of(tt.from_device(a, queue_id=1)) == [7, 8]
     assert device.hazards.total == 0
 
 
 def test_same_queue_needs_no_event(device: EmulatedMeshDevice) -> None:
+    tt = device.api
     a, b = _synced_pair(device)
-    ttnn.copy_host_to_device_tensor(host_ids([7, 8]), a, cq_id=0)
-    ttnn.copy(a, b)
-    assert values_of(ttnn.from_device(b)) == [7, 8]
+    tt.copy_host_to_device_tensor(host_ids([7, 8]), a, cq_id=0)
+    tt.copy(a, b)
+    assert values_of(tt.from_device(b)) == [7, 8]
     assert device.hazards.total == 0
 
 
 def test_host_synchronisation_also_orders_queues(device: EmulatedMeshDevice) -> None:
+    tt = device.api
     a, b = _synced_pair(device)
-    ttnn.copy_host_to_device_tensor(host_ids([7, 8]), a, cq_id=1)
-    ttnn.event_synchronize(ttnn.record_event(device, 1))
-    ttnn.copy(a, b)
-    assert values_of(ttnn.from_device(b)) == [7, 8]
+    tt.copy_host_to_device_tensor(host_ids([7, 8]), a, cq_id=1)
+    tt.event_synchronize(tt.record_event(device, 1))
+    tt.copy(a, b)
+    assert values_of(tt.from_device(b)) == [7, 8]
     assert device.hazards.total == 0
 
 
 def test_reused_address_inherits_the_freed_buffers_pending_reads(
     device: EmulatedMeshDevice,
 ) -> None:
+    tt = device.api
     a, b = _synced_pair(device)
-    ttnn.copy(a, b)  # CQ0 will read a, not yet run
+    tt.copy(a, b)  # CQ0 will read a, not yet run
     address = a.buffer_address()
-    ttnn.deallocate(a)  # the allocator does not wait for CQ0
-    c = ttnn.allocate_tensor_on_device(
+    tt.deallocate(a)  # the allocator does not wait for CQ0
+    c = tt.allocate_tensor_on_device(
         ttnn.Shape([1, 2]), ttnn.uint32, ttnn.ROW_MAJOR_LAYOUT, device
     )
     assert c.buffer_address() == address  # bottom-up first fit reuses it at once
     with pytest.raises(HazardError, match="write-after-read"):
-        ttnn.copy_host_to_device_tensor(host_ids([7, 8]), c, cq_id=1)
+        tt.copy_host_to_device_tensor(host_ids([7, 8]), c, cq_id=1)
 
 
 def test_reused_address_after_the_reader_is_known_done(device: EmulatedMeshDevice) -> None:
+    tt = device.api
     a, b = _synced_pair(device)
-    ttnn.copy(a, b)
-    done = ttnn.record_event(device, 0)
-    ttnn.deallocate(a)
-    c = ttnn.allocate_tensor_on_device(
+    tt.copy(a, b)
+    done = tt.record_event(device, 0)
+    tt.deallocate(a)
+    c = tt.allocate_tensor_on_device(
         ttnn.Shape([1, 2]), ttnn.uint32, ttnn.ROW_MAJOR_LAYOUT, device
     )
-    ttnn.wait_for_event(1, done)
-    ttnn.copy_host_to_device_tensor(host_ids([7, 8]), c, cq_id=1)
-    assert values_of(ttnn.from_device(b)) == [1, 2]
+    tt.wait_for_event(1, done)
+    tt.copy_host_to_device_tensor(host_ids([7, 8]), c, cq_id=1)
+    assert values_of(tt.from_device(b)) == [1, 2]
     assert device.hazards.total == 0
 
 
@@ -123,21 +134,23 @@ def test_reused_address_after_the_reader_is_known_done(device: EmulatedMeshDevic
 def test_read_of_a_freed_buffer_is_reported_and_reads_the_reused_bytes(
     device: EmulatedMeshDevice,
 ) -> None:
+    tt = device.api
     device.hazards.mode = "count"
     a, b = _synced_pair(device)
-    ttnn.deallocate(a)
+    tt.deallocate(a)
     other = on_device(device, [55, 66])  # reuses a's address
     assert other.buffer_address() == a.buffer_address()
-    ttnn.copy(a, b)
+    tt.copy(a, b)
     assert device.hazards.counts[HazardKind.USE_AFTER_FREE] == 1
-    assert values_of(ttnn.from_device(b)) == [55, 66]  # real wrong data
+    assert values_of(tt.from_device(b)) == [55, 66]  # real wrong data
 
 
 def test_reading_before_the_free_is_fine(device: EmulatedMeshDevice) -> None:
+    tt = device.api
     a, b = _synced_pair(device)
-    ttnn.copy(a, b)
-    ttnn.deallocate(a)  # same CQ runs in order: the copy reads a before anything reuses it
-    assert values_of(ttnn.from_device(b)) == [1, 2]
+    tt.copy(a, b)
+    tt.deallocate(a)  # same CQ runs in order: the copy reads a before anything reuses it
+    assert values_of(tt.from_device(b)) == [1, 2]
     assert device.hazards.total == 0
 
 
@@ -145,28 +158,31 @@ def test_reading_before_the_free_is_fine(device: EmulatedMeshDevice) -> None:
 
 
 def test_host_read_before_the_readback_event_sees_garbage(device: EmulatedMeshDevice) -> None:
+    tt = device.api
     device.hazards.mode = "count"
     t = on_device(device, [11, 12])
     host = t.cpu(blocking=False)
-    ttnn.record_event(device, 0)
-    assert values_of(host) != [11, 12]  # garbage: the read has not run
+    tt.record_event(device, 0)
+    assert values_of(host, tt) != [11, 12]  # garbage: the read has not run
     assert device.hazards.counts[HazardKind.UNSYNCHRONISED_READBACK] == 1
 
 
 def test_host_read_before_sync_raises_in_raise_mode(device: EmulatedMeshDevice) -> None:
+    tt = device.api
     t = on_device(device, [11, 12])
     host = t.cpu(blocking=False)
     with pytest.raises(HazardError, match="unsynchronised-readback"):
-        ttnn.to_torch(host)
-    ttnn.synchronize_device(device)
+        tt.to_torch(host)
+    tt.synchronize_device(device)
     assert values_of(host) == [11, 12]
 
 
 def test_host_read_after_event_synchronize(device: EmulatedMeshDevice) -> None:
+    tt = device.api
     t = on_device(device, [11, 12])
     host = t.cpu(blocking=False)
-    event = ttnn.record_event(device, 0)
-    ttnn.event_synchronize(event)
+    event = tt.record_event(device, 0)
+    tt.event_synchronize(event)
     assert values_of(host) == [11, 12]
     assert device.hazards.total == 0
 
@@ -174,33 +190,36 @@ def test_host_read_after_event_synchronize(device: EmulatedMeshDevice) -> None:
 def test_copy_device_to_host_tensor_non_blocking_follows_the_same_rule(
     device: EmulatedMeshDevice,
 ) -> None:
+    tt = device.api
     t = on_device(device, [11, 12])
     host = host_ids([0, 0])
-    ttnn.copy_device_to_host_tensor(t, host, blocking=False, cq_id=0)
+    tt.copy_device_to_host_tensor(t, host, blocking=False, cq_id=0)
     with pytest.raises(HazardError, match="unsynchronised-readback"):
-        host.to_torch()
-    ttnn.synchronize_device(device)
+        tt.to_torch(host)
+    tt.synchronize_device(device)
     assert values_of(host) == [11, 12]
 
 
 def test_dropping_a_pending_readback_is_reported_at_the_next_call(
     device: EmulatedMeshDevice,
 ) -> None:
+    tt = device.api
     t = on_device(device, [11, 12])
     host = t.cpu(blocking=False)
-    event = ttnn.record_event(device, 0)
+    event = tt.record_event(device, 0)
     del host
     gc.collect()
     assert device.hazards.counts[HazardKind.DROPPED_READBACK] == 1
     with pytest.raises(HazardError, match="dropped-readback"):
-        ttnn.event_synchronize(event)
+        tt.event_synchronize(event)
 
 
 def test_dropping_a_readback_after_synchronising_is_fine(device: EmulatedMeshDevice) -> None:
+    tt = device.api
     t = on_device(device, [11, 12])
     host = t.cpu(blocking=False)
-    ttnn.event_synchronize(ttnn.record_event(device, 0))
+    tt.event_synchronize(tt.record_event(device, 0))
     del host
     gc.collect()
-    ttnn.synchronize_device(device)
+    tt.synchronize_device(device)
     assert device.hazards.total == 0

@@ -16,7 +16,7 @@ import pytest
 import torch
 import ttnn
 
-from ttmirror.emulator import EmulatedMeshDevice, HazardError, ops, support
+from ttmirror.emulator import DeviceTensor, EmulatedMeshDevice, HazardError, ops, support
 from ttmirror.emulator.audit import audit
 from ttmirror.emulator.checker import OpNotSupported
 from ttmirror.emulator.docstrings import Row, doc_tables, row
@@ -27,7 +27,8 @@ TILE, RM = ttnn.TILE_LAYOUT, ttnn.ROW_MAJOR_LAYOUT
 
 def _dev(device: EmulatedMeshDevice, data: torch.Tensor, dtype: ttnn.DataType,
          layout: ttnn.Layout = RM) -> ttnn.Tensor:
-    return ttnn.from_torch(data, dtype=dtype, layout=layout, device=device)
+    tt = device.api
+    return tt.from_torch(data, dtype=dtype, layout=layout, device=device)
 
 
 def _ids(device: EmulatedMeshDevice, values: list[int], layout: ttnn.Layout,
@@ -36,7 +37,9 @@ def _ids(device: EmulatedMeshDevice, values: list[int], layout: ttnn.Layout,
 
 
 def _host(t: ttnn.Tensor) -> list[Any]:
-    return ttnn.to_torch(t).reshape(-1).tolist()  # type: ignore[no-any-return]
+    """A tensor's values as torch: a device tensor's through its device's API."""
+    tt = t.device().api if isinstance(t, DeviceTensor) else ttnn
+    return tt.to_torch(t).reshape(-1).tolist()  # type: ignore[no-any-return]
 
 
 # --- the table against the installed documentation ------------------------------------------------
@@ -97,24 +100,27 @@ def test_the_docstring_parser_reads_captions_and_strips_notes() -> None:
 
 def _gather(layout: ttnn.Layout) -> Callable[[EmulatedMeshDevice], list[Any]]:
     def call(d: EmulatedMeshDevice) -> list[Any]:
+        tt = d.api
         table = _ids(d, [10, 11, 12, 13], TILE)
-        return _host(ttnn.gather(table, 3, _ids(d, [3, 0, 2, 2], layout)))
+        return _host(tt.gather(table, 3, _ids(d, [3, 0, 2, 2], layout)))
 
     return call
 
 
 def _where(layout: ttnn.Layout) -> Callable[[EmulatedMeshDevice], list[Any]]:
     def call(d: EmulatedMeshDevice) -> list[Any]:
+        tt = d.api
         mask = _ids(d, [1, 0, 1, 0], layout)
-        return _host(ttnn.where(mask, _ids(d, [5, 6, 7, 8], TILE), _ids(d, [1, 2, 3, 4], TILE)))
+        return _host(tt.where(mask, _ids(d, [5, 6, 7, 8], TILE), _ids(d, [1, 2, 3, 4], TILE)))
 
     return call
 
 
 def _add(dtype: ttnn.DataType) -> Callable[[EmulatedMeshDevice], list[Any]]:
     def call(d: EmulatedMeshDevice) -> list[Any]:
-        out = ttnn.allocate_tensor_on_device(ttnn.Shape([1, 1, 1, 4]), ttnn.uint32, TILE, d)
-        ttnn.add(_ids(d, [1, 2, 3, 4], RM, dtype), _ids(d, [1, 1, 1, 1], RM), output_tensor=out)
+        tt = d.api
+        out = tt.allocate_tensor_on_device(ttnn.Shape([1, 1, 1, 4]), ttnn.uint32, TILE, d)
+        tt.add(_ids(d, [1, 2, 3, 4], RM, dtype), _ids(d, [1, 1, 1, 1], RM), output_tensor=out)
         return _host(out)
 
     return call
@@ -122,9 +128,10 @@ def _add(dtype: ttnn.DataType) -> Callable[[EmulatedMeshDevice], list[Any]]:
 
 def _argmax(out_dtype: ttnn.DataType) -> Callable[[EmulatedMeshDevice], list[Any]]:
     def call(d: EmulatedMeshDevice) -> list[Any]:
+        tt = d.api
         logits = _dev(d, torch.tensor([[[[0.0, 9.0], [3.0, 1.0], [1.0, 0.0]]]]), ttnn.float32, TILE)
-        out = ttnn.allocate_tensor_on_device(ttnn.Shape([1, 1, 1, 2]), out_dtype, RM, d)
-        ttnn.argmax(logits, dim=2, keepdim=True, output_tensor=out)
+        out = tt.allocate_tensor_on_device(ttnn.Shape([1, 1, 1, 2]), out_dtype, RM, d)
+        tt.argmax(logits, dim=2, keepdim=True, output_tensor=out)
         return _host(out)
 
     return call
@@ -132,9 +139,10 @@ def _argmax(out_dtype: ttnn.DataType) -> Callable[[EmulatedMeshDevice], list[Any
 
 def _typecast(layout: ttnn.Layout) -> Callable[[EmulatedMeshDevice], list[Any]]:
     def call(d: EmulatedMeshDevice) -> list[Any]:
+        tt = d.api
         x = _dev(d, torch.tensor([[1.5, -2.0]]), ttnn.float32, TILE)
-        out = ttnn.allocate_tensor_on_device(ttnn.Shape([1, 2]), ttnn.bfloat16, layout, d)
-        ttnn.typecast(x, ttnn.bfloat16, output_tensor=out)
+        out = tt.allocate_tensor_on_device(ttnn.Shape([1, 2]), ttnn.bfloat16, layout, d)
+        tt.typecast(x, ttnn.bfloat16, output_tensor=out)
         return _host(out)
 
     return call
@@ -142,6 +150,7 @@ def _typecast(layout: ttnn.Layout) -> Callable[[EmulatedMeshDevice], list[Any]]:
 
 def _sampling(values_layout: ttnn.Layout) -> Callable[[EmulatedMeshDevice], list[Any]]:
     def call(d: EmulatedMeshDevice) -> list[Any]:
+        tt = d.api
         logits = torch.full((1, 1, 2, 32), -9.0)
         logits[0, 0, 0, 5] = logits[0, 0, 1, 17] = 9.0  # one certain token per row
         values = _dev(d, logits.to(torch.bfloat16), ttnn.bfloat16, values_layout)
@@ -151,15 +160,16 @@ def _sampling(values_layout: ttnn.Layout) -> Callable[[EmulatedMeshDevice], list
         p, temp = (_dev(d, torch.ones(2, dtype=torch.bfloat16), ttnn.bfloat16) for _ in "pt")
         bind_sampling_identity(d, _dev(d, torch.tensor([0, 1], dtype=torch.int32), ttnn.uint32),
                                _dev(d, torch.tensor([0, 0], dtype=torch.int32), ttnn.uint32))
-        return _host(ttnn.sampling(values, indices, k, p, temp, seed=3))
+        return _host(tt.sampling(values, indices, k, p, temp, seed=3))
 
     return call
 
 
 def _fill(dtype: ttnn.DataType) -> Callable[[EmulatedMeshDevice], list[Any]]:
     def call(d: EmulatedMeshDevice) -> list[Any]:
-        x = ttnn.allocate_tensor_on_device(ttnn.Shape([1, 1, 1, 3]), dtype, TILE, d)
-        ttnn.fill(x, 4, output_tensor=x)
+        tt = d.api
+        x = tt.allocate_tensor_on_device(ttnn.Shape([1, 1, 1, 3]), dtype, TILE, d)
+        tt.fill(x, 4, output_tensor=x)
         return _host(x)
 
     return call
@@ -194,43 +204,47 @@ def test_outside_the_rows_the_chip_error_inside_the_golden(
 
 
 def test_refused_inside_a_trace_capture_at_the_call(device: EmulatedMeshDevice) -> None:
+    tt = device.api
     table, good, bad = (_ids(device, [1, 0], layout) for layout in (TILE, TILE, RM))
-    ttnn.gather(table, 3, good)  # compiled before capture, as every traced op must be
-    trace = ttnn.begin_trace_capture(device, cq_id=0)
-    ttnn.gather(table, 3, good)
+    tt.gather(table, 3, good)  # compiled before capture, as every traced op must be
+    trace = tt.begin_trace_capture(device, cq_id=0)
+    tt.gather(table, 3, good)
     with pytest.raises(OpNotSupported, match="index is UINT32 ROW_MAJOR"):
-        ttnn.gather(table, 3, bad)
-    ttnn.end_trace_capture(device, trace, cq_id=0)
+        tt.gather(table, 3, bad)
+    tt.end_trace_capture(device, trace, cq_id=0)
     assert device.hazards.total == 0
-    ttnn.release_trace(device, trace)
+    tt.release_trace(device, trace)
 
 
 def test_documented_shape_rules_are_enforced(device: EmulatedMeshDevice) -> None:
+    tt = device.api
     with pytest.raises(OpNotSupported, match="input has rank 4, index has rank 2"):
-        ttnn.gather(_ids(device, [1, 2], TILE), 3,
+        tt.gather(_ids(device, [1, 2], TILE), 3,
                     _dev(device, torch.tensor([[0, 1]], dtype=torch.int32), ttnn.uint32, TILE))
     values = _dev(device, torch.zeros(1, 1, 2, 96, dtype=torch.bfloat16), ttnn.bfloat16, TILE)
     indices = _dev(device, torch.zeros(1, 1, 2, 96, dtype=torch.int32), ttnn.int32)
     k = _dev(device, torch.ones(2, dtype=torch.int32), ttnn.uint32)
     p = _dev(device, torch.ones(2, dtype=torch.bfloat16), ttnn.bfloat16)
     with pytest.raises(OpNotSupported, match="96 is not a power-of-2 multiple of 32"):
-        ttnn.sampling(values, indices, k, p, p, seed=0)
+        tt.sampling(values, indices, k, p, p, seed=0)
     with pytest.raises(OpNotSupported, match="input_a is"):
-        ttnn.copy(_ids(device, [1, 2], RM), _ids(device, [1, 2, 3], RM))
+        tt.copy(_ids(device, [1, 2], RM), _ids(device, [1, 2, 3], RM))
 
 
 def test_an_output_tensor_of_another_shape_is_refused(device: EmulatedMeshDevice) -> None:
+    tt = device.api
     logits = _dev(device, torch.zeros(1, 1, 3, 2), ttnn.float32)
-    out = ttnn.allocate_tensor_on_device(ttnn.Shape([1, 2]), ttnn.uint32, RM, device)
+    out = tt.allocate_tensor_on_device(ttnn.Shape([1, 2]), ttnn.uint32, RM, device)
     with pytest.raises(RuntimeError, match=r"output_tensor has shape \[1, 2\], the op produces"):
-        ttnn.argmax(logits, dim=2, keepdim=True, output_tensor=out)
+        tt.argmax(logits, dim=2, keepdim=True, output_tensor=out)
 
 
 def test_host_copies_keep_the_layout(device: EmulatedMeshDevice) -> None:
-    tiles = ttnn.allocate_tensor_on_device(ttnn.Shape([1, 4]), ttnn.uint32, TILE, device)
-    host = ttnn.from_torch(torch.zeros(1, 4, dtype=torch.int32), dtype=ttnn.uint32)
+    tt = device.api
+    tiles = tt.allocate_tensor_on_device(ttnn.Shape([1, 4]), ttnn.uint32, TILE, device)
+    host = tt.from_torch(torch.zeros(1, 4, dtype=torch.int32), dtype=ttnn.uint32)
     with pytest.raises(RuntimeError, match="same layout"):
-        ttnn.copy_host_to_device_tensor(host, tiles)
+        tt.copy_host_to_device_tensor(host, tiles)
 
 
 # --- TILE layout ---------------------------------------------------------------------------------
@@ -245,42 +259,45 @@ def test_tile_tensors_hold_their_padded_shape(device: EmulatedMeshDevice) -> Non
 
 
 def test_to_layout_is_one_command_and_pads_with_its_value(device: EmulatedMeshDevice) -> None:
+    tt = device.api
     x = _dev(device, torch.tensor([[1.0, 2.0, 3.0]]), ttnn.bfloat16)
-    ttnn.synchronize_device(device)
+    tt.synchronize_device(device)
     before = len(device.completion_log)
-    tiles = ttnn.to_layout(x, TILE, pad_value=7.0)
-    ttnn.synchronize_device(device)
+    tiles = tt.to_layout(x, TILE, pad_value=7.0)
+    tt.synchronize_device(device)
     assert [c.split("#")[0] for c in device.completion_log[before:]] == ["to_layout"]
     stored = tiles.stored
     assert stored.shape == (32, 32) and float(stored[0, 3]) == 7.0 and float(stored[1, 0]) == 7.0
-    back = ttnn.untilize(ttnn.tilize(x))
+    back = tt.untilize(tt.tilize(x))
     assert back.layout == RM and _host(back) == [1.0, 2.0, 3.0]
     with pytest.raises(OpNotSupported, match=r"tilize \(emulated device\): input_tensor is UINT32"):
-        ttnn.tilize(_ids(device, [1], RM))
+        tt.tilize(_ids(device, [1], RM))
 
 
 def test_a_conversion_into_a_persistent_tensor_replays_in_a_trace(
     device: EmulatedMeshDevice,
 ) -> None:
+    tt = device.api
     rows = _ids(device, [4, 5], RM)
-    tiles = ttnn.allocate_tensor_on_device(ttnn.Shape([1, 1, 1, 2]), ttnn.uint32, TILE, device)
-    ttnn.add(rows, 0, output_tensor=tiles)  # compile
-    trace = ttnn.begin_trace_capture(device, cq_id=0)
-    ttnn.add(rows, 0, output_tensor=tiles)
-    ttnn.end_trace_capture(device, trace, cq_id=0)
-    ttnn.copy_host_to_device_tensor(
-        ttnn.from_torch(torch.tensor([[[[9, 8]]]], dtype=torch.int32), dtype=ttnn.uint32), rows
+    tiles = tt.allocate_tensor_on_device(ttnn.Shape([1, 1, 1, 2]), ttnn.uint32, TILE, device)
+    tt.add(rows, 0, output_tensor=tiles)  # compile
+    trace = tt.begin_trace_capture(device, cq_id=0)
+    tt.add(rows, 0, output_tensor=tiles)
+    tt.end_trace_capture(device, trace, cq_id=0)
+    tt.copy_host_to_device_tensor(
+        tt.from_torch(torch.tensor([[[[9, 8]]]], dtype=torch.int32), dtype=ttnn.uint32), rows
     )
-    ttnn.execute_trace(device, trace, cq_id=0, blocking=True)
+    tt.execute_trace(device, trace, cq_id=0, blocking=True)
     assert _host(tiles) == [9, 8] and device.hazards.total == 0
-    ttnn.release_trace(device, trace)
+    tt.release_trace(device, trace)
 
 
 def test_an_index_out_of_range_gathers_garbage_not_a_crash(device: EmulatedMeshDevice) -> None:
     # "The value produced at any output position whose index falls outside that range is
     # unspecified": the emulated device yields garbage there, as a chip may.
+    tt = device.api
     table = _ids(device, [10, 11], TILE)
-    got = _host(ttnn.gather(table, 3, _ids(device, [1, 5], TILE)))
+    got = _host(tt.gather(table, 3, _ids(device, [1, 5], TILE)))
     assert got[0] == 11 and got[1] not in (10, 11)
 
 
@@ -289,17 +306,18 @@ def test_a_conversion_that_allocates_after_capture_is_unsafe_at_replay(
 ) -> None:
     # to_layout has no output_tensor: every call allocates. After a capture, that allocation is
     # alive at the next replay, which may write over it (TT_METAL_TRACE_ALLOC_TRACKING's check).
+    tt = device.api
     rows = _ids(device, [4, 5], RM)
-    tiles = ttnn.allocate_tensor_on_device(ttnn.Shape([1, 1, 1, 2]), ttnn.uint32, TILE, device)
-    ttnn.add(rows, 0, output_tensor=tiles)
-    trace = ttnn.begin_trace_capture(device, cq_id=0)
-    ttnn.add(rows, 0, output_tensor=tiles)
-    ttnn.end_trace_capture(device, trace, cq_id=0)
-    converted = ttnn.to_layout(rows, TILE)
+    tiles = tt.allocate_tensor_on_device(ttnn.Shape([1, 1, 1, 2]), ttnn.uint32, TILE, device)
+    tt.add(rows, 0, output_tensor=tiles)
+    trace = tt.begin_trace_capture(device, cq_id=0)
+    tt.add(rows, 0, output_tensor=tiles)
+    tt.end_trace_capture(device, trace, cq_id=0)
+    converted = tt.to_layout(rows, TILE)
     with pytest.raises(HazardError, match="allocated after trace"):
-        ttnn.execute_trace(device, trace, cq_id=0, blocking=True)
+        tt.execute_trace(device, trace, cq_id=0, blocking=True)
     assert converted.is_allocated()
-    ttnn.release_trace(device, trace)
+    tt.release_trace(device, trace)
 
 
 def test_a_recording_holds_its_own_devices_calls_only() -> None:
@@ -313,11 +331,11 @@ def test_a_recording_holds_its_own_devices_calls_only() -> None:
     try:
         a, b = _ids(mine, [1, 2], RM), _ids(other, [1, 2], RM)
         with checker.recording(mine) as calls:
-            ttnn.add(b, b, output_tensor=_ids(other, [0, 0], RM))
-            ttnn.add(a, a, output_tensor=_ids(mine, [0, 0], RM))
-            ttnn.add(b, 1, output_tensor=_ids(other, [0, 0], RM))
+            other.api.add(b, b, output_tensor=_ids(other, [0, 0], RM))
+            mine.api.add(a, a, output_tensor=_ids(mine, [0, 0], RM))
+            other.api.add(b, 1, output_tensor=_ids(other, [0, 0], RM))
         assert [c.op for c in calls] == ["add"] and calls[0].documented
         assert mine.checked_calls is None and other.checked_calls is None
     finally:
-        ttnn.close_mesh_device(mine)
-        ttnn.close_mesh_device(other)
+        mine.api.close_mesh_device(mine)
+        other.api.close_mesh_device(other)

@@ -19,17 +19,18 @@ from .conftest import host_ids, on_device, open_emulated
 def _order(costs: dict[str, float], seed: int = 0, jitter: float = 0.1) -> list[str]:
     """Completion order of a slow-or-fast op on CQ0 beside a write on CQ1, enqueued after it."""
     dev = open_emulated(scheduler=lambda: TimedScheduler(costs, seed, jitter=jitter))
+    tt = dev.api
     try:
         a = on_device(dev, [1, 2])
         b = on_device(dev, [3, 4])
-        ttnn.synchronize_device(dev)
+        tt.synchronize_device(dev)
         start = len(dev.completion_log)
-        ttnn.plus_one(a)
-        ttnn.copy_host_to_device_tensor(host_ids([7, 8]), b, cq_id=1)
-        ttnn.synchronize_device(dev)
+        tt.plus_one(a)
+        tt.copy_host_to_device_tensor(host_ids([7, 8]), b, cq_id=1)
+        tt.synchronize_device(dev)
         return [label.split("#")[0] for label in dev.completion_log[start:]]
     finally:
-        ttnn.close_mesh_device(dev)
+        tt.close_mesh_device(dev)
 
 
 def test_the_command_times_decide_which_queue_finishes_first() -> None:
@@ -57,46 +58,49 @@ def test_impossible_times_are_refused() -> None:
 def _stalled_read(dev: EmulatedMeshDevice) -> tuple[ttnn.Tensor, ttnn.Tensor, MeshEvent]:
     """A non-blocking read on CQ1 armed to land late: the device tensor it reads (it must outlive
     the copy), the host tensor and the event recorded after it."""
+    tt = dev.api
     a = on_device(dev, [5, 6])
-    ttnn.synchronize_device(dev)
+    tt.synchronize_device(dev)
     dev.faults.arm("read", stall_s=1.0)
-    host = ttnn.from_device(a, blocking=False, queue_id=1)
-    return a, host, ttnn.record_event(dev, 1)
+    host = tt.from_device(a, blocking=False, queue_id=1)
+    return a, host, tt.record_event(dev, 1)
 
 
 def test_a_late_read_is_held_until_the_host_gave_up_then_lands_at_its_next_call() -> None:
     dev = open_emulated(scheduler=lambda: TimedScheduler(seed=0))
+    tt = dev.api
     try:
         source, host, read = _stalled_read(dev)
         for _ in range(3):  # host calls go by: the clock runs on, the read stays held
-            ttnn.plus_one(on_device(dev, [1]))
+            tt.plus_one(on_device(dev, [1]))
         assert not read.done
         # A waiter beside the host (a readback with a deadline) gives up: no wall-clock stall
         # decides when, only that the read has not landed.
         with ThreadPoolExecutor(1) as waiter:
-            wait = waiter.submit(ttnn.event_synchronize, read)
+            wait = waiter.submit(tt.event_synchronize, read)
             with pytest.raises(WaitTimeout):
                 wait.result(timeout=0.2)
             assert not read.done
-            ttnn.plus_one(on_device(dev, [2]))  # the host's next call: the read lands in it
+            tt.plus_one(on_device(dev, [2]))  # the host's next call: the read lands in it
             assert read.done
             wait.result(timeout=5)
-        assert ttnn.to_torch(host).reshape(-1).tolist() == [5, 6]
+        assert tt.to_torch(host).reshape(-1).tolist() == [5, 6]
         assert dev.hazards.total == 0 and source.is_allocated()
     finally:
-        ttnn.close_mesh_device(dev)
+        tt.close_mesh_device(dev)
 
 
 def test_a_host_that_waits_without_a_deadline_gets_the_late_read_at_once() -> None:
     dev = open_emulated(scheduler=lambda: TimedScheduler(seed=0))
+    tt = dev.api
     try:
         source, host, read = _stalled_read(dev)
-        ttnn.event_synchronize(read)
-        assert read.done and ttnn.to_torch(host).reshape(-1).tolist() == [5, 6]
+        tt.event_synchronize(read)
+        assert read.done and tt.to_torch(host).reshape(-1).tolist() == [5, 6]
         assert source.is_allocated()
         assert dev.faults.injected["stall"] == 1
     finally:
-        ttnn.close_mesh_device(dev)
+        tt.close_mesh_device(dev)
 
 
 def test_a_late_read_lands_after_the_patience_when_the_host_makes_no_call() -> None:
@@ -104,15 +108,16 @@ def test_a_late_read_lands_after_the_patience_when_the_host_makes_no_call() -> N
     call of its own: the held read lands after `patience_s` in the waiter's thread, so that next
     wait does not give up too."""
     dev = open_emulated(scheduler=lambda: TimedScheduler(seed=0, patience_s=0.5))
+    tt = dev.api
     try:
         source, host, read = _stalled_read(dev)
         with ThreadPoolExecutor(1) as waiter:  # one waiter, in order, as the mirror's
-            first = waiter.submit(ttnn.event_synchronize, read)
+            first = waiter.submit(tt.event_synchronize, read)
             with pytest.raises(WaitTimeout):
                 first.result(timeout=0.1)
-            second = waiter.submit(ttnn.event_synchronize, read)
+            second = waiter.submit(tt.event_synchronize, read)
             second.result(timeout=5)  # no host call in between: the patience lands it
             assert first.done() and read.done
-        assert ttnn.to_torch(host).reshape(-1).tolist() == [5, 6] and source.is_allocated()
+        assert tt.to_torch(host).reshape(-1).tolist() == [5, 6] and source.is_allocated()
     finally:
-        ttnn.close_mesh_device(dev)
+        tt.close_mesh_device(dev)

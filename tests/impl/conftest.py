@@ -6,7 +6,6 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pytest
-import ttnn
 
 from ttmirror.emulator import EmulatedMeshDevice, Emulator, SeededScheduler, open_device
 from ttmirror.impl.tt_backend import TtBackend
@@ -25,9 +24,10 @@ def device() -> Iterator[EmulatedMeshDevice]:
         ),
         emulated=True,
     )
+    tt = dev.api
     assert isinstance(dev, EmulatedMeshDevice)
     yield dev
-    ttnn.close_mesh_device(dev)
+    tt.close_mesh_device(dev)
 
 
 @pytest.fixture

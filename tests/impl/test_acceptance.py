@@ -12,7 +12,6 @@ import random
 from dataclasses import dataclass
 
 import pytest
-import ttnn
 
 from ttmirror.emulator import Emulator, SeededScheduler, open_device
 from ttmirror.impl.cpu_backend import CpuBackend
@@ -68,6 +67,7 @@ def _run(variant: Variant) -> Result:
         ),
         emulated=True,
     )
+    tt = device.api
     try:
         engine = Engine(TtBackend(device, readback_cq=variant.readback_cq), config, order)
         serial_at_load = device.allocator.next_serial
@@ -75,7 +75,7 @@ def _run(variant: Variant) -> Result:
         allocations = device.allocator.next_serial - serial_at_load
         engine.close()
     finally:
-        ttnn.close_mesh_device(device)
+        tt.close_mesh_device(device)
     return Result(outcome, device.hazards.total, allocations, engine.max_concurrent_batches())
 
 

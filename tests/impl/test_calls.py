@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
-from ttmirror import specdoc
 from ttmirror.emulator.calls import step_calls
+from ttmirror.report import specdoc
 
 
 @pytest.fixture(scope="module")

@@ -113,7 +113,8 @@ def test_without_a_draft_aware_combine_drafts_resolve_sync() -> None:
 
 def _values(tensor: ttnn.Tensor) -> list[int]:
     """A device tensor's values (the compute queue is idle: read after synchronising)."""
-    return [int(v) for v in ttnn.to_torch(ttnn.from_device(tensor)).reshape(-1).tolist()]
+    tt = tensor.device().api
+    return [int(v) for v in tt.to_torch(tt.from_device(tensor)).reshape(-1).tolist()]
 
 
 def _rows(values: torch.Tensor) -> list[int]:
@@ -128,6 +129,7 @@ def test_tt_mirror_device_data_equal_the_cpu_mirror_step_by_step(
     """Rows shuffled every step, each scheduling 0..K drafts, a few re-entering from the host
     with host drafts: the input lanes, positions, and the slot's ids, target tokens, counts,
     positions and drafts are the cpu mirror's, and every call met a documented row."""
+    api = device.api
     rows, slots, steps = 20, 2, 10
     spec = MirrorSpec(rows=rows, slots=slots, probe=probe, drafts=DraftSpec(k=k), trace=trace)
     with recording(device) as calls:  # a trace's calls are checked as it is captured, at load
@@ -157,7 +159,7 @@ def test_tt_mirror_device_data_equal_the_cpu_mirror_step_by_step(
                     mirror.stage(inputs)
                     mirror.combine(slot)
                     mirror.launch(slot)
-                ttnn.synchronize_device(device)
+                api.synchronize_device(device)
                 got = {
                     "lanes": [_values(t)[:rows] for t in tt.combiner.lanes],
                     "base": _values(tt.combiner.base)[:rows],

@@ -6,10 +6,11 @@ from collections.abc import Callable
 
 import pytest
 
-from ttmirror import manifest, report
+from ttmirror import manifest
 from ttmirror.model.explore import Exploration
 from ttmirror.model.invariants import INVARIANTS, SOMETIMES
 from ttmirror.model.state import RING, Bounds
+from ttmirror.report import check as report
 
 Explored = Callable[[Bounds], Exploration]
 

@@ -8,7 +8,6 @@ from collections.abc import Callable
 
 import pytest
 
-from ttmirror import report
 from ttmirror.model import actions as A
 from ttmirror.model.explore import Exploration
 from ttmirror.model.invariants import INVARIANTS, SOMETIMES
@@ -24,6 +23,7 @@ from ttmirror.model.state import (
     initial_state,
     validate_bounds,
 )
+from ttmirror.report import check as report
 
 Explored = Callable[[Bounds], Exploration]
 

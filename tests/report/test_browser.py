@@ -18,10 +18,11 @@ from urllib.parse import unquote, urlparse
 
 import pytest
 
-from ttmirror import manifest, report
+from ttmirror import manifest
 from ttmirror.cli import main
 from ttmirror.model.explore import explore
 from ttmirror.model.state import RING, Bounds
+from ttmirror.report import check as report
 
 BOUNDS = Bounds(requests=1)
 """The site's bounds: one request, state rows and vLLM's freedoms (the defaults)."""

@@ -59,8 +59,8 @@ def test_on_the_ring_the_page_shows_what_check_json_prints(tmp_path: Path) -> No
     import json
     import re
 
-    from ttmirror import report
     from ttmirror.model.explore import explore
+    from ttmirror.report import check as report
 
     assert main(["report", "--fuzz-seconds", "0", "--no-tlc", "--state", "ring", "--no-subsets",
                  "-o", str(tmp_path)]) == 0
@@ -147,8 +147,9 @@ def test_a_violated_invariant_is_shown_violated(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """guard-off at one request: StaleHostIdsGuard fails with the manifest's shortest
     counterexample, and the verdict row, the header and the embedded JSON all say so."""
-    from ttmirror import manifest, report
+    from ttmirror import manifest
     from ttmirror.model.explore import explore
+    from ttmirror.report import check as report
 
     bad = manifest.entry("small-guard-off")
     shown, last = _failing_report(tmp_path, capsys, ["--variant", "guard-off", "--requests", "1",

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from ttmirror import manifest, specdoc
+from ttmirror import manifest
 from ttmirror.model.explore import Exploration
+from ttmirror.report import specdoc
 
 
 def test_spec_slot_lifecycle_is_up_to_date(default_run: Exploration) -> None:

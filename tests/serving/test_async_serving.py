@@ -20,7 +20,6 @@ from dataclasses import dataclass, replace
 from functools import cache
 
 import pytest
-import ttnn
 
 from ttmirror.conformance import bugs, planted
 from ttmirror.conformance.serving import logprob_errors
@@ -114,6 +113,7 @@ def _serve(run: Run, plan: list[RequestPlan], events: list[Event] | None = None)
         ),
         emulated=True,
     )
+    tt = device.api
     try:
         backend = ServingBackend(TtBackend(device), model, SAMPLINGS[run.sampling])
         engine = ServingEngine(
@@ -153,7 +153,7 @@ def _serve(run: Run, plan: list[RequestPlan], events: list[Event] | None = None)
         finally:
             engine.close()
     finally:
-        ttnn.close_mesh_device(device)
+        tt.close_mesh_device(device)
     return outcome
 
 

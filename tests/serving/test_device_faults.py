@@ -9,7 +9,6 @@ import multiprocessing
 import random
 
 import pytest
-import ttnn
 
 from ttmirror.conformance import bugs, fault_runs
 from ttmirror.conformance.fault_runs import KINDS, faulted_run, promise_errors, sync_tokens
@@ -85,6 +84,7 @@ def test_a_killed_device_process_fails_the_open_requests_and_keeps_their_tokens(
 
 def test_an_allocation_failure_at_load_is_one_clear_error_and_frees_what_it_took() -> None:
     device = fault_runs.open_emulated()
+    tt = device.api
     try:
         baseline = len(device.allocator.live)
         device.faults.arm("allocate", skip=3)  # some of load's tensors exist by then
@@ -100,13 +100,14 @@ def test_an_allocation_failure_at_load_is_one_clear_error_and_frees_what_it_took
         engine.close()
         assert out.tokens == sync_tokens()
     finally:
-        ttnn.close_mesh_device(device)
+        tt.close_mesh_device(device)
 
 
 def test_a_refused_phase_changes_nothing_in_the_runner() -> None:
     """Atomic submission: a phase whose device call fails leaves the runner exactly as it was
     (its view, counters and events), so the engine alone decides what the fault costs."""
     device = fault_runs.open_emulated()
+    tt = device.api
     try:
         engine = fault_runs.engine_on(device)
         r = engine.runner
@@ -126,7 +127,7 @@ def test_a_refused_phase_changes_nothing_in_the_runner() -> None:
         r.fail_step(q, "given up")
         engine.close()
     finally:
-        ttnn.close_mesh_device(device)
+        tt.close_mesh_device(device)
 
 
 @pytest.mark.parametrize("bug", sorted(bugs.FAULT_HANDLING_BUGS))
@@ -184,6 +185,7 @@ def test_an_event_recorded_inside_a_device_call_that_raised_is_forgotten() -> No
     is dropped when the call raises (the twin, recording outside the call, is the planted
     `event-before-device-call`, killed above by validation)."""
     device = fault_runs.open_emulated()
+    tt = device.api
     try:
         r = fault_runs.engine_on(device).runner
         before = len(r.events)
@@ -198,4 +200,4 @@ def test_an_event_recorded_inside_a_device_call_that_raised_is_forgotten() -> No
         assert len(r.events) == before + 1
         r.close()
     finally:
-        ttnn.close_mesh_device(device)
+        tt.close_mesh_device(device)

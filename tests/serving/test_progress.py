@@ -10,7 +10,6 @@ from dataclasses import replace
 from typing import Any
 
 import pytest
-import ttnn
 
 from ttmirror.cli import main
 from ttmirror.conformance import planted, soak
@@ -47,7 +46,7 @@ def device_of() -> Iterator[Callable[[bool], Any]]:
 
     yield open_
     for device in opened:
-        ttnn.close_mesh_device(device)
+        device.api.close_mesh_device(device)
 
 
 def _serve(device: Any, plan: list[RequestPlan], *, depth: int = 2, bug: str | None = None,

@@ -14,11 +14,10 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-import ttnn
-
 from ..emulator import EmulatedMeshDevice, Emulator, HazardError, ManualScheduler, open_device
 from ..emulator import allocator as allocator_module
 from ..emulator.snapshot import restore, snapshot
+from ..impl.devices import ttnn_for
 from ..impl.runner import Runner, RunnerConfig
 from ..impl.tt_backend import TtBackend
 
@@ -100,7 +99,7 @@ def check(planted: frozenset[str] = frozenset()) -> Verdict:
     finally:
         for copy in copies:
             device_of(copy).discard()
-        ttnn.close_mesh_device(device)
+        ttnn_for(device).close_mesh_device(device)
         allocator_module._SPARE = spare
 
 

@@ -116,7 +116,6 @@ class Search:
         self.restores = 0
         self.failure: FailedWalk | None = None
         self.stack: list[_Frame] = []
-        self.retired: Lockstep | None = None
 
     # --- starting points -------------------------------------------------------------------------
     def start_at_initial_state(self) -> None:
@@ -162,7 +161,7 @@ class Search:
                 if not frame.todo:
                     stack.pop()
                     if frame.live is not None:
-                        self._retire(frame.live)
+                        frame.live.discard()
                     continue
                 action, target, v = frame.todo.pop()
                 ls, frame.live = frame.live, None
@@ -178,12 +177,12 @@ class Search:
                         len(self.walked), ls.prompts, list(ls.moves), list(ls.states), d.kind,
                         d.message, d.step, self.sampling, self.base, ls.drafter)
                     self.steps += len(ls.moves) - before
-                    self._retire(ls)
+                    ls.discard()
                     return False
                 self.steps += len(ls.moves) - before
                 self.walked.append((frame.node, v, action.name))
                 if self.expanded[v] or not self._useful(v):
-                    self._retire(ls)
+                    ls.discard()
                 else:
                     stack.append(self._frame(v, ls))
             return True
@@ -199,20 +198,11 @@ class Search:
             if frame.live is not None:
                 frame.live.discard()
         self.stack.clear()
-        self._retire(None)
         gc.collect()  # discarded runs are cycles: their ttnn host tensors go now, not at exit
 
     def take_walked(self) -> list[Edge]:
         walked, self.walked = self.walked, []
         return walked
-
-    def _retire(self, ls: Lockstep | None) -> None:
-        """Discard the run retired last time, and keep `ls` until the next retirement: the
-        next run is restored while one device is still open, so ttnn stays routed rather than
-        being unrouted and routed again around every restore."""
-        if self.retired is not None:
-            self.retired.discard()
-        self.retired = ls
 
     def _useful(self, v: int) -> bool:
         """Can an uncovered edge still be reached from state v (with drafts, in this pass)?"""

@@ -30,9 +30,8 @@ from dataclasses import dataclass
 from functools import cache
 from typing import Any
 
-import ttnn
-
 from ..emulator import Emulator, HazardError, ProcessScheduler, SeededScheduler, open_device
+from ..impl.devices import ttnn_for
 from ..impl.events import Event
 from ..impl.runner import Status
 from ..impl.tt_backend import TtBackend
@@ -139,7 +138,7 @@ def sync_tokens(logprobs: bool = False) -> dict[int, list[int]]:
         out = run_workload(engine, plan(logprobs))
         engine.close()
     finally:
-        ttnn.close_mesh_device(device)
+        ttnn_for(device).close_mesh_device(device)
     return out.tokens
 
 
@@ -176,7 +175,7 @@ def faulted_run(name: str, arm_at: int = ARM_AT, bug: str | None = None,
         engine.close()
         return FaultRun(name, logprobs, out, events, baseline, live, device.hazards.total, met)
     finally:
-        ttnn.close_mesh_device(device)
+        ttnn_for(device).close_mesh_device(device)
 
 
 def spared_and_delivered_after(events: list[Event]) -> set[int]:

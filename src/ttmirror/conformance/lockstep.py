@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..impl.cpu_backend import CpuBackend
+from ..impl.devices import ttnn_for
 from ..impl.drafts import DraftReference, DraftSpec
 from ..impl.probe import ProbeReference, ProbeSpec
 from ..impl.runner import PhaseError, Runner, RunnerConfig, make_runner
@@ -210,9 +211,8 @@ class Lockstep:
             self.runner.close()
         finally:
             if self.device is not None:
-                import ttnn
 
-                ttnn.close_mesh_device(self.device)
+                ttnn_for(self.device).close_mesh_device(self.device)
                 self.device = None
 
     # --- saving and restoring (the emulated device and the cpu backend) --------------------------

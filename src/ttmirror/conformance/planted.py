@@ -249,7 +249,7 @@ class LogprobsAfterEvent(TtMirror):
 
     def _copy_parts(self, pending: PendingReadback, cq: int) -> None:
         pending.drafts = self._copy_drafts(pending.slot, cq)
-        pending.event = ttnn.record_event(self.device, cq_id=cq)
+        pending.event = self.tt.record_event(self.device, cq_id=cq)
         pending.logprobs = self._copy_logprobs(pending.slot, cq)
 
 
@@ -259,10 +259,10 @@ class LogprobFenceIdsOnly(TtMirror):
 
     def _copy_parts(self, pending: PendingReadback, cq: int) -> None:
         pending.drafts = self._copy_drafts(pending.slot, cq)
-        pending.event = ttnn.record_event(self.device, cq_id=cq)
+        pending.event = self.tt.record_event(self.device, cq_id=cq)
         pending.logprobs = self._copy_logprobs(pending.slot, cq)
         if pending.logprobs is not None:
-            pending.logprobs_event = ttnn.record_event(self.device, cq_id=cq)
+            pending.logprobs_event = self.tt.record_event(self.device, cq_id=cq)
 
 
 class CountFromWrongRow(TtMirror):
@@ -336,7 +336,7 @@ class SamplerKeyedByRow(TtProbeModel):
     def __init__(self, device: Any, *args: Any, **kwargs: Any) -> None:
         super().__init__(device, *args, **kwargs)
         width = self.index.shape[-1]
-        self.row_ids = ttnn.from_torch(
+        self.row_ids = self.tt.from_torch(
             torch.arange(width, dtype=torch.int32).reshape(ids_shape(width)), dtype=ttnn.uint32,
             layout=ttnn.ROW_MAJOR_LAYOUT, device=device, cq_id=self.cq)
 
@@ -351,12 +351,13 @@ class SamplerKeyedByStep(TtProbeModel):
     def __init__(self, device: Any, *args: Any, **kwargs: Any) -> None:
         super().__init__(device, *args, **kwargs)
         width = self.index.shape[-1]
-        self.steps = ttnn.from_torch(torch.zeros(ids_shape(width), dtype=torch.int32),
+        self.steps = self.tt.from_torch(torch.zeros(ids_shape(width), dtype=torch.int32),
                                      dtype=ttnn.uint32, layout=ttnn.ROW_MAJOR_LAYOUT,
                                      device=device, cq_id=self.cq)
 
     def _sampling_key(self, positions: ttnn.Tensor) -> tuple[Any, ttnn.Tensor]:
-        ttnn.plus_one(self.steps)
+        tt: Any = self.tt  # plus_one: a ttnn op the mirror itself never calls
+        tt.plus_one(self.steps)
         return self.requests, self.steps
 
 
@@ -364,7 +365,7 @@ class BonusTokenDropped(DeviceVerify):
     """bonus-token-dropped: the count is the accepted drafts alone."""
 
     def _write_count(self, accepted: ttnn.Tensor, slot: DraftSlot) -> None:
-        ttnn.add(accepted, 0, output_tensor=slot.count)
+        self.tt.add(accepted, 0, output_tensor=slot.count)
 
 
 class PositionsAdvanceBySpec(DeviceVerify):
@@ -376,8 +377,8 @@ class PositionsAdvanceBySpec(DeviceVerify):
 
     def _advance(self, base: ttnn.Tensor, slot: DraftSlot) -> None:
         assert self.combine.spec is not None
-        ttnn.add(self.combine.spec, 1, output_tensor=self.spare)
-        ttnn.add(base, self.spare, output_tensor=slot.position)
+        self.tt.add(self.combine.spec, 1, output_tensor=self.spare)
+        self.tt.add(base, self.spare, output_tensor=slot.position)
 
 
 class RejectedDraftDelivered(DeviceVerify):
@@ -396,8 +397,8 @@ class RejectedDraftDelivered(DeviceVerify):
         if self.k == 2:
             masks.append((self.second[0], lanes[2], tok[1]))
         for j, (mask, chosen, other) in enumerate(masks):
-            ttnn.where(mask, chosen, other, output_tensor=self.spare)
-            ttnn.add(self.spare, 0, output_tensor=slot.tokens[j])
+            self.tt.where(mask, chosen, other, output_tensor=self.spare)
+            self.tt.add(self.spare, 0, output_tensor=slot.tokens[j])
         super()._write_ids(ids, slot)
 
 

@@ -15,9 +15,9 @@ import time
 from dataclasses import dataclass, replace
 
 import torch
-import ttnn
 
 from ..emulator import Emulator, HazardError, SeededScheduler, open_device
+from ..impl.devices import ttnn_for
 from ..impl.tt_backend import TtBackend
 from ..serving.backend import ServingBackend
 from ..serving.batching import ServingConfig, ServingEngine
@@ -115,7 +115,7 @@ def serve(config: str, depth: int, plan: list[RequestPlan],
         finally:
             engine.close()
     finally:
-        ttnn.close_mesh_device(device)
+        ttnn_for(device).close_mesh_device(device)
 
 
 @dataclass

@@ -27,12 +27,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import ttnn
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, precondition, rule
 
 from ..emulator import Emulator, SeededScheduler, TimedScheduler, open_device
 from ..emulator.decoder import dram_bytes
+from ..impl.devices import ttnn_for
 from ..impl.events import Event
 from ..impl.runner import CLOSED, Status
 from ..impl.tt_backend import TtBackend
@@ -217,7 +217,7 @@ class ServingLoop(RuleBasedStateMachine):
             out.stats["faults"] = self.engine.stats["faults"]
         finally:
             self.engine.close()
-            ttnn.close_mesh_device(self.device)
+            ttnn_for(self.device).close_mesh_device(self.device)
         self._check(out, events)
 
     def _check(self, out: Outcome, events: list[Event]) -> None:
@@ -234,7 +234,7 @@ class ServingLoop(RuleBasedStateMachine):
             assert d is None, f"the sync run: {d.line()}"
         finally:
             engine.close()
-            ttnn.close_mesh_device(device)
+            ttnn_for(device).close_mesh_device(device)
         for p in plan:
             got, want = out.tokens.get(p.req, []), sync.tokens.get(p.req, [])
             if p.req in out.errors:  # failed by a device fault: what it got, it was owed

@@ -43,8 +43,6 @@ from itertools import chain
 from pathlib import Path
 from typing import Any
 
-import ttnn
-
 from ..emulator import (
     Emulator,
     ManualScheduler,
@@ -55,6 +53,7 @@ from ..emulator import (
 )
 from ..emulator.decoder import dram_bytes
 from ..impl.backend import TokenLogprobs
+from ..impl.devices import ttnn_for
 from ..impl.events import Event
 from ..impl.runner import CLOSED, Status
 from ..impl.tt_backend import TtBackend
@@ -270,7 +269,7 @@ class _Run:
                 self.logprobs[req] = list(r.logprobs)
             engine.close()
         finally:
-            ttnn.close_mesh_device(device)
+            ttnn_for(device).close_mesh_device(device)
 
 
 def _sync_replay(cfg: SoakConfig, model: DecoderModel, plan: list[RequestPlan],
@@ -297,7 +296,7 @@ def _sync_replay(cfg: SoakConfig, model: DecoderModel, plan: list[RequestPlan],
         logprobs = {req: list(r.logprobs) for req, r in engine.runner.requests.items()}
         engine.close()
     finally:
-        ttnn.close_mesh_device(device)
+        ttnn_for(device).close_mesh_device(device)
     return out.tokens, logprobs
 
 

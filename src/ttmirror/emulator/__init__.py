@@ -4,28 +4,31 @@ into the mirror's device seam (`ttmirror.impl.devices`) through the entry point 
 ``ttmirror.devices``, and its serving decoder op (`decoder.py`) into the serving engine's through
 ``ttmirror.serving.decoders`` (both declared in pyproject.toml).
 
-`Emulator` (`entry.py`) is the provider, `open_device()` the way to a device by hand: on a
-machine with a chip it opens the chip; without one it builds an `EmulatedMeshDevice` and routes
-ttnn's device-side calls on emulated objects to it (`routing.py`) until the device closes. The
-emulated device has in-order command queues that complete only when advanced, events that order
-them, trace capture and replay at fixed addresses, a first-fit DRAM allocator that reuses freed
-addresses, and hazard reports.
+`Emulator` (`entry.py`) is the provider, `open_device()` the way to a device by hand: on a machine
+with a chip it opens the chip; without one it builds an `EmulatedMeshDevice` with its own ttnn API
+object (`api.py`: ttnn's functions, each call bound against the real signature and routed to the
+emulated device when it names an emulated object). The emulated device has in-order command queues
+that complete only when advanced, events that order them, trace capture and replay at fixed
+addresses, a first-fit DRAM allocator that reuses freed addresses, and hazard reports.
 
     from ttmirror.emulator import Emulator, SeededScheduler, open_device
     dev = open_device(num_command_queues=2, trace_region_size=1 << 20,
                       emulator=Emulator(scheduler=lambda: SeededScheduler(seed=1)))
-    ...  # the TT code, unchanged, against `ttnn`
+    tt = dev.api                       # what `ttnn_for(dev)` hands the mirror
+    ...  # the TT code, unchanged, against `tt`
     dev.ready_commands(); dev.step(0)  # emulated only: complete CQ0's next command by hand
     dev.hazards.counts                 # hazards by kind; HazardError raised in "raise" mode
-    ttnn.close_mesh_device(dev)        # the last emulated device to close restores ttnn
+    tt.close_mesh_device(dev)
 
-Importing this package changes nothing in ttnn. `ttmirror.impl.devices.device_info()` says which
-device a backend would use: {"device": "chip" | "emulated", ...}.
+Nothing here changes `ttnn`, before, while or after an emulated device is open.
+`ttmirror.impl.devices.device_info()` says which device a backend would use: {"device": "chip" |
+"emulated", ...}.
 """
 
+from .api import EmulatedTtnn
 from .commands import Command, MeshEvent, MeshTraceId
 from .device import EmulatedMeshDevice
-from .entry import Emulator, open_device
+from .entry import Emulator, open_device, open_devices
 from .hazards import Hazard, HazardError, HazardKind, HazardLog
 from .process import ProcessScheduler
 from .schedulers import ManualScheduler, SeededScheduler, ThreadedScheduler, TimedScheduler
@@ -35,6 +38,7 @@ __all__ = [
     "Command",
     "DeviceTensor",
     "EmulatedMeshDevice",
+    "EmulatedTtnn",
     "Emulator",
     "Hazard",
     "HazardError",
@@ -49,4 +53,5 @@ __all__ = [
     "ThreadedScheduler",
     "TimedScheduler",
     "open_device",
+    "open_devices",
 ]

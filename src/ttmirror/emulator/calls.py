@@ -15,12 +15,10 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any
 
-import ttnn
-
 from ..impl.drafts import DraftSpec
 from ..impl.runner import Runner, RunnerConfig
 from ..impl.tt_backend import TtBackend
-from . import checker, routing
+from . import checker
 from .entry import Emulator, open_device
 
 STEPS = 3
@@ -43,13 +41,14 @@ def step_calls(*, trace: bool = False, spec_tokens: int = 0) -> dict[str, Any]:
             runner.arrive(req, prompt, max_tokens=8)
         for _ in range(STEPS - 1):
             _one_step(runner)
-        ttnn.synchronize_device(device)
-        before, host_before = len(device.completion_log), Counter(routing.HOST_CALLS)
+        tt = device.api
+        tt.synchronize_device(device)
+        before, host_before = len(device.completion_log), Counter(tt.host_calls)
         with checker.recording(device) as calls:
             _one_step(runner)
-        ttnn.synchronize_device(device)
+        tt.synchronize_device(device)
         names = [c.split("#")[0] for c in device.completion_log[before:]]
-        host = routing.HOST_CALLS - host_before
+        host = tt.host_calls - host_before
         host["synchronize_device"] -= 1  # ours, above: not the step's
         del host["command_queue"]  # a context, not a call to the device
         host["Tensor.cpu"] = names.count("cpu")  # a method of the device tensor
@@ -66,7 +65,7 @@ def step_calls(*, trace: bool = False, spec_tokens: int = 0) -> dict[str, Any]:
     finally:
         if runner is not None:
             runner.close()
-        ttnn.close_mesh_device(device)
+        device.api.close_mesh_device(device)
 
 
 def _one_step(runner: Runner) -> None:

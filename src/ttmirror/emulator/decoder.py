@@ -45,6 +45,7 @@ from typing import Any
 import torch
 import ttnn
 
+from ..impl.devices import ttnn_for
 from ..impl.ring import LogprobSlot
 from ..serving.context import (
     BAD_WORD_IDS,
@@ -69,11 +70,12 @@ from .device import EmulatedMeshDevice
 
 
 def _allocate(device: Any, shape: list[int], dtype: ttnn.DataType) -> ttnn.Tensor:
-    return ttnn.allocate_tensor_on_device(ttnn.Shape(shape), dtype, ttnn.ROW_MAJOR_LAYOUT, device)
+    tt = ttnn_for(device)
+    return tt.allocate_tensor_on_device(ttnn.Shape(shape), dtype, ttnn.ROW_MAJOR_LAYOUT, device)
 
 
 def _host(values: torch.Tensor, dtype: ttnn.DataType) -> ttnn.Tensor:
-    return ttnn.from_torch(values, dtype=dtype, layout=ttnn.ROW_MAJOR_LAYOUT)
+    return ttnn.from_torch(values, dtype=dtype, layout=ttnn.ROW_MAJOR_LAYOUT)  # host only
 
 
 def _ids(values: tuple[int, ...] | list[int], width: int) -> torch.Tensor:
@@ -202,6 +204,7 @@ class DeviceDecoder:
         drafter: DecoderModel | None = None,
         lanes: int = 1,
     ) -> None:
+        self.tt = ttnn_for(device)
         if not isinstance(device, EmulatedMeshDevice):
             raise NotImplementedError(
                 f"the {model.name} forward runs as an emulated-device op; on a chip it needs the "
@@ -252,7 +255,7 @@ class DeviceDecoder:
         if self.sampling.greedy:  # one column per row: argmax over dimension 2 gives the slot
             self.logits = _allocate(self.device, [1, 1, self.model.vocab, width], ttnn.float32)
         else:  # one row per row, padded: what typecast and sampling take
-            self.logits = ttnn.allocate_tensor_on_device(
+            self.logits = self.tt.allocate_tensor_on_device(
                 ttnn.Shape([1, 1, width, padded_vocab(self.model.vocab)]),
                 ttnn.float32,
                 ttnn.TILE_LAYOUT,
@@ -265,7 +268,7 @@ class DeviceDecoder:
             (self.request, (1, width)),
         ):
             # Zero-filled: no op ever reads uninitialised DRAM as a block index or token.
-            ttnn.copy_host_to_device_tensor(
+            self.tt.copy_host_to_device_tensor(
                 _host(torch.zeros(shape, dtype=torch.int32), ttnn.uint32), tensor, cq_id=cq
             )
 
@@ -273,19 +276,19 @@ class DeviceDecoder:
         """The seeded sampler's persistent inputs: bf16 values, vocabulary indices, k, p, 1/T."""
         width, vocab, cq, sampling = self.width, self.model.vocab, self.cq, self.sampling
         padded = padded_vocab(vocab)
-        self.values = ttnn.allocate_tensor_on_device(
+        self.values = self.tt.allocate_tensor_on_device(
             ttnn.Shape([1, 1, width, padded]), ttnn.bfloat16, ttnn.TILE_LAYOUT, self.device
         )
         indices = torch.zeros(padded, dtype=torch.int32)
         indices[:vocab] = torch.arange(vocab, dtype=torch.int32)
-        self.indices = ttnn.from_torch(
+        self.indices = self.tt.from_torch(
             indices.repeat(width, 1).reshape(1, 1, width, padded),
             dtype=ttnn.int32,
             layout=ttnn.ROW_MAJOR_LAYOUT,
             device=self.device,
             cq_id=cq,
         )
-        self.k = ttnn.from_torch(
+        self.k = self.tt.from_torch(
             torch.full((width,), sampling.top_k, dtype=torch.int32),
             dtype=ttnn.uint32,
             layout=ttnn.ROW_MAJOR_LAYOUT,
@@ -293,7 +296,7 @@ class DeviceDecoder:
             cq_id=cq,
         )
         self.p, self.temp = (
-            ttnn.from_torch(
+            self.tt.from_torch(
                 torch.full((width,), value, dtype=torch.bfloat16),
                 dtype=ttnn.bfloat16,
                 layout=ttnn.ROW_MAJOR_LAYOUT,
@@ -313,13 +316,13 @@ class DeviceDecoder:
             (rows.prefill, self.prefill),
             (rows.request, self.request),
         ):
-            ttnn.copy_host_to_device_tensor(_host(_ids(values, w), ttnn.uint32), target, cq_id=0)
+            self.tt.copy_host_to_device_tensor(_host(_ids(values, w), ttnn.uint32), target, cq_id=0)
         if rows.any_prefill():  # steady decode: nothing of the context comes from the host
             table = torch.zeros(w, self.model.max_context, dtype=torch.int32)
             for i, ids in enumerate(rows.prefill_ids):
                 if ids:
                     table[i, : len(ids)] = torch.tensor(ids, dtype=torch.int32)
-            ttnn.copy_host_to_device_tensor(_host(table, ttnn.uint32), self.prefill_ids, cq_id=0)
+            self.tt.copy_host_to_device_tensor(_host(table, ttnn.uint32), self.prefill_ids, cq_id=0)
         if not self.sampling.greedy:
             k, p, inv_t = row_sampling(rows, self.sampling, w)
             self._write_when_changed("sampling", _sampling_key(k, p, inv_t), lambda: [
@@ -356,7 +359,7 @@ class DeviceDecoder:
             return
         self._written[name] = key
         for values, dtype, target in build():
-            ttnn.copy_host_to_device_tensor(_host(values, dtype), target, cq_id=self.cq)
+            self.tt.copy_host_to_device_tensor(_host(values, dtype), target, cq_id=self.cq)
 
     def forward(self, input_ids: ttnn.Tensor, positions: ttnn.Tensor, slot: ttnn.Tensor,
                 logprobs: LogprobSlot | None = None) -> None:
@@ -392,13 +395,13 @@ class DeviceDecoder:
                 logprobs: LogprobSlot | None) -> None:
         """The sampler from the logits into `slot` (seeded: keyed by each row's request and
         `positions`), then the logprobs of what it drew."""
-        with ttnn.command_queue(self.cq):
+        with self.tt.command_queue(self.cq):
             if self.sampling.greedy:
-                ttnn.argmax(self.logits, dim=2, keepdim=True, output_tensor=slot)
+                self.tt.argmax(self.logits, dim=2, keepdim=True, output_tensor=slot)
             else:
                 self.device.bind_sampling_identity(self.request, positions)
-                ttnn.typecast(self.logits, ttnn.bfloat16, output_tensor=self.values)
-                ttnn.sampling(
+                self.tt.typecast(self.logits, ttnn.bfloat16, output_tensor=self.values)
+                self.tt.sampling(
                     self.values,
                     self.indices,
                     self.k,

@@ -19,7 +19,6 @@ from typing import TYPE_CHECKING, Any
 import torch
 import ttnn
 
-from . import readbacks
 from .allocator import Buffer, DramAllocator
 from .commands import (
     KERNELS,
@@ -37,6 +36,7 @@ from .hazards import Hazard, HazardKind, HazardLog, HazardMode
 from .injection import FaultInjector
 from .ordering import OrderingTracker
 from .process import ProcessScheduler
+from .readbacks import PendingReadback, PendingReadbacks
 from .schedulers import Executor, ManualScheduler, Scheduler
 from .signatures import introspect_method
 from .tensors import (
@@ -63,8 +63,9 @@ READS_IN_CAPTURE = "Reads are not supported during trace capture"
 WRITES_IN_CAPTURE = "Writes are not supported during trace capture"
 EVENTS_IN_CAPTURE = "Event Synchronization is not supported during trace capture"
 
-ON_RESTORE: list[Callable[[EmulatedMeshDevice], None]] = []
-"""Called with each device built from a snapshot (routing registers its attach here)."""
+OPEN: weakref.WeakSet[EmulatedMeshDevice] = weakref.WeakSet()
+"""The emulated devices open now, copies included: a diagnostic only (the test suite fails a test
+that leaves one open, with its device process); nothing decides anything by it."""
 
 _TENSOR_CPU = introspect_method(ttnn.Tensor, "cpu")
 _TENSOR_DEALLOCATE = introspect_method(ttnn.Tensor, "deallocate")
@@ -103,7 +104,12 @@ class EmulatedMeshDevice:
         self.condition = threading.Condition(threading.RLock())
         self.closed = False
         self.on_close: list[Callable[[EmulatedMeshDevice], None]] = []
-        """Called once the device has closed (the routing detaches it)."""
+        """Called once the device has closed."""
+        self.readbacks = PendingReadbacks(self)
+        """Non-blocking readbacks the host has not synchronised with (`readbacks.py`)."""
+        self.api: Any = None
+        """The ttnn API this device's calls go through (`api.EmulatedTtnn`), set by the
+        provider that opens it (`entry.py`); it travels with a copy."""
         self.observers: list[Callable[[Command], None]] = []
         """Called with each command as it completes, its writes done: how a conformance harness
         sees device data the moment it exists, without a command of its own (emulated only)."""
@@ -118,6 +124,7 @@ class EmulatedMeshDevice:
         self._views: dict[Operand, torch.Tensor] = {}  # views of DRAM, not state: never copied
         self.faults = FaultInjector()
         """Faults armed at run time (`injection.py`): calls that raise, reads that stall."""
+        OPEN.add(self)
         self.executor: Executor | None = None
         """Where a completed command's effect runs when not here: the device process, set by
         a gated `ProcessScheduler` (emulated only)."""
@@ -289,7 +296,7 @@ class EmulatedMeshDevice:
         clock = list(command.clock)
         clock[command.cq] = command.index
         self.ordering.host_knows(tuple(clock))
-        readbacks.forget_synchronised(self)
+        self.readbacks.forget_synchronised()
 
     # --- memory ----------------------------------------------------------------------------------
     def allocate(
@@ -408,13 +415,13 @@ class EmulatedMeshDevice:
                 self._host_saw(command)
                 return into
             on_drop = self._readback_dropped if isinstance(target, HostReadback) else None
-            readbacks.register(self, command, target, on_drop=on_drop)
+            self.readbacks.register(command, target, on_drop=on_drop)
             del target
             self.scheduler.enqueued(self)
             self._report(hazards)
             return into
 
-    def check_host_read(self, record: readbacks.PendingReadback) -> None:
+    def check_host_read(self, record: PendingReadback) -> None:
         command = record.command
         state = (
             "happens to hold the values already, but nothing guaranteed it"
@@ -432,7 +439,7 @@ class EmulatedMeshDevice:
             )
         )
 
-    def _readback_dropped(self, record: readbacks.PendingReadback) -> None:
+    def _readback_dropped(self, record: PendingReadback) -> None:
         if record.synchronised:
             return
         command = record.command
@@ -482,7 +489,7 @@ class EmulatedMeshDevice:
             self._fault_point("sync", "event_synchronize")
             self.scheduler.block_until(self, event.record)
             self.ordering.host_knows(event.clock)
-            readbacks.forget_synchronised(self)
+            self.readbacks.forget_synchronised()
 
     def synchronize(self, cq: int | None = None) -> None:
         with self.condition:
@@ -491,7 +498,7 @@ class EmulatedMeshDevice:
                 if self.queues[q]:
                     self.scheduler.block_until(self, self.queues[q][-1])
                 self.ordering.host_drains(q)
-            readbacks.forget_synchronised(self)
+            self.readbacks.forget_synchronised()
 
     # --- programs --------------------------------------------------------------------------------
     def launch(self, program: Program, cq: int) -> None:
@@ -660,14 +667,15 @@ class EmulatedMeshDevice:
         state["_device_process"] = policy is not self.scheduler
         state["_views"] = {}  # views of this device's DRAM: a copy makes its own
         state["on_close"] = []
-        state["_pending_readbacks"] = [(r.command, r.host()) for r in readbacks.pending_for(self)]
+        state["readbacks"] = [(r.command, r.host()) for r in self.readbacks.pending()]
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        pending = state.pop("_pending_readbacks")
+        pending = state.pop("readbacks")
         gated = state.pop("_device_process", False)
         self.__dict__.update(state)
         self.condition = threading.Condition(threading.RLock())
+        self.readbacks = PendingReadbacks(self)
         if gated:  # the copy's own device process, from its DRAM and its queues as they are
             policy = self.scheduler
             assert isinstance(policy, ManualScheduler)
@@ -676,9 +684,8 @@ class EmulatedMeshDevice:
         for command, host in pending:
             if host is not None:
                 on_drop = self._readback_dropped if isinstance(host, HostReadback) else None
-                readbacks.register(self, command, host, on_drop=on_drop)
-        for hook in ON_RESTORE:  # routing's attach: a copy is an open device, routed until closed
-            hook(self)
+                self.readbacks.register(command, host, on_drop=on_drop)
+        OPEN.add(self)  # a copy is an open device until closed
 
     def discard(self) -> None:
         """Close a copy nobody will use again, without completing its queues (emulated only)."""
@@ -689,8 +696,9 @@ class EmulatedMeshDevice:
             self.queues = [deque() for _ in self.queues]  # never to complete: nothing may
             self._views.clear()  # they view DRAM the allocator hands on
         self.scheduler.close()  # a gated copy's device process stops with it
-        readbacks.forget_all(self)
+        self.readbacks.forget_all()
         self.allocator.recycle()
+        OPEN.discard(self)
         for hook in self.on_close:
             hook(self)
 
@@ -709,7 +717,8 @@ class EmulatedMeshDevice:
             with self.condition:
                 self.closed = True
             self.scheduler.close()
-            readbacks.forget_all(self)
+            self.readbacks.forget_all()
+            OPEN.discard(self)
             for hook in self.on_close:
                 hook(self)
 

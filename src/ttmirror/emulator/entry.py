@@ -5,15 +5,14 @@ This is the one place where an emulated device comes into being. `Emulator` is t
 the package declares `device_process` (an `Emulator` whose queues run in a device process of
 their own) in the entry point group ``ttmirror.devices`` (pyproject.toml), so the mirror gets
 it wherever no chip is present, without importing this package.
-`Emulator(...).open(...)` builds an `EmulatedMeshDevice` and attaches it to the routing
-(`routing.py`): from then until the last emulated device closes (`ttnn.close_mesh_device`, or
-`device.close()`), ttnn's device-side calls on emulated objects reach it, and afterwards ttnn is
-exactly as it was. `ttnn.open_mesh_device` itself is never replaced: no other call yields an
-emulated device.
+`Emulator(...).open(...)` builds an `EmulatedMeshDevice` with its ttnn API object
+(`api.EmulatedTtnn`), which the provider hands to the mirror (`Emulator.ttnn(device)`), as a
+chip's provider hands the `ttnn` module. Nothing in `ttnn` is replaced.
 
     device = open_device(num_command_queues=2, trace_region_size=1 << 20)
-    ...  # the TT code, unchanged, against `ttnn`
-    ttnn.close_mesh_device(device)
+    tt = ttnn_for(device)  # ttmirror.impl.devices: the `ttnn` module on a chip
+    ...  # the TT code, unchanged, against `tt`
+    tt.close_mesh_device(device)
 """
 
 from __future__ import annotations
@@ -23,8 +22,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..impl.devices import CHIP, chip_present
-from . import routing
-from .device import DEFAULT_DRAM_SIZE, EmulatedMeshDevice
+from .api import EmulatedTtnn
+from .device import DEFAULT_DRAM_SIZE, OPEN, EmulatedMeshDevice
 from .hazards import HazardMode
 from .process import ProcessScheduler
 from .schedulers import ManualScheduler, Scheduler
@@ -49,7 +48,7 @@ class Emulator:
 
     def open(self, *, num_command_queues: int = 2, trace_region_size: int = 0,
              l1_small_size: int = 0) -> EmulatedMeshDevice:
-        """A new emulated 1x1 mesh device, with ttnn routed to it until it closes."""
+        """A new emulated 1x1 mesh device, with its ttnn API object."""
         device = EmulatedMeshDevice(
             num_command_queues=num_command_queues,
             trace_region_size=trace_region_size,
@@ -59,8 +58,13 @@ class Emulator:
             hazard_mode=self.hazard_mode,
             planted=self.planted,
         )
-        routing.attach(device)
+        device.api = EmulatedTtnn(device)
         return device
+
+    def ttnn(self, device: Any) -> EmulatedTtnn:
+        """The ttnn API `device` is driven through: its own `EmulatedTtnn`."""
+        assert isinstance(device, EmulatedMeshDevice) and device.api is not None
+        return device.api
 
     def _scheduler(self) -> Scheduler:
         scheduler = self.scheduler()
@@ -76,8 +80,7 @@ class Emulator:
 
     def info(self) -> dict[str, Any]:
         return {
-            "routing_active": routing.active(),
-            "emulated_devices_open": len(routing.open_devices()),
+            "emulated_devices_open": len(open_devices()),
             "emulated": {
                 "entry_point": "ttmirror.emulator.open_device",
                 "max_command_queues": 2,
@@ -113,3 +116,8 @@ def open_device(
     provider = (emulator or device_process()) if emulated else CHIP
     return provider.open(num_command_queues=num_command_queues,
                          trace_region_size=trace_region_size, l1_small_size=l1_small_size)
+
+
+def open_devices() -> list[EmulatedMeshDevice]:
+    """The emulated devices open now, copies included (a diagnostic: see `device.OPEN`)."""
+    return list(OPEN)

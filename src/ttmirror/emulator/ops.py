@@ -22,7 +22,7 @@ from .tensors import DeviceTensor, torch_dtype
 
 Bound = dict[str, Any]
 
-# Captured at import: routing replaces the module attributes only while an emulated device is open.
+# ttnn's golden functions: the torch reference of each op, what the emulated device computes.
 GOLDEN: dict[str, Callable[..., Any]] = {
     name: ttnn.get_golden_function(getattr(ttnn, name))
     for name in (

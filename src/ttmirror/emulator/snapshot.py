@@ -7,7 +7,8 @@ as often as asked. Sharing inside the copy is kept (a command queued and awaited
 one object in the copy too). It is `pickle` with reducers for what pickle cannot take as is:
 torch tensors (each the whole of its storage: a view of part of one is refused), ttnn host
 tensors (their bytes, garbage included), memory configs and weak references. A restored device
-is open and routed, like the one it copies; `discard` closes one without completing its queues.
+is open, with its own API object, like the one it copies; `discard` closes one without
+completing its queues.
 
 A chip's state cannot be copied: this works on the emulated device only.
 """
@@ -24,7 +25,6 @@ from typing import Any
 import torch
 import ttnn
 
-from . import routing  # noqa: F401  (registers the attach that routes a restored device)
 from .tensors import HostReadback, host_bytes, new_host_tensor
 
 

@@ -43,6 +43,7 @@ from typing import Any
 import ttnn
 
 from .backend import StepInputs
+from .devices import ttnn_for
 from .ring import DraftSlot, allocate_ids, host_uint32
 from .state_rows import StateTable
 
@@ -57,6 +58,7 @@ class DeviceCombine:
         `identity`: also stage each row's request id (a seeded sampler keys its draws on it);
         `drafts`: K draft lanes (rule 13), 0: none; `table`: the state rows to gather from
         (rule 14), None: the previous slot."""
+        self.tt = ttnn_for(device)
         self.width = width
         self.table = table
         self.cq = cq
@@ -104,7 +106,8 @@ class DeviceCombine:
             lanes = self._draft_lanes(inputs)
             staged.extend(zip(lanes, self.host_drafts, strict=True))
         for values, target in staged:
-            ttnn.copy_host_to_device_tensor(host_uint32(values, self.width), target, cq_id=cq)
+            host = host_uint32(self.tt, values, self.width)
+            self.tt.copy_host_to_device_tensor(host, target, cq_id=cq)
         if self.table is not None:  # the post-update's maps, on the same queue
             self.table.stage(inputs, cq)
 
@@ -137,7 +140,7 @@ class DeviceCombine:
         Rows that take host ids still gather (index 0, discarded by `where`): one op sequence
         for every batch layout, so one captured trace serves them all.
         """
-        with ttnn.command_queue(self.cq):
+        with self.tt.command_queue(self.cq):
             converted = [
                 (self.prev_map, self.index, self._index_offset()),
                 (self.use_mirror, self.mask, 0),
@@ -147,11 +150,11 @@ class DeviceCombine:
                 assert source is not None
                 converted.insert(0, (source, self.source, 0))
             for rows, tiles, plus in converted:
-                ttnn.add(rows, plus, output_tensor=tiles)
+                self.tt.add(rows, plus, output_tensor=tiles)
             newest = self.source if self.table is None else self.table.newest
-            ttnn.gather(newest, 3, self.index, out=self.gathered)
+            self.tt.gather(newest, 3, self.index, out=self.gathered)
             chosen, other = self._where_operands()
-            ttnn.where(self.mask, chosen, other, output_tensor=self.input_ids)
+            self.tt.where(self.mask, chosen, other, output_tensor=self.input_ids)
             if self.spec_rows is not None:
                 self._enqueue_drafts(drafts)
 
@@ -170,7 +173,7 @@ class DeviceCombine:
         assert self.position_tiles is not None and self.base is not None
         for rows, tiles in ((self.spec_rows, self.spec), (self.positions, self.position_tiles),
                             *zip(self.host_drafts, self.draft_tiles, strict=True)):
-            ttnn.add(rows, 0, output_tensor=tiles)
+            self.tt.add(rows, 0, output_tensor=tiles)
         outputs = [*self.lanes[1:], self.base]
         if self.table is not None:
             assert self.table.position is not None
@@ -181,5 +184,5 @@ class DeviceCombine:
         for device_part, host, out in zip(parts,
                                           (*self.draft_tiles, self.position_tiles), outputs,
                                           strict=True):
-            ttnn.gather(device_part, 3, self.index, out=self.gathered)
-            ttnn.where(self.mask, self.gathered, host, output_tensor=out)
+            self.tt.gather(device_part, 3, self.index, out=self.gathered)
+            self.tt.where(self.mask, self.gathered, host, output_tensor=out)

@@ -1,11 +1,13 @@
 """Where the mirror's device comes from: one seam, so the mirror never knows which it has.
 
-A `DeviceProvider` opens a 1x1 mesh device and knows its own devices. A chip's provider is ttnn
-itself (`CHIP`). Another provider plugs in from outside through the entry point group
-``ttmirror.devices`` (the emulated device, `ttmirror.emulator`, declares itself there in
-pyproject.toml), so nothing in the mirror imports it:
+A `DeviceProvider` opens a 1x1 mesh device, knows its own devices, and hands out the ttnn API each
+is driven through (`ttnn_for(device)`, typed as `api.Ttnn`). A chip's provider is ttnn itself
+(`CHIP`): its devices are driven through the `ttnn` module. Another provider plugs in from outside
+through the entry point group ``ttmirror.devices`` (the emulated device, `ttmirror.emulator`,
+declares itself there in pyproject.toml), so nothing in the mirror imports it:
 
     device = open_device(num_command_queues=2, trace_region_size=1 << 20)
+    tt = ttnn_for(device)  # what every call on it goes through: tt.add(...), tt.record_event(...)
     # a chip when one is present (and TTMIRROR_DEVICE is not "emulated"), else a provider
     # plugged in; TtBackend(provider=...) or open_device(provider=...) chooses one explicitly
 
@@ -20,9 +22,11 @@ import functools
 import importlib.metadata
 import os
 from pathlib import Path
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Protocol, cast, runtime_checkable
 
 import ttnn
+
+from .api import Ttnn
 
 OVERRIDE_VARIABLE = "TTMIRROR_DEVICE"
 """TTMIRROR_DEVICE=emulated: use a plugged-in provider even where a chip exists (to compare)."""
@@ -43,6 +47,9 @@ class DeviceProvider(Protocol):
 
     def owns(self, device: Any) -> bool:
         """Is `device` one this provider opened?"""
+
+    def ttnn(self, device: Any) -> Ttnn:
+        """The ttnn API `device` is driven through."""
 
     def bind_sampling_identity(self, device: Any, request_ids: Any, positions: Any) -> None:
         """Tell `device` each sampling row's request and position (device tensors)."""
@@ -92,6 +99,9 @@ class Chip:
 
     def owns(self, device: Any) -> bool:
         return isinstance(device, ttnn.MeshDevice)
+
+    def ttnn(self, device: Any) -> Ttnn:
+        return cast(Ttnn, ttnn)  # the module itself: nothing stands between a chip and ttnn
 
     def bind_sampling_identity(self, device: Any, request_ids: Any, positions: Any) -> None:
         pass  # a chip's sampler keys its draw itself
@@ -143,6 +153,12 @@ def open_device(*, num_command_queues: int = 2, trace_region_size: int = 0,
     return (provider or default_provider()).open(
         num_command_queues=num_command_queues, trace_region_size=trace_region_size,
         l1_small_size=l1_small_size)
+
+
+def ttnn_for(device: Any) -> Ttnn:
+    """The ttnn API to drive `device` through: the `ttnn` module for a chip's, the provider's
+    own API object for a device another provider opened."""
+    return provider_of(device).ttnn(device)
 
 
 def bind_sampling_identity(device: Any, request_ids: Any, positions: Any) -> None:

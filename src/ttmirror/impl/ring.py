@@ -14,7 +14,9 @@ from typing import Any, NamedTuple
 import torch
 import ttnn
 
+from .api import Ttnn
 from .backend import padded_rows
+from .devices import ttnn_for
 
 
 def ids_shape(width: int) -> list[int]:
@@ -22,12 +24,12 @@ def ids_shape(width: int) -> list[int]:
     return [1, 1, 1, width]
 
 
-def host_uint32(values: list[int] | tuple[int, ...], width: int) -> ttnn.Tensor:
+def host_uint32(tt: Ttnn, values: list[int] | tuple[int, ...], width: int) -> ttnn.Tensor:
     """A [1, 1, 1, width] uint32 ROW_MAJOR host tensor (-1 wraps as on the device)."""
     row = torch.zeros(ids_shape(width), dtype=torch.int32)
     if values:
         row[0, 0, 0, : len(values)] = torch.tensor(values, dtype=torch.int64).to(torch.int32)
-    return ttnn.from_torch(row, dtype=ttnn.uint32, layout=ttnn.ROW_MAJOR_LAYOUT)
+    return tt.from_torch(row, dtype=ttnn.uint32, layout=ttnn.ROW_MAJOR_LAYOUT)
 
 
 def allocate_ids(
@@ -36,13 +38,14 @@ def allocate_ids(
     """One persistent [1, 1, 1, width] uint32 device tensor, zero-filled so no kernel ever
     consumes uninitialised DRAM as an index: by a host copy when ROW_MAJOR (host tensors are
     ROW_MAJOR off a chip, and a copy keeps the layout), by `fill` on the device when TILE."""
+    tt = ttnn_for(device)
     shape = ttnn.Shape(ids_shape(width))
-    tensor = ttnn.allocate_tensor_on_device(shape, ttnn.uint32, layout, device)
+    tensor = tt.allocate_tensor_on_device(shape, ttnn.uint32, layout, device)
     if layout == ttnn.ROW_MAJOR_LAYOUT:
-        ttnn.copy_host_to_device_tensor(host_uint32([], width), tensor, cq_id=0)
+        tt.copy_host_to_device_tensor(host_uint32(tt, [], width), tensor, cq_id=0)
     else:
-        with ttnn.command_queue(0):
-            ttnn.fill(tensor, 0, output_tensor=tensor)
+        with tt.command_queue(0):
+            tt.fill(tensor, 0, output_tensor=tensor)
     return tensor
 
 
@@ -57,17 +60,18 @@ class LogprobSlot(NamedTuple):
 
 def allocate_logprobs(device: Any, width: int, n: int) -> LogprobSlot:
     """One slot of the logprob ring, zero-filled by host copies (ROW_MAJOR, as the ids)."""
-    values = ttnn.allocate_tensor_on_device(
+    tt = ttnn_for(device)
+    values = tt.allocate_tensor_on_device(
         ttnn.Shape([1, 1, width, 1 + n]), ttnn.float32, ttnn.ROW_MAJOR_LAYOUT, device
     )
-    ids = ttnn.allocate_tensor_on_device(
+    ids = tt.allocate_tensor_on_device(
         ttnn.Shape([1, 1, width, n]), ttnn.uint32, ttnn.ROW_MAJOR_LAYOUT, device
     )
     for tensor, dtype, torch_dtype, last in ((values, ttnn.float32, torch.float32, 1 + n),
                                              (ids, ttnn.uint32, torch.int32, n)):
         zeros = torch.zeros(1, 1, width, last, dtype=torch_dtype)
-        host = ttnn.from_torch(zeros, dtype=dtype, layout=ttnn.ROW_MAJOR_LAYOUT)
-        ttnn.copy_host_to_device_tensor(host, tensor, cq_id=0)
+        host = tt.from_torch(zeros, dtype=dtype, layout=ttnn.ROW_MAJOR_LAYOUT)
+        tt.copy_host_to_device_tensor(host, tensor, cq_id=0)
     return LogprobSlot(values, ids)
 
 
@@ -115,6 +119,7 @@ class Ring:
 
     def __init__(self, device: Any, rows: int, slots: int, logprobs: int = 0,
                  drafts: int = 0) -> None:
+        self.tt = ttnn_for(device)
         self.width = padded_rows(rows)
         self.slots: list[ttnn.Tensor] = [allocate_ids(device, self.width) for _ in range(slots)]
         self.logprobs: list[LogprobSlot] = (
@@ -171,5 +176,5 @@ class Ring:
             raise RuntimeError("release the decode traces before freeing the ring they replay into")
         for k in range(len(self.slots)):
             for tensor in self._tensors(k):
-                ttnn.deallocate(tensor)
+                self.tt.deallocate(tensor)
         self.slots, self.logprobs, self.drafts = [], [], []

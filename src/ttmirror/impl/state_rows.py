@@ -30,6 +30,7 @@ from typing import Any
 import ttnn
 
 from .backend import StepInputs
+from .devices import ttnn_for
 from .ring import DraftSlot, allocate_ids, host_uint32
 
 
@@ -39,6 +40,7 @@ class StateTable:
     def __init__(self, device: Any, width: int, rows: int, batch: int, drafts: int = 0) -> None:
         """`rows`: the state rows the host allocates from (the first `rows` of `width`);
         `batch`: the width of a step's rows (the slot the post-update reads)."""
+        self.tt = ttnn_for(device)
         tile = ttnn.TILE_LAYOUT
         self.width = width
         self.rows = rows
@@ -57,21 +59,22 @@ class StateTable:
         """The step's inverse map and its mask, written on `cq` (the combine's queue)."""
         writer, written = inputs.scatter(self.rows)
         for values, target in ((writer, self.writer_rows), (written, self.written_rows)):
-            ttnn.copy_host_to_device_tensor(host_uint32(values, self.width), target, cq_id=cq)
+            host = host_uint32(self.tt, values, self.width)
+            self.tt.copy_host_to_device_tensor(host, target, cq_id=cq)
 
     def post_update(self, ids: ttnn.Tensor, drafts: DraftSlot | None, cq: int) -> None:
         """Scatter the step's output into the state rows its rows name: the newest tokens
         (`ids`, the slot the sampler wrote) and, with drafts, their positions and drafts."""
-        with ttnn.command_queue(cq):
-            ttnn.add(ids, 0, output_tensor=self.incoming)
-            ttnn.add(self.writer_rows, 0, output_tensor=self.writer)
-            ttnn.add(self.written_rows, 0, output_tensor=self.written)
+        with self.tt.command_queue(cq):
+            self.tt.add(ids, 0, output_tensor=self.incoming)
+            self.tt.add(self.writer_rows, 0, output_tensor=self.writer)
+            self.tt.add(self.written_rows, 0, output_tensor=self.written)
             pairs = [(self.incoming, self.newest)]
             if drafts is not None:
                 assert self.position is not None
                 pairs += [(drafts.position, self.position),
                           *zip(drafts.drafts, self.drafts, strict=True)]
             for value, state in pairs:
-                ttnn.gather(value, 3, self.writer, out=self.gathered)
-                ttnn.where(self.written, self.gathered, state, output_tensor=self.merged)
-                ttnn.add(self.merged, 0, output_tensor=state)
+                self.tt.gather(value, 3, self.writer, out=self.gathered)
+                self.tt.where(self.written, self.gathered, state, output_tensor=self.merged)
+                self.tt.add(self.merged, 0, output_tensor=state)

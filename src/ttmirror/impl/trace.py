@@ -11,11 +11,12 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-import ttnn
+from .devices import ttnn_for
 
 
 class DecodeTraces:
     def __init__(self, device: Any, slots: int, cq: int = 0) -> None:
+        self.tt = ttnn_for(device)
         self.device = device
         self.cq = cq
         self.slots = slots
@@ -29,17 +30,17 @@ class DecodeTraces:
             raise RuntimeError("decode traces are already captured; release them first")
         step(0)  # every op must be in the program cache before capture
         for slot in range(self.slots):
-            trace_id = ttnn.begin_trace_capture(self.device, cq_id=self.cq)
+            trace_id = self.tt.begin_trace_capture(self.device, cq_id=self.cq)
             step(slot)
-            ttnn.end_trace_capture(self.device, trace_id, cq_id=self.cq)
+            self.tt.end_trace_capture(self.device, trace_id, cq_id=self.cq)
             self.ids.append(trace_id)
             self.captures += 1
 
     def replay(self, slot: int) -> None:
-        ttnn.execute_trace(self.device, self.ids[slot], cq_id=self.cq, blocking=False)
+        self.tt.execute_trace(self.device, self.ids[slot], cq_id=self.cq, blocking=False)
         self.replays += 1
 
     def release(self) -> None:
         for trace_id in self.ids:
-            ttnn.release_trace(self.device, trace_id)
+            self.tt.release_trace(self.device, trace_id)
         self.ids = []

@@ -41,7 +41,7 @@ from .backend import (
     logprob_rows,
 )
 from .combine import DeviceCombine
-from .devices import DeviceProvider, default_provider, device_info, provider_of
+from .devices import DeviceProvider, default_provider, device_info, provider_of, ttnn_for
 from .drafts import draft_table
 from .overrides import built
 from .ring import Ring
@@ -79,6 +79,7 @@ class TtMirror:
     ) -> None:
         """`model`: the forward + sampler (`forward(input_ids, positions, slot)` enqueuing device
         ops on CQ0 that write the slot); default the probe. The serving loop passes its decoder."""
+        self.tt = ttnn_for(device)
         self.device = device
         self.spec = spec
         self.readback_cq = readback_cq
@@ -116,7 +117,7 @@ class TtMirror:
             self.ring.seal()
         # Load is complete before the first step: every zero-fill, table upload and warm-up
         # has run, so no step's work ever queues behind load.
-        ttnn.synchronize_device(device)
+        self.tt.synchronize_device(device)
 
     def _verifier(self, device: Any, model: Any) -> DeviceVerify:
         """The launch with drafts: the probe's lanes and draft table, or a serving decoder that
@@ -191,17 +192,17 @@ class TtMirror:
     def launch(self, slot: int) -> None:
         if self.readback_cq != COMPUTE_CQ and slot in self._unfenced:
             # A refused readback left a copy of this slot with no event: fence it now.
-            self._read[slot] = ttnn.record_event(self.device, cq_id=self.readback_cq)
+            self._read[slot] = self.tt.record_event(self.device, cq_id=self.readback_cq)
             self._unfenced.discard(slot)
         if self.readback_cq != COMPUTE_CQ and self._read[slot] is not None:
             # The slot's previous readback ran on the other queue: rewrite only after it.
-            ttnn.wait_for_event(COMPUTE_CQ, self._read[slot])
+            self.tt.wait_for_event(COMPUTE_CQ, self._read[slot])
         if self.traces is not None:
             self.traces.replay(slot)
         else:
             self._forward(slot)
         if self.readback_cq != COMPUTE_CQ:
-            self._launched[slot] = ttnn.record_event(self.device, cq_id=COMPUTE_CQ)
+            self._launched[slot] = self.tt.record_event(self.device, cq_id=COMPUTE_CQ)
         self.launches += 1
 
     def readback_issue(self, slot: int) -> PendingReadback:
@@ -223,14 +224,14 @@ class TtMirror:
 
     def _wait_for_launch(self, slot: int, cq: int) -> None:
         """On the readback queue: the copy starts after the slot's sampler (its event)."""
-        ttnn.wait_for_event(cq, self._launched[slot])
+        self.tt.wait_for_event(cq, self._launched[slot])
 
     def _copy_parts(self, pending: PendingReadback, cq: int) -> None:
         """The slot's logprob and draft parts, copied before the one event: the ids and their
         parts are one unit, which the host waits on and the slot's next write is fenced by."""
         pending.logprobs = self._copy_logprobs(pending.slot, cq)
         pending.drafts = self._copy_drafts(pending.slot, cq)
-        pending.event = ttnn.record_event(self.device, cq_id=cq)
+        pending.event = self.tt.record_event(self.device, cq_id=cq)
 
     def _copy_logprobs(self, slot: int, cq: int
                        ) -> tuple[tuple[ttnn.Tensor, ttnn.Tensor], ...] | None:
@@ -257,7 +258,7 @@ class TtMirror:
         if pending.drafts is None:
             raise RuntimeError("this mirror was opened without drafts (MirrorSpec.drafts)")
         k = len(self.ring.drafts[0].drafts)
-        lanes = [[int(v) for v in ttnn.to_torch(t).reshape(-1).tolist()] for t in pending.drafts]
+        lanes = [[int(v) for v in self.tt.to_torch(t).reshape(-1).tolist()] for t in pending.drafts]
         tokens, (counts,), drafts = lanes[: k + 1], lanes[k + 1: k + 2], lanes[k + 2:]
         return DraftCopy(tokens=tuple(zip(*tokens, strict=True)), counts=tuple(counts),
                          drafts=tuple(zip(*drafts, strict=True)))
@@ -268,7 +269,7 @@ class TtMirror:
             raise RuntimeError("this mirror was opened without logprobs (MirrorSpec.logprobs)")
         rows: list[TokenLogprobs] = []
         for lane in pending.logprobs:  # lane-major: lane j of row i at j * width + i
-            values, ids = (ttnn.to_torch(t) for t in lane)
+            values, ids = (self.tt.to_torch(t) for t in lane)
             width = values.shape[-2]
             rows += logprob_rows(values.reshape(width, -1).tolist(),
                                  ids.reshape(width, -1).tolist())
@@ -300,12 +301,11 @@ class TtMirror:
         if self.spec.report is not None:
             self.spec.report("device_wait", pending.slot)
 
-    @staticmethod
-    def _synchronize(pending: PendingReadback) -> None:
+    def _synchronize(self, pending: PendingReadback) -> None:
         """Block until the copy's event (and the logprob part's own, where there is one) fired."""
-        ttnn.event_synchronize(pending.event)
+        self.tt.event_synchronize(pending.event)
         if pending.logprobs_event is not None:
-            ttnn.event_synchronize(pending.logprobs_event)
+            self.tt.event_synchronize(pending.logprobs_event)
 
     def abandon(self, pending: Any) -> None:
         self._abandoned.append(pending)
@@ -314,7 +314,7 @@ class TtMirror:
         if self.spec.report is not None:  # reported first: the read is what may be unsafe
             self.spec.report("host_read", pending.slot)
         assert pending.host is not None
-        values = ttnn.to_torch(pending.host).reshape(-1)
+        values = self.tt.to_torch(pending.host).reshape(-1)
         return [int(v) for v in values.tolist()]
 
     def describe(self) -> dict[str, Any]:
@@ -331,7 +331,7 @@ class TtMirror:
 
     def close(self) -> None:
         try:
-            ttnn.synchronize_device(self.device)
+            self.tt.synchronize_device(self.device)
         except RuntimeError:
             # The device is gone (closed under us): nothing is left to wait for, and abandoned
             # copies stay referenced until the device's owner has closed it.
@@ -398,7 +398,7 @@ class TtBackend(Backend):
 
     def close(self) -> None:
         if self._owns_device and self.device is not None:
-            ttnn.close_mesh_device(self.device)
+            ttnn_for(self.device).close_mesh_device(self.device)
             self.device = None
             self._owns_device = False
 

@@ -31,17 +31,19 @@ from typing import Any
 import torch
 import ttnn
 
-from .devices import provider_of
+from .devices import provider_of, ttnn_for
 from .probe import SAMPLING_K, ProbeSpec, logits_table
 from .ring import LogprobSlot, allocate_ids
 
 
 def _tile(device: Any, values: torch.Tensor, dtype: ttnn.DataType, cq: int) -> ttnn.Tensor:
-    return ttnn.from_torch(values, dtype=dtype, layout=ttnn.TILE_LAYOUT, device=device, cq_id=cq)
+    tt = ttnn_for(device)
+    return tt.from_torch(values, dtype=dtype, layout=ttnn.TILE_LAYOUT, device=device, cq_id=cq)
 
 
 def _row_major(device: Any, values: torch.Tensor, dtype: ttnn.DataType, cq: int) -> ttnn.Tensor:
-    return ttnn.from_torch(
+    tt = ttnn_for(device)
+    return tt.from_torch(
         values, dtype=dtype, layout=ttnn.ROW_MAJOR_LAYOUT, device=device, cq_id=cq
     )
 
@@ -52,6 +54,7 @@ class GreedyHead:
     grid and logits are allocated at load."""
 
     def __init__(self, device: Any, table: torch.Tensor, width: int, cq: int = 0) -> None:
+        self.tt = ttnn_for(device)
         rows, vocab = table.shape
         self.cq = cq
         self.index = allocate_ids(device, width, ttnn.TILE_LAYOUT)
@@ -60,7 +63,7 @@ class GreedyHead:
         self.zeros = _tile(device, torch.zeros(1, 1, vocab, width, dtype=torch.int32),
                            ttnn.uint32, cq)
         self.grid, self.logits = (
-            ttnn.allocate_tensor_on_device(
+            self.tt.allocate_tensor_on_device(
                 ttnn.Shape([1, 1, vocab, width]), dtype, ttnn.TILE_LAYOUT, device
             )
             for dtype in (ttnn.uint32, ttnn.float32)
@@ -69,11 +72,11 @@ class GreedyHead:
     def forward(self, input_ids: ttnn.Tensor, positions: ttnn.Tensor, out: ttnn.Tensor) -> None:
         """Enqueue the table's argmax after each input id at its position into `out` (uint32
         ROW_MAJOR)."""
-        with ttnn.command_queue(self.cq):
-            ttnn.add(input_ids, positions, output_tensor=self.index)
-            ttnn.add(self.index, self.zeros, output_tensor=self.grid)
-            ttnn.gather(self.table, 3, self.grid, out=self.logits)
-            ttnn.argmax(self.logits, dim=2, keepdim=True, output_tensor=out)
+        with self.tt.command_queue(self.cq):
+            self.tt.add(input_ids, positions, output_tensor=self.index)
+            self.tt.add(self.index, self.zeros, output_tensor=self.grid)
+            self.tt.gather(self.table, 3, self.grid, out=self.logits)
+            self.tt.argmax(self.logits, dim=2, keepdim=True, output_tensor=out)
 
 
 class TtProbeModel:
@@ -81,6 +84,7 @@ class TtProbeModel:
         self, device: Any, spec: ProbeSpec, width: int, cq: int = 0, *, requests: Any = None,
     ) -> None:
         """`requests`: the device tensor of each row's request id (the seeded sampler's key)."""
+        self.tt = ttnn_for(device)
         self.device = device
         self.cq = cq
         self.spec = spec
@@ -99,13 +103,13 @@ class TtProbeModel:
         self.table = _tile(device, table, ttnn.bfloat16, cq)
         self.rows = _tile(device, torch.arange(rows, dtype=torch.int32).reshape(1, 1, rows, 1),
                           ttnn.uint32, cq)
-        self.onehot = ttnn.allocate_tensor_on_device(
+        self.onehot = self.tt.allocate_tensor_on_device(
             ttnn.Shape([1, 1, rows, width]), ttnn.uint32, ttnn.TILE_LAYOUT, device
         )
-        self.onehot_bf16 = ttnn.allocate_tensor_on_device(
+        self.onehot_bf16 = self.tt.allocate_tensor_on_device(
             ttnn.Shape([1, 1, rows, width]), ttnn.bfloat16, ttnn.TILE_LAYOUT, device
         )
-        self.logits = ttnn.allocate_tensor_on_device(
+        self.logits = self.tt.allocate_tensor_on_device(
             ttnn.Shape([1, 1, width, vocab]), ttnn.bfloat16, ttnn.TILE_LAYOUT, device
         )
         self.indices = _row_major(
@@ -127,16 +131,16 @@ class TtProbeModel:
         if self.head is not None:
             self.head.forward(input_ids, positions, slot)
             return
-        with ttnn.command_queue(self.cq):
-            ttnn.add(input_ids, positions, output_tensor=self.index)
-            ttnn.eq(self.index, self.rows, output_tensor=self.onehot)
-            ttnn.typecast(self.onehot, ttnn.bfloat16, output_tensor=self.onehot_bf16)
-            ttnn.matmul(self.onehot_bf16, self.table, transpose_a=True,
+        with self.tt.command_queue(self.cq):
+            self.tt.add(input_ids, positions, output_tensor=self.index)
+            self.tt.eq(self.index, self.rows, output_tensor=self.onehot)
+            self.tt.typecast(self.onehot, ttnn.bfloat16, output_tensor=self.onehot_bf16)
+            self.tt.matmul(self.onehot_bf16, self.table, transpose_a=True,
                         optional_output_tensor=self.logits)
             requests, keyed_positions = self._sampling_key(positions)
             self._provider.bind_sampling_identity(self.device, requests, keyed_positions)
             assert self.spec.sampling is not None  # seeded: the greedy head returned above
-            ttnn.sampling(self.logits, self.indices, self.k, self.p, self.temp,
+            self.tt.sampling(self.logits, self.indices, self.k, self.p, self.temp,
                           seed=int(self.spec.sampling), output_tensor=slot)
 
     def _sampling_key(self, positions: ttnn.Tensor) -> tuple[Any, ttnn.Tensor]:

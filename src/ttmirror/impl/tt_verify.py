@@ -38,6 +38,7 @@ from typing import Any, Protocol
 import ttnn
 
 from .combine import DeviceCombine
+from .devices import ttnn_for
 from .ring import DraftSlot, LogprobSlot, allocate_ids
 from .tt_model import GreedyHead, TtProbeModel
 
@@ -71,6 +72,7 @@ class HeadDrafter:
     one call per draft, each from the previous one."""
 
     def __init__(self, device: Any, table: Any, width: int, cq: int = 0) -> None:
+        self.tt = ttnn_for(device)
         self.cq = cq
         self.position = allocate_ids(device, width, ttnn.TILE_LAYOUT)
         self.rows = allocate_ids(device, width)  # what argmax writes: ROW_MAJOR
@@ -83,11 +85,11 @@ class HeadDrafter:
             at = position
             if j:
                 at = self.position
-                with ttnn.command_queue(self.cq):
-                    ttnn.add(position, j, output_tensor=at)
+                with self.tt.command_queue(self.cq):
+                    self.tt.add(position, j, output_tensor=at)
             self.head.forward(token, at, self.rows)
-            with ttnn.command_queue(self.cq):
-                ttnn.add(self.rows, 0, output_tensor=draft)
+            with self.tt.command_queue(self.cq):
+                self.tt.add(self.rows, 0, output_tensor=draft)
             token = draft
 
 
@@ -97,6 +99,7 @@ class DeviceVerify:
 
     def __init__(self, device: Any, k: int, width: int, combine: DeviceCombine,
                  target: LaneTarget, drafter: Drafter, cq: int = 0) -> None:
+        self.tt = ttnn_for(device)
         self.k = k
         self.cq = cq
         self.combine = combine
@@ -123,30 +126,30 @@ class DeviceVerify:
         assert spec is not None and base is not None
         for j in range(self.k + 1):
             if j:
-                with ttnn.command_queue(self.cq):
-                    ttnn.add(base, j, output_tensor=self.lane_positions[j])
+                with self.tt.command_queue(self.cq):
+                    self.tt.add(base, j, output_tensor=self.lane_positions[j])
             target = slot.tokens[j]
             self.target.lane(j, lanes[j], self.lane_positions[j], spec, target,
                              logprobs[j] if logprobs else None)
-            with ttnn.command_queue(self.cq):
-                ttnn.add(target, 0, output_tensor=self.tokens[j])
+            with self.tt.command_queue(self.cq):
+                self.tt.add(target, 0, output_tensor=self.tokens[j])
         tok = self.tokens
-        with ttnn.command_queue(self.cq):
+        with self.tt.command_queue(self.cq):
             for i in range(self.k):
-                ttnn.eq(lanes[i + 1], tok[i], output_tensor=self.matches[i])
-            ttnn.eq(spec, 0, output_tensor=self.spec_zero)
-            ttnn.where(self.spec_zero, 0, self.matches[0], output_tensor=self.m1)
+                self.tt.eq(lanes[i + 1], tok[i], output_tensor=self.matches[i])
+            self.tt.eq(spec, 0, output_tensor=self.spec_zero)
+            self.tt.where(self.spec_zero, 0, self.matches[0], output_tensor=self.m1)
             accepted = self.m1
             if self.k == 1:
-                ttnn.where(self.m1, tok[1], tok[0], output_tensor=self.newest)
+                self.tt.where(self.m1, tok[1], tok[0], output_tensor=self.newest)
             else:
                 spec_two, m12, p2, accepted, n1 = self.second
-                ttnn.eq(spec, 2, output_tensor=spec_two)
-                ttnn.where(self.matches[0], self.matches[1], 0, output_tensor=m12)
-                ttnn.where(spec_two, m12, 0, output_tensor=p2)
-                ttnn.add(self.m1, p2, output_tensor=accepted)
-                ttnn.where(self.m1, tok[1], tok[0], output_tensor=n1)
-                ttnn.where(p2, tok[2], n1, output_tensor=self.newest)
+                self.tt.eq(spec, 2, output_tensor=spec_two)
+                self.tt.where(self.matches[0], self.matches[1], 0, output_tensor=m12)
+                self.tt.where(spec_two, m12, 0, output_tensor=p2)
+                self.tt.add(self.m1, p2, output_tensor=accepted)
+                self.tt.where(self.m1, tok[1], tok[0], output_tensor=n1)
+                self.tt.where(p2, tok[2], n1, output_tensor=self.newest)
             self._write_ids(ids, slot)
             self._write_count(accepted, slot)
             self._advance(base, slot)
@@ -155,12 +158,12 @@ class DeviceVerify:
     def _write_ids(self, ids: ttnn.Tensor, slot: DraftSlot) -> None:
         """The slot's ids: each row's newest token (its run, the target's tokens, is written
         lane by lane above)."""
-        ttnn.add(self.newest, 0, output_tensor=ids)
+        self.tt.add(self.newest, 0, output_tensor=ids)
 
     def _write_count(self, accepted: ttnn.Tensor, slot: DraftSlot) -> None:
         """A row's count: its accepted drafts and the target's token after them."""
-        ttnn.add(accepted, 1, output_tensor=slot.count)
+        self.tt.add(accepted, 1, output_tensor=slot.count)
 
     def _advance(self, base: ttnn.Tensor, slot: DraftSlot) -> None:
         """The newest token's position: advanced by the tokens the row yields."""
-        ttnn.add(base, slot.count, output_tensor=slot.position)
+        self.tt.add(base, slot.count, output_tensor=slot.position)

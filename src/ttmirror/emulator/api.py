@@ -1,16 +1,14 @@
-"""ttnn's device-side calls, routed to the emulated devices while one is open.
+"""The ttnn API of an emulated device: an object passed to the mirror, never a patch of `ttnn`.
 
-`attach(device)` is called by `open_device` (`entry.py`, the only way to obtain an emulated
-device): the first attach replaces the routed attributes of the real `ttnn` module (and a few
-`ttnn.Tensor` methods) with `RoutedCall`s, and the last `detach` (run when an emulated device
-closes) puts the originals back. Importing ttmirror, or building a backend, changes nothing; a
-process that never opens an emulated device (one with a chip) runs the real ttnn untouched.
-
-While routing is active it is scoped to emulated objects. A routed call is first bound against the
-installed ttnn's own signature, so a call the real API would reject (a wrong keyword, a
-keyword-only argument passed by position) raises TypeError here too. Then `ROUTES[name]` says which
-argument owns the call: the call goes to the emulated device only when that argument is an
-emulated object, and to the real function, unchanged, otherwise.
+The emulated device's provider (`entry.py`) hands the mirror an `EmulatedTtnn` for each device it
+opens (`impl/devices.py`: `ttnn_for(device)`), where a chip's provider hands the `ttnn` module
+itself. Its attributes are ttnn's. Each function in `ROUTES` is a `RoutedCall`: first bound
+against the installed ttnn's own signature, so a call the real API would reject (a wrong keyword,
+a keyword-only argument passed by position) raises TypeError here too; then `ROUTES[name]` says
+which argument owns the call, and the call goes to the emulated device only when that argument
+is an emulated object, to the real function, unchanged, otherwise. Everything else (dtypes,
+layouts, `Tensor`, host-only functions) is the `ttnn` module's own attribute. Nothing in `ttnn`
+changes, whether or not an emulated device is open.
 """
 
 from __future__ import annotations
@@ -24,12 +22,10 @@ from typing import Any
 
 import ttnn
 
-from ..impl.devices import chip_present
-from . import checker, ops, readbacks
-from . import device as device_module
+from . import checker, ops
 from .commands import MeshEvent
 from .device import EmulatedMeshDevice
-from .signatures import Signature, introspect, introspect_method
+from .signatures import Signature, introspect
 from .tensors import DeviceTensor
 
 EMULATED = (DeviceTensor, EmulatedMeshDevice, MeshEvent)
@@ -38,20 +34,28 @@ ANY_ARGUMENT = "*"
 """A route's owner when any argument (or a list of tensors) can make the call emulated: the ops."""
 NO_OWNER = ""
 """A route's owner when the call names no device object (`command_queue`): always routed."""
+HOST_READS = ("to_torch",)
+"""Reads of a host tensor: reading one a non-blocking readback still fills is a hazard."""
 
 
 @dataclass(frozen=True)
 class Call:
-    """One call of a routed ttnn function: the real function, the arguments bound by name, and
-    the arguments as the caller wrote them."""
+    """One call of a routed ttnn function: the real function, the arguments bound by name, the
+    arguments as the caller wrote them, and the API object it was made through."""
 
     original: Callable[..., Any]
     bound: dict[str, Any]
     args: tuple[Any, ...]
     kwargs: dict[str, Any]
+    api: EmulatedTtnn
 
     def passthrough(self) -> Any:
         return self.original(*self.args, **self.kwargs)
+
+    def cq(self, key: str) -> int:
+        """The queue argument `key` names, else the innermost `command_queue` block's."""
+        value = self.bound.get(key)
+        return self.api.current_cq() if value is None else int(value)
 
 
 Handler = Callable[[Call], Any]
@@ -81,8 +85,6 @@ class Route:
 
 ROUTES: dict[str, Route] = {}
 """ttnn function name -> its route: the table of everything the emulated device answers."""
-HOST_CALLS: Counter[str] = Counter()
-"""Calls the host made to the emulated device, by ttnn function (what a step costs the host)."""
 
 
 def routes(name: str, owner: str) -> Callable[[Handler], Handler]:
@@ -96,75 +98,102 @@ def routes(name: str, owner: str) -> Callable[[Handler], Handler]:
 
 
 class RoutedCall:
-    """Stands in for one ttnn callable: checks the real signature, then follows its route.
+    """One ttnn callable of one `EmulatedTtnn`: checks the real signature, then follows its route.
 
     Other attributes (e.g. `golden_function`, so `ttnn.get_golden_function` keeps working) come
     from the original.
     """
 
-    def __init__(self, route: Route, original: Any, signature: Signature) -> None:
+    def __init__(self, api: EmulatedTtnn, route: Route, original: Any,
+                 signature: Signature) -> None:
+        self._api = api
         self._route = route
         self._original = original
         self._signature = signature
         self.__doc__ = getattr(original, "__doc__", None)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        for device in open_devices():
-            device.hazards.raise_deferred()
-        call = Call(self._original, self._signature.bind(args, kwargs), args, kwargs)
+        device = self._api.device
+        device.hazards.raise_deferred()
+        call = Call(self._original, self._signature.bind(args, kwargs), args, kwargs, self._api)
         if not self._route.emulated(call.bound):
+            if self._route.name in HOST_READS:
+                record = device.readbacks.lookup(call.bound.get("tensor"))
+                if record is not None:
+                    device.check_host_read(record)
             return call.passthrough()
-        HOST_CALLS[self._route.name] += 1
+        self._api.host_calls[self._route.name] += 1
         return self._route.handler(call)
 
     def __getattr__(self, attribute: str) -> Any:
         return getattr(self._original, attribute)
 
     def __repr__(self) -> str:
-        return f"<routed ttnn.{self._route.name} -> emulated device or {self._original!r}>"
+        return f"<ttnn.{self._route.name} of an emulated device, else {self._original!r}>"
 
 
-# --- command queues ------------------------------------------------------------------------------
+class EmulatedTtnn:
+    """The ttnn API as the mirror calls it, for one emulated device (and any emulated object a
+    call is given): the routed functions, and the `ttnn` module's other attributes."""
 
-_cq_stack = threading.local()
+    def __init__(self, device: EmulatedMeshDevice) -> None:
+        self.device = device
+        self.host_calls: Counter[str] = Counter()
+        """Calls the host made through this API to an emulated device, by ttnn function (what a
+        step costs the host)."""
+        self._queues = threading.local()
 
+    def current_cq(self) -> int:
+        """The thread's default CQ for ops (`with api.command_queue(cq):`), 0 by default."""
+        stack = getattr(self._queues, "stack", None)
+        return stack[-1] if stack else 0
 
-def current_cq() -> int:
-    """The thread's default CQ for ops (`with ttnn.command_queue(cq):`), 0 by default."""
-    stack = getattr(_cq_stack, "stack", None)
-    return stack[-1] if stack else 0
+    @contextlib.contextmanager
+    def queue(self, cq_id: int) -> Iterator[None]:
+        """What `command_queue(cq_id)` returns: ops in the block go to `cq_id`."""
+        stack = self._queues.__dict__.setdefault("stack", [])
+        stack.append(cq_id)
+        try:
+            yield
+        finally:
+            stack.pop()
 
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("__") or name in ("device", "host_calls", "_queues"):
+            raise AttributeError(name)  # copy and pickle look for these before they exist
+        route = ROUTES.get(name)
+        if route is None:
+            return getattr(ttnn, name)  # dtypes, layouts, types, host-only functions
+        routed = RoutedCall(self, route, getattr(ttnn, name), SIGNATURES[name])
+        self.__dict__[name] = routed  # built once per API object
+        return routed
 
-def _cq(value: Any) -> int:
-    return current_cq() if value is None else int(value)
+    def __getstate__(self) -> dict[str, Any]:
+        return {"device": self.device, "host_calls": self.host_calls}  # no calls, no queues
 
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._queues = threading.local()
 
-@contextlib.contextmanager
-def _command_queue(call: Call) -> Iterator[None]:
-    cq_id = call.bound["cq_id"]
-    if cq_id is None:
-        raise ValueError("cq_id cannot be None in command_queue context")
-    stack = _cq_stack.__dict__.setdefault("stack", [])
-    stack.append(int(cq_id))
-    try:
-        with call.passthrough() if chip_present() else contextlib.nullcontext():
-            yield  # beside a chip, its ops see the queue too
-    finally:
-        stack.pop()
+    def __repr__(self) -> str:
+        return f"<the ttnn API of emulated device {id(self.device):#x}>"
 
 
 # --- handlers, one per routed function -----------------------------------------------------------
 
 
 @routes("command_queue", NO_OWNER)
-def _command_queue_route(call: Call) -> Any:
-    return _command_queue(call)
+def _command_queue(call: Call) -> Any:
+    cq_id = call.bound["cq_id"]
+    if cq_id is None:
+        raise ValueError("cq_id cannot be None in command_queue context")
+    return call.api.queue(int(cq_id))
 
 
 @routes("close_mesh_device", "mesh_device")
 def _close_mesh_device(call: Call) -> Any:
     device: EmulatedMeshDevice = call.bound["mesh_device"]
-    device.close()  # detaches it: the last one to close restores ttnn
+    device.close()
     device.hazards.raise_deferred()  # what was found while closing must not be lost
     return None
 
@@ -191,7 +220,7 @@ def _deallocate(call: Call) -> Any:
 def _copy_host_to_device_tensor(call: Call) -> Any:
     b = call.bound
     target: DeviceTensor = b["device_tensor"]
-    return target.device().write(b["host_tensor"], target, _cq(b.get("cq_id")))
+    return target.device().write(b["host_tensor"], target, call.cq("cq_id"))
 
 
 @routes("copy_device_to_host_tensor", "device_tensor")
@@ -200,7 +229,7 @@ def _copy_device_to_host_tensor(call: Call) -> Any:
     source: DeviceTensor = b["device_tensor"]
     source.device().read(
         source,
-        cq=_cq(b.get("cq_id")),
+        cq=call.cq("cq_id"),
         blocking=bool(b.get("blocking", True)),
         into=b["host_tensor"],
         name="copy_device_to_host_tensor",
@@ -213,7 +242,7 @@ def _from_device(call: Call) -> Any:
     b = call.bound
     tensor: DeviceTensor = b["tensor"]
     return tensor.device().read(
-        tensor, cq=_cq(b.get("queue_id")), blocking=bool(b.get("blocking", True)),
+        tensor, cq=call.cq("queue_id"), blocking=bool(b.get("blocking", True)),
         name="from_device",
     )
 
@@ -222,7 +251,7 @@ def _from_device(call: Call) -> Any:
 def _to_device(call: Call) -> Any:
     b = call.bound
     host = b["tensor"]
-    return b["device"].upload(host, host.layout, _cq(b.get("queue_id")), b.get("memory_config"))
+    return b["device"].upload(host, host.layout, call.cq("queue_id"), b.get("memory_config"))
 
 
 @routes("from_torch", "device")
@@ -239,27 +268,27 @@ def _from_torch(call: Call) -> Any:
     if spec is not None:
         host_kwargs["dtype"] = spec.dtype
     host = call.original(*args[:2], **host_kwargs, layout=ttnn.ROW_MAJOR_LAYOUT)
-    return b["device"].upload(host, layout, _cq(b.get("cq_id")), b.get("memory_config"))
+    return b["device"].upload(host, layout, call.cq("cq_id"), b.get("memory_config"))
 
 
 @routes("to_torch", "tensor")
 def _to_torch(call: Call) -> Any:
     b = call.bound
     tensor: DeviceTensor = b["tensor"]
-    host = tensor.device().read(tensor, cq=_cq(b.get("cq_id")), blocking=True, name="to_torch")
+    host = tensor.device().read(tensor, cq=call.cq("cq_id"), blocking=True, name="to_torch")
     rest = {k: v for k, v in call.kwargs.items() if k not in ("tensor", "device", "cq_id")}
     return call.original(host, *call.args[1:], **rest)
 
 
 @routes("record_event", "mesh_device")
 def _record_event(call: Call) -> Any:
-    return call.bound["mesh_device"].record_event(_cq(call.bound.get("cq_id")))
+    return call.bound["mesh_device"].record_event(call.cq("cq_id"))
 
 
 @routes("wait_for_event", "mesh_event")
 def _wait_for_event(call: Call) -> Any:
     event: MeshEvent = call.bound["mesh_event"]
-    return event.device.wait_for_event(_cq(call.bound.get("cq_id")), event)
+    return event.device.wait_for_event(call.cq("cq_id"), event)
 
 
 @routes("event_synchronize", "mesh_event")
@@ -276,20 +305,20 @@ def _synchronize_device(call: Call) -> Any:
 
 @routes("begin_trace_capture", "mesh_device")
 def _begin_trace_capture(call: Call) -> Any:
-    return call.bound["mesh_device"].begin_trace_capture(_cq(call.bound.get("cq_id")))
+    return call.bound["mesh_device"].begin_trace_capture(call.cq("cq_id"))
 
 
 @routes("end_trace_capture", "mesh_device")
 def _end_trace_capture(call: Call) -> Any:
     b = call.bound
-    return b["mesh_device"].end_trace_capture(b["trace_id"], _cq(b.get("cq_id")))
+    return b["mesh_device"].end_trace_capture(b["trace_id"], call.cq("cq_id"))
 
 
 @routes("execute_trace", "mesh_device")
 def _execute_trace(call: Call) -> Any:
     b = call.bound
     return b["mesh_device"].execute_trace(
-        b["trace_id"], _cq(b.get("cq_id")), bool(b.get("blocking", True))
+        b["trace_id"], call.cq("cq_id"), bool(b.get("blocking", True))
     )
 
 
@@ -303,7 +332,7 @@ def _op_route(name: str) -> Handler:
 
     def handler(call: Call) -> Any:
         checker.check(name, call.bound)  # what a chip refuses, refused here: eager or captured
-        return plan(call.bound, current_cq())
+        return plan(call.bound, call.api.current_cq())
 
     return handler
 
@@ -311,98 +340,8 @@ def _op_route(name: str) -> Handler:
 for _name in ops.OPS:
     routes(_name, ANY_ARGUMENT)(_op_route(_name))
 
-# Real signatures, read before anything is patched.
+# Real signatures: the installed ttnn's, which nothing here changes.
 SIGNATURES: dict[str, Signature] = {
     name: introspect(getattr(ttnn, name), f"ttnn.{name}") for name in ROUTES
 }
 
-# --- ttnn.Tensor methods --------------------------------------------------------------------------
-
-_TENSOR_TO = introspect_method(ttnn.Tensor, "to")
-_HOST_READS = ("to_torch", "to_numpy", "to_list", "item")
-"""Host tensor methods that read values: a pending non-blocking readback must not be read."""
-
-
-def _routed_to(original: Callable[..., Any]) -> Callable[..., Any]:
-    def to(self: ttnn.Tensor, *args: Any, **kwargs: Any) -> Any:
-        bound = _TENSOR_TO.bind(args, kwargs)
-        device = bound.get("device")
-        if isinstance(device, EmulatedMeshDevice):
-            return device.upload(
-                self, self.layout, _cq(bound.get("cq_id")), bound.get("mem_config")
-            )
-        return original(self, *args, **kwargs)
-
-    to.__doc__ = original.__doc__
-    return to
-
-
-def _checked_host_read(original: Callable[..., Any]) -> Callable[..., Any]:
-    def read(self: ttnn.Tensor, *args: Any, **kwargs: Any) -> Any:
-        record = readbacks.lookup(self)
-        if record is not None:
-            record.owner.check_host_read(record)
-        return original(self, *args, **kwargs)
-
-    read.__doc__ = original.__doc__
-    return read
-
-
-# --- attaching and detaching ---------------------------------------------------------------------
-
-_lock = threading.RLock()
-_attached: list[EmulatedMeshDevice] = []
-_saved: list[tuple[Any, str, Any]] = []
-"""(owner, attribute, original) for every patched attribute, while routing is active."""
-
-
-def open_devices() -> list[EmulatedMeshDevice]:
-    """The emulated devices open now (routing is active exactly while this is not empty)."""
-    with _lock:
-        return list(_attached)
-
-
-def active() -> bool:
-    """Whether ttnn's routed attributes point at the emulated device now."""
-    with _lock:
-        return bool(_saved)
-
-
-def attach(device: EmulatedMeshDevice) -> None:
-    """Route ttnn to emulated devices (from the first attached) until `device` closes."""
-    with _lock:
-        if not _attached:
-            _patch()
-        _attached.append(device)
-    device.on_close.append(detach)
-
-
-def detach(device: EmulatedMeshDevice) -> None:
-    """`device` has closed; the last one to close restores the real ttnn."""
-    with _lock:
-        if device in _attached:
-            _attached.remove(device)
-        if not _attached:
-            _restore()
-
-
-device_module.ON_RESTORE.append(attach)
-
-
-def _patch() -> None:
-    for name, route in ROUTES.items():
-        original = getattr(ttnn, name)
-        _saved.append((ttnn, name, original))
-        setattr(ttnn, name, RoutedCall(route, original, SIGNATURES[name]))
-    _saved.append((ttnn.Tensor, "to", ttnn.Tensor.to))
-    ttnn.Tensor.to = _routed_to(ttnn.Tensor.to)
-    for method in _HOST_READS:
-        original = getattr(ttnn.Tensor, method)
-        _saved.append((ttnn.Tensor, method, original))
-        setattr(ttnn.Tensor, method, _checked_host_read(original))
-
-
-def _restore() -> None:
-    while _saved:
-        owner, attribute, original = _saved.pop()
-        setattr(owner, attribute, original)
