@@ -23,7 +23,8 @@ import torch
 import ttnn
 from pinning import add_pin, split_cores
 
-from ttmirror.emulator import EmulatedMeshDevice, Emulator, ProcessScheduler, open_device
+from ttmirror.conformance.rig import open_rig
+from ttmirror.emulator import EmulatedMeshDevice, ProcessScheduler
 from ttmirror.emulator.calls import step_calls
 
 ROWS, VOCAB = 32, 64
@@ -127,15 +128,10 @@ def main() -> None:
     if cores:  # before the first device process starts: it stays off this core
         os.sched_setaffinity(0, cores[0])
 
-    device = open_device(
-        num_command_queues=2, emulator=Emulator(hazard_mode="count"), emulated=True
-    )
-    tt = device.api
+    device = open_rig("default", hazard_mode="count", trace_region=0)
     # The same device with its queues in a device process of their own (ProcessScheduler).
-    apart = open_device(
-        num_command_queues=2, emulated=True, emulator=Emulator(
-            scheduler=lambda: ProcessScheduler(cpus=device_cores), hazard_mode="count"),
-    )
+    apart = open_rig("default", scheduler=lambda: ProcessScheduler(cpus=device_cores),
+                     hazard_mode="count", trace_region=0)
     assert isinstance(device, EmulatedMeshDevice) and isinstance(apart, EmulatedMeshDevice)
     emulated_round(device, 300)  # warm: program cache, torch kernels
     emulated_round(apart, 300)
@@ -155,7 +151,7 @@ def main() -> None:
     apart_handshake = commands / seconds
     for d in (device, apart):
         assert d.hazards.total == 0, d.hazards.counts
-        tt.close_mesh_device(d)
+        d.api.close_mesh_device(d)
 
     emulated = statistics.median(emulated_rates)
     golden = statistics.median(golden_rates)

@@ -64,11 +64,10 @@ from pathlib import Path
 
 from pinning import add_pin, split_cores
 
-from ttmirror.conformance.validate import bounds_of, validate
-from ttmirror.emulator import Emulator, ProcessScheduler, ThreadedScheduler, open_device
+from ttmirror.conformance.rig import open_rig, serving_engine
+from ttmirror.conformance.traces.validate import bounds_of, validate
+from ttmirror.emulator import ProcessScheduler, ThreadedScheduler
 from ttmirror.impl.probe import ProbeSpec
-from ttmirror.impl.tt_backend import TtBackend
-from ttmirror.serving.backend import ServingBackend
 from ttmirror.serving.batching import ServingConfig, ServingEngine
 from ttmirror.serving.context import SamplingParams
 from ttmirror.serving.models import ProbeDecoder
@@ -197,17 +196,11 @@ def pinned() -> Iterator[None]:
 
 def _serve(scheduler: ProcessScheduler | ThreadedScheduler, plan: list[RequestPlan], mode: str,
            drain: bool, logprobs: int, record: bool, spec: int) -> Measured:
-    device = open_device(
-        num_command_queues=2,
-        emulator=Emulator(scheduler=lambda: scheduler, hazard_mode="raise"),
-        emulated=True,
-    )
-    tt = device.api
-    backend = ServingBackend(TtBackend(device), MODEL)
-    engine = ServingEngine(
-        backend, ServingConfig(async_scheduling=mode, rows=ROWS, drain_on_layout_change=drain,
-                               max_logprobs=logprobs, record_events=record, spec_tokens=spec)
-    )
+    device = open_rig("default", scheduler=lambda: scheduler, trace_region=0)
+    engine = serving_engine(
+        device, MODEL,
+        ServingConfig(async_scheduling=mode, rows=ROWS, drain_on_layout_change=drain,
+                      max_logprobs=logprobs, record_events=record, spec_tokens=spec))
     if logprobs:
         plan = [replace(p, sampling=SamplingParams(logprobs=logprobs)) for p in plan]
     layouts: list[tuple[int, ...]] = []
@@ -228,7 +221,7 @@ def _serve(scheduler: ProcessScheduler | ThreadedScheduler, plan: list[RequestPl
         VALIDATED["events"] += len(events)
     engine.close()
     hazards = device.hazards.total
-    tt.close_mesh_device(device)  # joins the queue workers: their CPU is final
+    device.api.close_mesh_device(device)  # joins the queue workers: their CPU is final
     assert hazards == 0, device.hazards.counts
     return Measured(outcome, layouts, sum(scheduler.cpu_s.values()),
                     max(scheduler.busy_s.values(), default=0.0), host_cpu_s)

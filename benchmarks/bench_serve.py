@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ttmirror.conformance.validate import bounds_of, validate
+from ttmirror.conformance.traces.validate import bounds_of, validate
 from ttmirror.serving.catalog import TINY_ARCHS
 from ttmirror.serving.models import write_model_dir
 from ttmirror.vllm_serve import Server

@@ -13,7 +13,7 @@ from __future__ import annotations
 import argparse
 import time
 
-from ttmirror.conformance.validate import bounds_of, validate
+from ttmirror.conformance.traces.validate import bounds_of, validate
 from ttmirror.impl.cpu_backend import CpuBackend
 from ttmirror.serving.backend import ServingBackend
 from ttmirror.serving.batching import ServingConfig, ServingEngine

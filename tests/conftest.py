@@ -78,6 +78,6 @@ def own_example_database(tmp_path_factory: pytest.TempPathFactory,
     """Each test's `ttmirror fuzz` gets an example database of its own: the default one in the
     working directory would carry one test's failures into the next run (replayed first, they
     change what a test sees)."""
-    from ttmirror.conformance.databases import ENV
+    from ttmirror.conformance.campaigns.databases import ENV
 
     monkeypatch.setenv(ENV, str(tmp_path_factory.mktemp("hypothesis-db")))

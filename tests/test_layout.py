@@ -311,7 +311,7 @@ def _serve_side_by_side(bug: str) -> list[list[list[int]]]:
     overrides in its configuration only), the second with nothing. Each request's delivered
     ids, per runner."""
 
-    from ttmirror.conformance.planted import overrides
+    from ttmirror.conformance.lockstep.planted import overrides
     from ttmirror.emulator import open_device
     from ttmirror.impl.runner import RunnerConfig, make_runner
     from ttmirror.impl.tt_backend import TtBackend
@@ -364,7 +364,7 @@ def test_ttmirror_validate_loads_no_runner(tmp_path: Path) -> None:
     import subprocess
     import sys
 
-    from ttmirror.conformance.itf import write_events
+    from ttmirror.conformance.traces.itf import write_events
     from ttmirror.impl.events import Event
     from ttmirror.impl.rows import Row
 
@@ -378,7 +378,8 @@ def test_ttmirror_validate_loads_no_runner(tmp_path: Path) -> None:
     ], trace)
     probe = ("import sys, ttmirror.cli as c; code = c.main(['validate', sys.argv[1]]); "
              "print(sorted(m for m in sys.modules if m.startswith(('torch', 'ttnn', "
-             "'ttmirror.impl.runner', 'ttmirror.emulator', 'ttmirror.conformance.lockstep')))); "
+             "'ttmirror.impl.runner', 'ttmirror.emulator', "
+             "'ttmirror.conformance.lockstep.harness')))); "
              "sys.exit(code)")
     done = subprocess.run([sys.executable, "-c", probe, str(trace)], capture_output=True,
                           text=True, timeout=120)

@@ -17,7 +17,8 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from .conformance.itf import read_events
+from ttmirror.conformance.traces.itf import read_events
+
 from .impl.events import Event
 from .vllm_client import ROOT, vllm_python
 

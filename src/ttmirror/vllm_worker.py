@@ -200,7 +200,7 @@ class Worker:
             summary["closed_as"] = {str(k): v for k, v in engine.closed_as.items()}
             summary["seconds"] = dict(self.seconds, readback_wait=engine.readback_wait)
             if self.trace is not None:
-                from .conformance.itf import write_events
+                from ttmirror.conformance.traces.itf import write_events
 
                 events = engine.runner.events.events
                 write_events(events, self.trace)

@@ -115,7 +115,7 @@ def test_the_written_trace_streams_and_a_cut_one_fails_at_its_end(
 
 def test_progress_shows_on_a_terminal(recorded_file: Path, capsys: pytest.CaptureFixture[str],
                                       monkeypatch: pytest.MonkeyPatch) -> None:
-    from ttmirror.conformance import validate
+    from ttmirror.conformance.traces import validate
 
     monkeypatch.setattr(validate, "PROGRESS_EVERY", 100)
     monkeypatch.setattr("sys.stderr.isatty", lambda: True)

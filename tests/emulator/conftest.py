@@ -9,11 +9,10 @@ import pytest
 import torch
 import ttnn
 
-from ttmirror.emulator import EmulatedMeshDevice, Emulator, open_device
+from ttmirror.conformance.rig import open_rig
+from ttmirror.emulator import EmulatedMeshDevice
 from ttmirror.emulator.hazards import HazardMode
 from ttmirror.emulator.schedulers import ManualScheduler, Scheduler
-
-DRAM = 1 << 20  # small DRAM keeps device creation cheap
 
 
 def open_emulated(
@@ -25,13 +24,8 @@ def open_emulated(
 ) -> EmulatedMeshDevice:
     """An emulated device with two CQs, opened through the one entry point (`process`: its
     queues in a device process, completed as `scheduler` says)."""
-    dev = open_device(
-        num_command_queues=2,
-        trace_region_size=trace_region_size,
-        emulator=Emulator(scheduler=scheduler, hazard_mode=hazard_mode, dram_size=DRAM,
-                          process=process),
-        emulated=True,
-    )
+    dev = open_rig("tiny", scheduler=scheduler, hazard_mode=hazard_mode, process=process,
+                   trace_region=trace_region_size)
     assert isinstance(dev, EmulatedMeshDevice)
     return dev
 

@@ -7,27 +7,17 @@ from collections.abc import Iterator
 
 import pytest
 
-from ttmirror.emulator import EmulatedMeshDevice, Emulator, SeededScheduler, open_device
+from ttmirror.conformance.rig import open_rig
+from ttmirror.emulator import EmulatedMeshDevice, SeededScheduler
 from ttmirror.impl.tt_backend import TtBackend
-
-DRAM = 4 << 20
-TRACE_REGION = 1 << 20
 
 
 @pytest.fixture
 def device() -> Iterator[EmulatedMeshDevice]:
-    dev = open_device(
-        num_command_queues=2,
-        trace_region_size=TRACE_REGION,
-        emulator=Emulator(
-            scheduler=lambda: SeededScheduler(seed=7), hazard_mode="raise", dram_size=DRAM
-        ),
-        emulated=True,
-    )
-    tt = dev.api
+    dev = open_rig("mirror", scheduler=lambda: SeededScheduler(seed=7))
     assert isinstance(dev, EmulatedMeshDevice)
     yield dev
-    tt.close_mesh_device(dev)
+    dev.api.close_mesh_device(dev)
 
 
 @pytest.fixture

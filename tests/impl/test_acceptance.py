@@ -13,14 +13,14 @@ from dataclasses import dataclass
 
 import pytest
 
-from ttmirror.emulator import Emulator, SeededScheduler, open_device
+from ttmirror.conformance.rig import open_rig
+from ttmirror.emulator import SeededScheduler
 from ttmirror.impl.cpu_backend import CpuBackend
 from ttmirror.impl.probe import ProbeReference, ProbeSpec
 from ttmirror.impl.runner import Status
 from ttmirror.impl.tt_backend import TtBackend
 from ttmirror.serving.engine import Engine, EngineConfig
 
-from .conftest import DRAM, TRACE_REGION
 from .scenario import Outcome, expected, make_plan, run
 
 SEED = 11
@@ -57,16 +57,7 @@ def _run(variant: Variant) -> Result:
     if variant.backend == "cpu":
         engine = Engine(CpuBackend(), config, order)
         return Result(run(engine, PLAN, REFERENCE), 0, None, engine.max_concurrent_batches())
-    device = open_device(
-        num_command_queues=2,
-        trace_region_size=TRACE_REGION,
-        emulator=Emulator(
-            scheduler=lambda: SeededScheduler(variant.device_seed),
-            hazard_mode="raise",
-            dram_size=DRAM,
-        ),
-        emulated=True,
-    )
+    device = open_rig("mirror", scheduler=lambda: SeededScheduler(variant.device_seed))
     tt = device.api
     try:
         engine = Engine(TtBackend(device, readback_cq=variant.readback_cq), config, order)

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from ttmirror.conformance import allocator_runs
+from ttmirror.conformance.kills import allocator_half as allocator_runs
 from ttmirror.emulator import allocator
 from ttmirror.emulator.allocator import SPARE_HANDED_OUT_TWICE
 

@@ -12,7 +12,7 @@ from collections.abc import Callable, Sequence
 
 import pytest
 
-from ttmirror.conformance.validate import bounds_of, validate
+from ttmirror.conformance.traces.validate import bounds_of, validate
 from ttmirror.emulator import EmulatedMeshDevice
 from ttmirror.impl.backend import Backend
 from ttmirror.impl.cpu_backend import CpuBackend

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from ttmirror.conformance.validate import bounds_of, validate
+from ttmirror.conformance.traces.validate import bounds_of, validate
 from ttmirror.impl.cpu_backend import CpuBackend
 from ttmirror.impl.runner import Status
 from ttmirror.serving.backend import ServingBackend
@@ -280,7 +280,7 @@ def test_a_device_fault_fails_its_steps_requests_alone(call: str, op: str | None
     lands (the host gives up on it): the requests of that step fail with the device's error
     (`take_refused`, or the collect's `refused`), nothing of it is delivered, and the engine
     serves the next request; the run validates."""
-    from ttmirror.conformance.fault_runs import STALL_S, TIMEOUT_S, open_emulated
+    from ttmirror.conformance.kills.fault_half import STALL_S, TIMEOUT_S, open_emulated
     from ttmirror.impl.tt_backend import TtBackend
 
     device = open_emulated()

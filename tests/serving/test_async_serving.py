@@ -22,8 +22,8 @@ from functools import cache
 import pytest
 
 from ttmirror.conformance import bugs, planted
-from ttmirror.conformance.serving import logprob_errors
-from ttmirror.conformance.validate import bounds_of, validate
+from ttmirror.conformance.kills.serving_half import logprob_errors
+from ttmirror.conformance.traces.validate import bounds_of, validate
 from ttmirror.emulator import Emulator, HazardError, SeededScheduler, open_device
 from ttmirror.emulator.decoder import dram_bytes
 from ttmirror.impl.backend import padded_rows

@@ -10,8 +10,9 @@ import random
 
 import pytest
 
-from ttmirror.conformance import bugs, fault_runs
-from ttmirror.conformance.fault_runs import KINDS, faulted_run, promise_errors, sync_tokens
+from ttmirror.conformance import bugs
+from ttmirror.conformance.kills import fault_half as fault_runs
+from ttmirror.conformance.kills.fault_half import KINDS, faulted_run, promise_errors, sync_tokens
 from ttmirror.impl.runner import DeviceFault, Status
 from ttmirror.serving.workload import run_workload
 

@@ -12,7 +12,8 @@ from typing import Any
 import pytest
 
 from ttmirror.cli import main
-from ttmirror.conformance import planted, soak
+from ttmirror.conformance.lockstep import planted
+from ttmirror.conformance.soak import run as soak
 from ttmirror.emulator import Emulator, SeededScheduler, ThreadedScheduler, open_device
 from ttmirror.impl.cpu_backend import CpuBackend
 from ttmirror.impl.runner import Status

@@ -19,8 +19,8 @@ from typing import Any
 import pytest
 import torch
 
-from ttmirror.conformance.itf import read_events
-from ttmirror.conformance.validate import bounds_of, validate
+from ttmirror.conformance.traces.itf import read_events
+from ttmirror.conformance.traces.validate import bounds_of, validate
 from ttmirror.impl.probe import ProbeReference
 from ttmirror.serving.catalog import TINY_ARCHS
 from ttmirror.serving.context import SamplingParams

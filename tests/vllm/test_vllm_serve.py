@@ -14,7 +14,7 @@ import re
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from ttmirror.conformance.validate import bounds_of, validate
+from ttmirror.conformance.traces.validate import bounds_of, validate
 from ttmirror.impl.probe import ProbeReference
 from ttmirror.serving.models import ProbeDecoder, load_model_dir, write_model_dir
 from ttmirror.vllm_serve import Server

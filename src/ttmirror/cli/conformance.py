@@ -119,7 +119,7 @@ def cmd_fuzz(ns: argparse.Namespace) -> int:
     bug = planted_bug()  # $TTMIRROR_BUG: a campaign against a planted bug
     writable_dir(ns.traces)
     # Checked before the import below: it loads torch and ttnn, which take seconds.
-    from ttmirror.conformance import fuzz
+    from ttmirror.conformance.campaigns import fuzz
 
     result = fuzz.run(fuzz.Options(
         bounds=bounds, backend=ns.backend, config=ns.config, seed=ns.seed, examples=ns.examples,
@@ -162,8 +162,8 @@ def cmd_coverage_merge(ns: argparse.Namespace) -> int:
         if other != bounds or data["seed"] != first["seed"]:
             raise UsageError(f"{name}: its bounds or seed differ from {first_name}'s: shards of "
                              "one campaign share both")
-    from ttmirror.conformance import shards
-    from ttmirror.conformance.coverage import Coverage
+    from ttmirror.conformance.campaigns import shards
+    from ttmirror.conformance.campaigns.coverage import Coverage
     from ttmirror.model.explore import explore
 
     try:
@@ -199,13 +199,13 @@ def _fuzz_bounds(ns: argparse.Namespace) -> Bounds:
                              "from the initial state: merge shards with `ttmirror coverage merge`")
         writable_dir(str(Path(ns.checkpoint).parent))
     if ns.shard is not None:
-        from ttmirror.conformance.shards import parse_shard  # numpy only
+        from ttmirror.conformance.campaigns.shards import parse_shard  # numpy only
 
         try:
             ns.shard = parse_shard(ns.shard)
         except ValueError as e:
             raise UsageError(str(e)) from None
-    from ttmirror.conformance import databases  # hypothesis only: not torch or ttnn
+    from ttmirror.conformance.campaigns import databases  # hypothesis only: not torch or ttnn
 
     ns.database = ns.database or os.environ.get(databases.ENV) or databases.DEFAULT
     if "://" not in ns.database:
@@ -230,7 +230,7 @@ def _walk_mode(backend: str) -> str:
 
 
 def _config(backend: str, config: str | None) -> str:
-    from ttmirror.conformance.configs import check_config
+    from ttmirror.conformance.traces.configs import check_config
 
     try:
         return check_config(backend, config)
@@ -252,8 +252,9 @@ def _say(line: str) -> None:
 
 def cmd_mutants(ns: argparse.Namespace) -> int:
     from ttmirror.conformance import bugs as catalog
-    from ttmirror.conformance import mutants, profiles
-    from ttmirror.conformance.configs import CONFIGS
+    from ttmirror.conformance.campaigns import profiles
+    from ttmirror.conformance.kills import matrix as mutants
+    from ttmirror.conformance.traces.configs import CONFIGS
     from ttmirror.emulator.allocator import PLANTED
 
     known = {**catalog.ALL, **PLANTED} if ns.backend == "tt" else catalog.BUGS
@@ -297,8 +298,8 @@ def cmd_mutants(ns: argparse.Namespace) -> int:
 
 
 def cmd_replay(ns: argparse.Namespace) -> int:
-    from ttmirror.conformance import itf
-    from ttmirror.conformance.replay import CONFORMS, INVALID, replay
+    from ttmirror.conformance.lockstep.replay import CONFORMS, INVALID, replay
+    from ttmirror.conformance.traces import itf
 
     try:
         loaded = itf.load(Path(ns.trace))
@@ -332,8 +333,8 @@ def cmd_validate(ns: argparse.Namespace) -> int:
     from collections import deque
     from itertools import chain
 
-    from ttmirror.conformance.itf import EventsError, read_events
-    from ttmirror.conformance.validate import bounds_of, validate
+    from ttmirror.conformance.traces.itf import EventsError, read_events
+    from ttmirror.conformance.traces.validate import bounds_of, validate
 
     path = Path(ns.trace)
     tty = sys.stderr.isatty()

@@ -143,8 +143,8 @@ def _fuzz(ex: Any, seed: int, seconds: float, jobs: int) -> tuple[dict[str, Any]
     walked (None, None for no walks)."""
     if seconds <= 0:
         return None, None
-    from ttmirror.conformance import branches
-    from ttmirror.conformance.coverage import Coverage
+    from ttmirror.conformance.campaigns import branches
+    from ttmirror.conformance.campaigns.coverage import Coverage
 
     cov = Coverage(ex)
     started = time.perf_counter()

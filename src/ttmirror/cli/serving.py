@@ -137,7 +137,7 @@ def cmd_serve_demo(ns: argparse.Namespace) -> int:
 
 def _validated(engine: Any) -> bool:
     """Check the run's recorded events against the model; print the verdict."""
-    from ttmirror.conformance.validate import bounds_of, validate
+    from ttmirror.conformance.traces.validate import bounds_of, validate
 
     events = engine.runner.events.events
     d = validate(events, bounds_of(events))
@@ -150,7 +150,7 @@ def _validated(engine: Any) -> bool:
 
 def _write_trace(path: Path, engine: Any) -> None:
     """The run's recorded events as an ITF trace (the tokens were printed first: kept)."""
-    from ttmirror.conformance.itf import write_events
+    from ttmirror.conformance.traces.itf import write_events
 
     events = engine.runner.events.events
     try:

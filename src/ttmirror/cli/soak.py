@@ -21,7 +21,7 @@ from ttmirror.cli.arguments import AddParser, UsageError, writable
 
 def register(add_parser: AddParser) -> None:
     """Add `soak` to the `ttmirror` parser."""
-    from ttmirror.conformance.soak_config import CLOCKS  # no torch/ttnn import: cheap
+    from ttmirror.conformance.soak.config import CLOCKS  # no torch/ttnn import: cheap
     from ttmirror.serving.catalog import TINY_ARCHS
 
     s = add_parser(
@@ -73,7 +73,7 @@ def register(add_parser: AddParser) -> None:
 
 
 def cmd_soak(ns: argparse.Namespace) -> int:
-    from ttmirror.conformance.soak_config import SoakConfig
+    from ttmirror.conformance.soak.config import SoakConfig
 
     try:
         cfg = SoakConfig(steps=ns.steps, fault_rate=ns.fault_rate, seed=ns.seed, model=ns.model,
@@ -86,7 +86,7 @@ def cmd_soak(ns: argparse.Namespace) -> int:
     path = Path(ns.trace) if keep else Path(
         tempfile.mkstemp(prefix=f"ttmirror-soak-{cfg.seed}-", suffix=".itf.json")[1])
 
-    from ttmirror.conformance.soak import run_soak, summary
+    from ttmirror.conformance.soak.run import run_soak, summary
     from ttmirror.serving.engine import NoProgress
 
     def progress(message: str) -> None:

@@ -58,8 +58,8 @@ def cmd_serve_vllm(ns: argparse.Namespace) -> int:
         vllm_python()
     except VllmUnavailable as e:
         raise UsageError(str(e)) from None
-    from ttmirror.conformance.itf import read_events
-    from ttmirror.conformance.validate import bounds_of, validate
+    from ttmirror.conformance.traces.itf import read_events
+    from ttmirror.conformance.traces.validate import bounds_of, validate
     from ttmirror.serving.models import load_model_dir, write_model_dir
     from ttmirror.serving.workload import standard_plan
 

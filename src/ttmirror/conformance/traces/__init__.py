@@ -1,0 +1,3 @@
+"""Traces: the ITF codec, and validation of a recorded run against the model (the model and the
+events only: no runner, no device).
+"""
