@@ -451,7 +451,7 @@ def sweep(rounds: int, host_step: float, floor: float, ratios: list[float],
     return points
 
 
-def main() -> None:
+def _arguments() -> tuple[argparse.Namespace, list[float]]:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=5,
                         help="runs per configuration and point, medians (default %(default)s)")
@@ -473,12 +473,30 @@ def main() -> None:
         parser.error(f"--ratios must be numbers separated by commas, got {args.ratios!r}")
     if args.rounds < 1 or not ratios or min(ratios) <= 0:
         parser.error("--rounds must be 1 or more and every ratio above 0")
+    PIN[:] = split_cores(parser, args.pin) or []
+    return args, ratios
+
+
+@dataclass
+class Results:
+    """Everything one run of the benchmark measured."""
+
+    device: str
+    other: str
+    points: list[Point]
+    compared: list[Point]
+    logprobs: Logprobs
+    recorded: float
+    bare: float
+    drafts: list[Drafted]
+
+
+def main() -> None:
+    args, ratios = _arguments()
     # The emulated device's workers share the host's GIL (a chip does not): hand it over
     # quickly, or a finished command waits up to the default 5 ms to be noticed.
     sys.setswitchinterval(args.switch_interval)
-
     DEVICE[0] = args.device
-    PIN[:] = split_cores(parser, args.pin) or []
     other = next(k for k in DEVICES if k != args.device)
     host_step, floor = calibrate(args.rounds)
     where = ("a device process of its own" if args.device == "process"
@@ -498,34 +516,48 @@ def main() -> None:
     compared = sweep(args.rounds, other_step, other_floor, ratios, other)
     delay = max(0.0, host_step - floor)  # d = h for the rest
     lp = with_logprobs(args.rounds, delay)
-    lp_rate, plain_rate, lp_overlap = lp.rate(True), lp.rate(False), lp.overlapped
     rec_rate, bare_rate = recording(args.rounds, delay)
-    drafts = drafted(args.rounds, delay)
-    base = drafts[0]
+    r = Results(args.device, other, points, compared, lp, rec_rate, bare_rate,
+                drafted(args.rounds, delay))
+    _print_sections(r)
+    _print_targets(r)
+    if args.json:
+        _write_json(Path(args.json), args.rounds, r)
+    _print_ratios(r)
+
+
+def _print_sections(r: Results) -> None:
+    """Logprobs, the event log, drafts, churn and validation, one line each."""
+    lp, base = r.logprobs, r.drafts[0]
     print(
-        f"logprobs (top {LOGPROBS}, every request; d = h): depth 2 {lp_rate:,.0f} tok/s, "
-        f"without {plain_rate:,.0f} tok/s (tokens identical), at least {lp_overlap:.1%} of "
-        f"steps overlapped; {lp.why()}"
+        f"logprobs (top {LOGPROBS}, every request; d = h): depth 2 {lp.rate(True):,.0f} tok/s, "
+        f"without {lp.rate(False):,.0f} tok/s (tokens identical), at least {lp.overlapped:.1%} "
+        f"of steps overlapped; {lp.why()}"
     )
     print(
-        f"event log (trace validation; d = h): depth 2 {rec_rate:,.0f} tok/s recording, "
-        f"{bare_rate:,.0f} tok/s without"
+        f"event log (trace validation; d = h): depth 2 {r.recorded:,.0f} tok/s recording, "
+        f"{r.bare:,.0f} tok/s without"
     )
-    for r in drafts:
-        print(f"drafts K={r.k} (d = h): depth 2 {r.rate(2):,.0f} tok/s, {r.per_step(2):.2f} "
-              f"tokens/step, {r.step_ms(2):.2f} ms/step; depth 1 {r.rate(1):,.0f} tok/s, "
-              f"{r.per_step(1):.2f} tokens/step, {r.step_ms(1):.2f} ms/step"
-              + (f"; acceptance {r.acceptance:.1%}; over K=0: depth 2 "
-                 f"{r.rate(2) / base.rate(2):.2f}x, depth 1 {r.rate(1) / base.rate(1):.2f}x"
-                 if r.k else " (no drafts)"))
-    gap = max(p.gap for p in points)
-    launches = points[0].ours.outcome.stats["launches"]
+    for d in r.drafts:
+        print(f"drafts K={d.k} (d = h): depth 2 {d.rate(2):,.0f} tok/s, {d.per_step(2):.2f} "
+              f"tokens/step, {d.step_ms(2):.2f} ms/step; depth 1 {d.rate(1):,.0f} tok/s, "
+              f"{d.per_step(1):.2f} tokens/step, {d.step_ms(1):.2f} ms/step"
+              + (f"; acceptance {d.acceptance:.1%}; over K=0: depth 2 "
+                 f"{d.rate(2) / base.rate(2):.2f}x, depth 1 {d.rate(1) / base.rate(1):.2f}x"
+                 if d.k else " (no drafts)"))
+    gap = max(p.gap for p in r.points)
+    launches = r.points[0].ours.outcome.stats["launches"]
     print(f"churn: {launches} steps per run, layout never the same for more than {gap} steps")
     print(f"validated: {VALIDATED['runs']} runs (every recording one, depth 2 and depth 1), "
           f"{VALIDATED['events']:,} events, each a transition of the model")
+
+
+def _print_targets(r: Results) -> None:
+    """The targets, met or not, and where a point falls short of or beats its ideal, why."""
+    points = r.points
     shares = [p.speedup / p.ideal for p in points]
     churned = all(p.ours.overlapped >= 0.95 for p in points)
-    recorded = rec_rate >= 0.95 * bare_rate
+    recorded = r.recorded >= 0.95 * r.bare
     short = [p for p in points if p.speedup < TARGET * p.ideal]
     print(f"targets: every ratio's speedup >= {TARGET:.0%} of its ideal: "
           f"{'met' if not short else 'NOT met'} (lowest {min(shares):.0%}); >= 95% overlapped "
@@ -536,7 +568,7 @@ def main() -> None:
         # one GIL; in a process of its own, the two share this machine's cores.
         why = (": the emulated kernels run in Python threads that share the host's GIL, so at "
                "depth 2 they take turns with the host's work instead of overlapping it"
-               if args.device == "threads" else
+               if r.device == "threads" else
                f": the device process and the host share this machine's {os.cpu_count()} cores "
                "with everything else running on it")
         print("short of the ideal at d/h " + ", ".join(
@@ -550,34 +582,45 @@ def main() -> None:
             f"{p.host_cpu[1] * 1e3:.2f} ms at depth 2)" for p in above)
             + ": the ideal assumes depth 2's host does depth 1's host work per step, and here "
             "it does less")
-    if args.json:
-        Path(args.json).write_text(json.dumps({
-            "rounds": args.rounds, "device": args.device,
-            "compared": {"device": other, "points": [
-                {"ratio": q.ratio, "speedup": q.speedup, "ideal": q.ideal} for q in compared]},
-            "points": [{"ratio": p.ratio, "measured_ratio": p.device_s / p.host_s,
-                        "host_s": p.host_s, "device_s": p.device_s, "work_s": p.work_s,
-                        "speedup": p.speedup, "ideal": p.ideal, "spread": p.spread,
-                        "overlapped": p.ours.overlapped, "overlapped_drain": p.drain.overlapped}
-                       for p in points],
-            "logprobs_ratio": lp_rate / plain_rate, "recording_ratio": rec_rate / bare_rate,
-            "drafts": [{"spec_tokens": r.k, "depth2_tok_s": r.rate(2), "depth1_tok_s": r.rate(1),
-                        "depth2_tokens_per_step": r.per_step(2),
-                        "depth1_tokens_per_step": r.per_step(1), "acceptance": r.acceptance,
-                        "depth2_over_no_drafts": r.rate(2) / base.rate(2),
-                        "depth1_over_no_drafts": r.rate(1) / base.rate(1)} for r in drafts],
-        }, indent=1))
-    print(f"ratios: depth2/depth1 tokens/s over ideal ({args.device}): " + "; ".join(
-        f"d/h {p.ratio:g}: {p.speedup:.2f}x / {p.ideal:.2f}x" for p in points)
-        + f"; share of the ideal, {args.device} / {other}: " + ", ".join(
+
+
+def _write_json(path: Path, rounds: int, r: Results) -> None:
+    """The sweep's figures, for `ttmirror report --bench-engine FILE`."""
+    base = r.drafts[0]
+    path.write_text(json.dumps({
+        "rounds": rounds, "device": r.device,
+        "compared": {"device": r.other, "points": [
+            {"ratio": q.ratio, "speedup": q.speedup, "ideal": q.ideal} for q in r.compared]},
+        "points": [{"ratio": p.ratio, "measured_ratio": p.device_s / p.host_s,
+                    "host_s": p.host_s, "device_s": p.device_s, "work_s": p.work_s,
+                    "speedup": p.speedup, "ideal": p.ideal, "spread": p.spread,
+                    "overlapped": p.ours.overlapped, "overlapped_drain": p.drain.overlapped}
+                   for p in r.points],
+        "logprobs_ratio": r.logprobs.rate(True) / r.logprobs.rate(False),
+        "recording_ratio": r.recorded / r.bare,
+        "drafts": [{"spec_tokens": d.k, "depth2_tok_s": d.rate(2), "depth1_tok_s": d.rate(1),
+                    "depth2_tokens_per_step": d.per_step(2),
+                    "depth1_tokens_per_step": d.per_step(1), "acceptance": d.acceptance,
+                    "depth2_over_no_drafts": d.rate(2) / base.rate(2),
+                    "depth1_over_no_drafts": d.rate(1) / base.rate(1)} for d in r.drafts],
+    }, indent=1))
+
+
+def _print_ratios(r: Results) -> None:
+    """The last line: every ratio the run measured side by side."""
+    base, lp = r.drafts[0], r.logprobs
+    print(f"ratios: depth2/depth1 tokens/s over ideal ({r.device}): " + "; ".join(
+        f"d/h {p.ratio:g}: {p.speedup:.2f}x / {p.ideal:.2f}x" for p in r.points)
+        + f"; share of the ideal, {r.device} / {r.other}: " + ", ".join(
             f"d/h {p.ratio:g}: {p.speedup / p.ideal:.0%} / {q.speedup / q.ideal:.0%}"
-            for p, q in zip(points, compared, strict=True))
-        + f"; with/without logprobs {lp_rate / plain_rate:.2f}x; recording/not "
-        f"{rec_rate / bare_rate:.2f}x; overlapped under churn ours/drain " + ", ".join(
-            f"{p.ours.overlapped / max(p.drain.overlapped, 1e-9):.2f}x" for p in points)
+            for p, q in zip(r.points, r.compared, strict=True))
+        + f"; with/without logprobs {lp.rate(True) / lp.rate(False):.2f}x; recording/not "
+        f"{r.recorded / r.bare:.2f}x; overlapped under churn ours/drain " + ", ".join(
+            f"{p.ours.overlapped / max(p.drain.overlapped, 1e-9):.2f}x" for p in r.points)
         + "; drafts/none depth 2, depth 1: " + ", ".join(
-            f"K={r.k} {r.rate(2) / base.rate(2):.2f}x, {r.rate(1) / base.rate(1):.2f}x"
-            for r in drafts[1:]))
+            f"K={d.k} {d.rate(2) / base.rate(2):.2f}x, {d.rate(1) / base.rate(1):.2f}x"
+            for d in r.drafts[1:]))
+
 
 if __name__ == "__main__":
     main()

@@ -134,7 +134,8 @@ CONTRACTS = {
     "The serving engine reaches the mirror": ("serving/engine.py",
                                               "from ttmirror.model import state"),
     "The emulator plugs into": ("emulator/ops.py", "from ttmirror.conformance import bugs"),
-    "Validating a recorded run": ("conformance/validate.py", "from .lockstep import take"),
+    "Validating a recorded run": ("conformance/traces/validate.py",
+                                  "from ttmirror.conformance.lockstep.harness import take"),
     "No import cycles": ("cli/serving.py", "from ttmirror.cli.core import main"),
 }
 
@@ -411,3 +412,26 @@ def test_no_public_method_of_the_runner_is_longer_than_forty_lines() -> None:
     planted = f"class Runner:\n    def schedule(self):\n{body}    def _helper(self):\n{body}"
     assert long_public_methods(planted, "Runner") == [
         f"Runner.schedule: {LONGEST_PUBLIC_METHOD + 1} lines"]
+
+
+LONGEST_FUNCTION = 80
+"""Lines any function outside tests/ may take."""
+
+
+def long_functions(source: str, name: str) -> list[str]:
+    return [f"{name}:{node.lineno} {node.name}: {n} lines"
+            for node in ast.walk(ast.parse(source))
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef)
+            and (n := node.end_lineno - node.lineno + 1) > LONGEST_FUNCTION]  # type: ignore[operator]
+
+
+def test_no_function_outside_the_tests_is_longer_than_eighty_lines() -> None:
+    found, read = [], 0
+    for folder in ("src", "benchmarks", "vllm_bridge", "docs"):
+        for path in sorted((ROOT / folder).rglob("*.py")):
+            found += long_functions(path.read_text(), str(path.relative_to(ROOT)))
+            read += 1
+    assert read > 120 and found == []
+    body = "".join(f"    x{i} = {i}\n" for i in range(LONGEST_FUNCTION))
+    assert long_functions(f"def f():\n{body}def g():\n    pass\n", "m") == [
+        f"m:1 f: {LONGEST_FUNCTION + 1} lines"]

@@ -41,6 +41,27 @@ def _params(r: dict[str, Any]) -> Any:
 
 
 def run(cell: dict[str, Any], summary_path: str) -> dict[str, Any]:
+    _set_environment(cell, summary_path)
+    from vllm.v1.engine.llm_engine import LLMEngine
+
+    from . import check_version
+
+    check_version()
+    engine = LLMEngine.from_engine_args(_engine_args(cell))
+    config = engine.vllm_config
+    try:
+        steps, tokens, finish, logprobs = _drive(engine, cell)
+    finally:
+        engine.engine_core.shutdown()
+    return {
+        "async_scheduling": config.scheduler_config.async_scheduling,
+        "max_concurrent_batches": config.max_concurrent_batches,
+        "engine_steps": steps, "tokens": tokens, "finish": finish, "logprobs": logprobs,
+    }
+
+
+def _set_environment(cell: dict[str, Any], summary_path: str) -> None:
+    """What the platform plugin and the worker read: the cell's options, as variables."""
     os.environ["TTMIRROR_VLLM"] = "1"
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
     os.environ["TTMIRROR_SUMMARY"] = summary_path
@@ -60,14 +81,12 @@ def run(cell: dict[str, Any], summary_path: str) -> dict[str, Any]:
         os.environ["TTMIRROR_SAMPLER"] = "greedy"
     else:
         os.environ.pop("TTMIRROR_SAMPLER", None)
+
+
+def _engine_args(cell: dict[str, Any]) -> Any:
     from vllm import EngineArgs
-    from vllm.inputs import TokensPrompt
-    from vllm.v1.engine.llm_engine import LLMEngine
 
-    from . import check_version
-
-    check_version()
-    args = EngineArgs(
+    return EngineArgs(
         model=cell["model_dir"], skip_tokenizer_init=True, dtype="float32",
         max_model_len=cell.get("max_model_len", 128), max_num_seqs=cell["max_num_seqs"],
         max_num_batched_tokens=cell["max_num_batched_tokens"],
@@ -80,8 +99,16 @@ def run(cell: dict[str, Any], summary_path: str) -> dict[str, Any]:
         speculative_config=None if not cell.get("spec_tokens") else {
             "method": "draft_model", "model": cell["model_dir"],
             "num_speculative_tokens": cell["spec_tokens"]})
-    engine = LLMEngine.from_engine_args(args)
-    config = engine.vllm_config
+
+
+def _drive(engine: Any, cell: dict[str, Any]) -> tuple[int, dict[str, list[int]],
+                                                      dict[str, str | None],
+                                                      dict[str, list[list[list[float]]]]]:
+    """Add the cell's requests as they arrive, step vLLM's engine until every one is done,
+    aborting those the cell aborts; the steps taken, and each request's tokens, finish reason
+    and logprobs."""
+    from vllm.inputs import TokensPrompt
+
     tokens: dict[str, list[int]] = {}
     finish: dict[str, str | None] = {}
     logprobs: dict[str, list[list[list[float]]]] = {}
@@ -89,40 +116,32 @@ def run(cell: dict[str, Any], summary_path: str) -> dict[str, Any]:
     pending = sorted(cell["requests"], key=lambda r: r.get("arrival", 0))
     abort_after = {r["id"]: r["abort_after"] for r in pending if r.get("abort_after") is not None}
     steps = 0
-    try:
-        while pending or engine.has_unfinished_requests():
-            if steps >= ENGINE_STEPS:
-                raise RuntimeError(f"vLLM's engine did not finish in {ENGINE_STEPS} steps")
-            while pending and pending[0].get("arrival", 0) <= steps:
-                r = pending.pop(0)
-                engine.add_request(r["id"], TokensPrompt(prompt_token_ids=r["prompt"]),
-                                   _params(r))
-            for out in engine.step():
-                tokens[out.request_id] = list(out.outputs[0].token_ids)
-                if out.outputs[0].logprobs is not None:
-                    logprobs[out.request_id] = [
-                        sorted([t, lp.logprob, lp.rank] for t, lp in position.items())
-                        for position in out.outputs[0].logprobs]
-                if out.finished:
-                    finish[out.request_id] = out.outputs[0].finish_reason
-            steps += 1
-            for rid, after in list(aborts.items()):
-                if steps >= after and rid not in finish:
-                    engine.abort_request([rid])
-                    aborts.pop(rid)
-                    finish[rid] = "abort"
-            for rid, n in list(abort_after.items()):
-                if len(tokens.get(rid, ())) >= n and rid not in finish:
-                    engine.abort_request([rid])  # with its next step likely in flight
-                    abort_after.pop(rid)
-                    finish[rid] = "abort"
-    finally:
-        engine.engine_core.shutdown()
-    return {
-        "async_scheduling": config.scheduler_config.async_scheduling,
-        "max_concurrent_batches": config.max_concurrent_batches,
-        "engine_steps": steps, "tokens": tokens, "finish": finish, "logprobs": logprobs,
-    }
+    while pending or engine.has_unfinished_requests():
+        if steps >= ENGINE_STEPS:
+            raise RuntimeError(f"vLLM's engine did not finish in {ENGINE_STEPS} steps")
+        while pending and pending[0].get("arrival", 0) <= steps:
+            r = pending.pop(0)
+            engine.add_request(r["id"], TokensPrompt(prompt_token_ids=r["prompt"]), _params(r))
+        for out in engine.step():
+            tokens[out.request_id] = list(out.outputs[0].token_ids)
+            if out.outputs[0].logprobs is not None:
+                logprobs[out.request_id] = [
+                    sorted([t, lp.logprob, lp.rank] for t, lp in position.items())
+                    for position in out.outputs[0].logprobs]
+            if out.finished:
+                finish[out.request_id] = out.outputs[0].finish_reason
+        steps += 1
+        for rid, after in list(aborts.items()):
+            if steps >= after and rid not in finish:
+                engine.abort_request([rid])
+                aborts.pop(rid)
+                finish[rid] = "abort"
+        for rid, n in list(abort_after.items()):
+            if len(tokens.get(rid, ())) >= n and rid not in finish:
+                engine.abort_request([rid])  # with its next step likely in flight
+                abort_after.pop(rid)
+                finish[rid] = "abort"
+    return steps, tokens, finish, logprobs
 
 
 def main(argv: list[str]) -> int:

@@ -36,7 +36,7 @@ import pickle
 import threading
 import time
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from typing import TYPE_CHECKING, Any
@@ -106,21 +106,121 @@ def _resolve(value: Any, objects: dict[int, Any]) -> Any:
     return objects[value.number] if type(value) is _Ref else value
 
 
-def _effect_record(effect: Any, staging: int | None, objects: _Objects) -> tuple[Any, ...]:
+# --- the messages ---------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class RunKernel:
+    """A kernel's run: its registered name, its arguments (operands of DRAM, values, objects
+    by reference), its outputs and its parameters."""
+
+    name: str
+    args: tuple[Any, ...]
+    outputs: tuple[Operand, ...]
+    params: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class WriteBytes:
+    """A host write's bytes, into an operand of DRAM."""
+
+    destination: Operand
+    raw: bytes
+    dtype: torch.dtype
+    shape: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class ReadToStaging:
+    """A read: the operand's bytes into the staging area at `offset`, for the host to land."""
+
+    source: Operand
+    offset: int
+
+
+Effect = RunKernel | WriteBytes | ReadToStaging | None
+"""What a command does in the device process (None: nothing, an event's record)."""
+
+
+@dataclass(frozen=True)
+class Queued:
+    """One command as the device process runs it: its queue and index there, the command it
+    waits for (an event's: queue and index), its configured time and stall, and its effect."""
+
+    cq: int
+    index: int
+    waits: tuple[int, int] | None
+    cost: float
+    stall: float
+    effect: Effect
+
+
+@dataclass(frozen=True)
+class Commands:
+    """Host -> device: commands to queue, and the objects they name that cross for the first
+    time (number, pickled)."""
+
+    queued: tuple[Queued, ...]
+    objects: tuple[tuple[int, bytes], ...]
+
+
+@dataclass(frozen=True)
+class Wait:
+    """Host -> device: answer `tag` once queue `cq` has completed command `index`."""
+
+    cq: int
+    index: int
+    tag: int
+
+
+@dataclass(frozen=True)
+class Allow:
+    """Host -> device (gated): queue `cq` may run up to command `index`; answer `tag` once it
+    has."""
+
+    cq: int
+    index: int
+    tag: int
+
+
+@dataclass(frozen=True)
+class Close:
+    """Host -> device: stop."""
+
+
+@dataclass(frozen=True)
+class Reached:
+    """Device -> host: what the message tagged `tag` waited for has completed."""
+
+    tag: int
+
+
+@dataclass(frozen=True)
+class Failed:
+    """Device -> host: the error that stopped the device process."""
+
+    why: str
+
+
+ToDevice = Commands | Wait | Allow | Close
+ToHost = Reached | Failed
+
+
+def _effect(effect: Any, staging: int | None, objects: _Objects) -> Effect:
     """An effect as the device process runs it: a kernel, a write's bytes, a read's staging."""
     if isinstance(effect, Kernel):
-        return ("kernel", effect.name, tuple(objects.ref(a) for a in effect.args),
-                effect.outputs, {k: objects.ref(v) for k, v in effect.params.items()})
+        params = {k: objects.ref(v) for k, v in effect.params.items()}
+        return RunKernel(effect.name, tuple(objects.ref(a) for a in effect.args),
+                         tuple(effect.outputs), params)
     if isinstance(effect, HostWrite):
         values = effect.values.contiguous()
         raw = values.view(torch.uint8).numpy().tobytes() if values.numel() else b""
-        return ("write", effect.destination, raw, values.dtype, tuple(values.shape))
+        return WriteBytes(effect.destination, raw, values.dtype, tuple(values.shape))
     if isinstance(effect, HostRead):
-        return ("read", effect.source, staging)
-    return ("none",)
+        assert staging is not None
+        return ReadToStaging(effect.source, staging)
+    return None
 
 
-def _put(conn: Connection, message: tuple[Any, ...]) -> None:
+def _put(conn: Connection, message: ToDevice | ToHost) -> None:
     """A message to the other side: plain pickle (nothing in one needs multiprocessing's own
     pickler, which takes twice as long per message)."""
     conn.send_bytes(pickle.dumps(message, protocol=5))
@@ -131,6 +231,122 @@ def _get(conn: Connection) -> Any:
 
 
 # --- the device process ---------------------------------------------------------------------------
+class _DeviceLoop:
+    """The device process's state: each queue's commands not yet run, the host's waits, how far
+    a gated queue may run, when a held queue's head began to be held, the objects that crossed,
+    and views of DRAM."""
+
+    def __init__(self, conn: Connection, memory: torch.Tensor, control: torch.Tensor,
+                 stage: torch.Tensor, queues: int, gated: bool) -> None:
+        self.conn, self.memory, self.stage = conn, memory, stage
+        self.counters = control.numpy()
+        self.pending: list[deque[Queued]] = [deque() for _ in range(queues)]
+        self.waiters: list[Wait | Allow] = []  # what the host blocks on
+        self.allowed = [-1 if gated else math.inf] * queues  # per queue: the last index to run
+        self.since: list[float | None] = [None] * queues  # when a held queue's head was held
+        self.objects: dict[int, Any] = {}
+        self.views: dict[Operand, torch.Tensor] = {}
+
+    def view(self, operand: Operand) -> torch.Tensor:
+        return kept_view(self.views, self.memory, operand)
+
+    def apply(self, effect: Effect) -> None:
+        """Do what one command says, on DRAM (or into the staging area)."""
+        if type(effect) is RunKernel:
+            KERNELS[effect.name](
+                [self.view(a) if type(a) is Operand else _resolve(a, self.objects)
+                 for a in effect.args],
+                [self.view(o) for o in effect.outputs],
+                {k: _resolve(v, self.objects) for k, v in effect.params.items()})
+        elif type(effect) is WriteBytes:
+            if effect.raw:
+                values = torch.frombuffer(bytearray(effect.raw), dtype=torch.uint8)
+                self.view(effect.destination).copy_(values.view(effect.dtype).view(effect.shape))
+        elif type(effect) is ReadToStaging:
+            data = self.view(effect.source)
+            nbytes = data.numel() * data.element_size()
+            at = effect.offset
+            self.stage[at:at + nbytes].view(data.dtype).view(data.shape).copy_(data)
+
+    def answer_waiters(self) -> None:
+        for w in [w for w in self.waiters if self.counters[w.cq, 0] >= w.index]:
+            self.waiters.remove(w)
+            _put(self.conn, Reached(w.tag))
+
+    def run_ready(self, cq: int) -> bool:
+        """Run queue `cq`'s heads while they may run; whether one did."""
+        queue, ran, counters = self.pending[cq], False, self.counters
+        while queue:
+            head = queue[0]
+            waits = head.waits
+            if head.index > self.allowed[cq] or (
+                    waits is not None and counters[waits[0], 0] < waits[1]):
+                break
+            began = now = time.perf_counter()
+            if head.cost or head.stall:  # held from its first turn: its stall, then its time
+                held = self.since[cq]
+                began = self.since[cq] = now if held is None else held
+                if now < began + head.stall + head.cost:
+                    break
+                self.since[cq] = None
+            cpu = time.thread_time_ns()
+            self.apply(head.effect)
+            queue.popleft()
+            counters[cq, 2] += time.thread_time_ns() - cpu
+            counters[cq, 1] += int((time.perf_counter() - began - head.stall) * 1e9)  # not busy
+            counters[cq, 0] = head.index  # published last: the host reads it unlocked
+            ran = True
+            if self.waiters:
+                self.answer_waiters()
+        return ran
+
+    def take(self, message: ToDevice) -> bool:
+        """A message from the host; False: it says to stop."""
+        if type(message) is Commands:
+            for number, data in message.objects:
+                self.objects[number] = pickle.loads(data)
+            for queued in message.queued:
+                self.pending[queued.cq].append(queued)
+        elif type(message) is Wait:
+            self.waiters.append(message)
+            self.answer_waiters()
+        elif type(message) is Allow:  # gated: run one more command of a queue, then answer
+            self.allowed[message.cq] = message.index
+            self.waiters.append(message)
+            self.answer_waiters()
+        return type(message) is not Close
+
+    def incoming(self, timeout: float) -> bool:
+        """Take the host's messages, waiting up to `timeout` for the first, then all that came
+        meanwhile; False: the host said to stop, or is gone (so is the device)."""
+        try:
+            if self.conn.poll(timeout):
+                if not self.take(_get(self.conn)):
+                    return False
+                while self.conn.poll(0):
+                    if not self.take(_get(self.conn)):
+                        return False
+        except (EOFError, OSError):
+            return False
+        return True
+
+    def idle_timeout(self) -> float:
+        """How long to wait for the host's next message: until the first held queue's due time."""
+        dues = [t + self.pending[cq][0].stall + self.pending[cq][0].cost
+                for cq, t in enumerate(self.since) if t is not None]
+        return max(0.0, min(dues) - time.perf_counter()) if dues else 0.5
+
+    def loop(self) -> None:
+        """Until the host says to stop: a pass runs every queue's ready heads, then takes in the
+        host's messages (at once after a completion: it may unblock another queue)."""
+        while True:
+            ran = False
+            for cq in range(len(self.pending)):
+                ran = self.run_ready(cq) or ran
+            if not self.incoming(0.0 if ran else self.idle_timeout()):
+                return
+
+
 def _serve(conn: Connection, memory: torch.Tensor, control: torch.Tensor, stage: torch.Tensor,
            queues: int, cpus: frozenset[int] | None, gated: bool) -> None:
     """The device process: run each queue's commands in order as their events allow (and,
@@ -144,116 +360,16 @@ def _serve(conn: Connection, memory: torch.Tensor, control: torch.Tensor, stage:
     torch.set_num_threads(1)  # tiny kernels: intra-op threads would only spin against the host
     if cpus:
         os.sched_setaffinity(0, cpus)
-    counters = control.numpy()
-    pending: list[deque[tuple[Any, ...]]] = [deque() for _ in range(queues)]
-    waiters: list[tuple[int, int, int]] = []  # (queue, index, tag) the host blocks on
-    allowed = [-1 if gated else math.inf] * queues  # per queue: the last index it may run
-    since: list[float | None] = [None] * queues  # when a held queue's head began to be held
-    objects: dict[int, Any] = {}
-    views: dict[Operand, torch.Tensor] = {}
-
-    def view(operand: Operand) -> torch.Tensor:
-        return kept_view(views, memory, operand)
-
-    def run(record: tuple[Any, ...]) -> None:
-        kind = record[0]
-        if kind == "kernel":
-            _, name, args, outputs, params = record
-            KERNELS[name](
-                [view(a) if type(a) is Operand else _resolve(a, objects) for a in args],
-                [view(o) for o in outputs],
-                {k: _resolve(v, objects) for k, v in params.items()})
-        elif kind == "write":
-            _, destination, raw, dtype, shape = record
-            if raw:
-                values = torch.frombuffer(bytearray(raw), dtype=torch.uint8).view(dtype)
-                view(destination).copy_(values.view(shape))
-        elif kind == "read":
-            _, source, offset = record
-            data = view(source)
-            nbytes = data.numel() * data.element_size()
-            stage[offset:offset + nbytes].view(data.dtype).view(data.shape).copy_(data)
-
-    def answer_waiters() -> None:
-        for w in [w for w in waiters if counters[w[0], 0] >= w[1]]:
-            waiters.remove(w)
-            _put(conn, ("reached", w[2]))
-
-    def run_ready(cq: int) -> bool:
-        """Run queue `cq`'s heads while they may run; whether one did."""
-        queue, ran = pending[cq], False
-        while queue:
-            index, waits, cost, stall, record = queue[0]
-            if index > allowed[cq] or (waits is not None and counters[waits[0], 0] < waits[1]):
-                break
-            began = now = time.perf_counter()
-            if cost or stall:  # held from its first turn: its stall, then its configured time
-                held = since[cq]
-                began = since[cq] = now if held is None else held
-                if now < began + stall + cost:
-                    break
-                since[cq] = None
-            cpu = time.thread_time_ns()
-            run(record)
-            queue.popleft()
-            counters[cq, 2] += time.thread_time_ns() - cpu
-            counters[cq, 1] += int((time.perf_counter() - began - stall) * 1e9)  # stall: not busy
-            counters[cq, 0] = index  # published last: the host reads it unlocked
-            ran = True
-            if waiters:
-                answer_waiters()
-        return ran
-
-    def take(message: tuple[Any, ...]) -> bool:
-        """A message from the host; False: it says to stop."""
-        kind = message[0]
-        if kind == "commands":
-            for number, data in message[2]:
-                objects[number] = pickle.loads(data)
-            for cq, index, waits, cost, stall, record in message[1]:
-                pending[cq].append((index, waits, cost, stall, record))
-        elif kind == "wait":
-            waiters.append(message[1:])
-            answer_waiters()
-        elif kind == "allow":  # gated: run one more command of a queue, then answer
-            allowed[message[1]] = message[2]
-            waiters.append(message[1:])
-            answer_waiters()
-        return kind != "close"
-
-    def incoming(timeout: float) -> bool:
-        """Take the host's messages, waiting up to `timeout` for the first, then all that came
-        meanwhile; False: the host said to stop, or is gone (so is the device)."""
-        try:
-            if conn.poll(timeout):
-                if not take(_get(conn)):
-                    return False
-                while conn.poll(0):
-                    if not take(_get(conn)):
-                        return False
-        except (EOFError, OSError):
-            return False
-        return True
-
+    device = _DeviceLoop(conn, memory, control, stage, queues, gated)
     loop_cpu = time.thread_time_ns()
     try:
-        while True:
-            ran = False
-            for cq in range(queues):
-                ran = run_ready(cq) or ran
-            if ran:  # a completion may unblock another queue: pass again, after the host's news
-                timeout = 0.0
-            else:  # idle until a message or the first held queue's due time
-                dues = [t + pending[cq][0][3] + pending[cq][0][2]
-                        for cq, t in enumerate(since) if t is not None]
-                timeout = max(0.0, min(dues) - time.perf_counter()) if dues else 0.5
-            if not incoming(timeout):
-                break
+        device.loop()
     except BaseException as error:  # a kernel's error, say: the host learns of it, we end
         with contextlib.suppress(OSError):
-            _put(conn, ("failed", f"{type(error).__name__}: {error}"))
+            _put(conn, Failed(f"{type(error).__name__}: {error}"))
         os._exit(3)
     # Queue 0's CPU also holds the loop's own (messages, passes): the process's in all.
+    counters = device.counters
     counters[0, 2] += time.thread_time_ns() - loop_cpu - int(counters[:, 2].sum())
 
 
@@ -359,7 +475,7 @@ class ProcessScheduler:
             self.policy.close()
         if self._conn is not None:
             with contextlib.suppress(OSError):
-                _put(self._conn, ("close",))
+                _put(self._conn, Close())
         if self._process is not None:
             self._process.join(timeout=10)
             if self._process.is_alive():
@@ -399,7 +515,7 @@ class ProcessScheduler:
         self._retire(device)
         if command.done:
             return
-        self._await(device, ("wait", command.cq, command.index))
+        self._await(device, lambda tag: Wait(command.cq, command.index, tag))
         self._retire(device)
         assert command.done, command
 
@@ -414,18 +530,18 @@ class ProcessScheduler:
         """Run `head`, its queue's ready head, in the device process and land its readback; the
         device then marks it done (with a policy: the policy chose it)."""
         self._send(device)
-        self._await(device, ("allow", head.cq, head.index))
+        self._await(device, lambda tag: Allow(head.cq, head.index, tag))
         self._land(head)
 
     # --- inside ---------------------------------------------------------------------------------
-    def _await(self, device: EmulatedMeshDevice, message: tuple[Any, ...]) -> None:
-        """Send `message` with a tag and wait for the device process to answer that its command
+    def _await(self, device: EmulatedMeshDevice, message: Callable[[int], Wait | Allow]) -> None:
+        """Send `message(tag)` and wait for the device process to answer that its command
         completed: free-running, with the device lock released (other host threads go on, as
         beside a chip); gated, holding it, so that a step is one move, as in the host's
         process (no other thread steps the same head meanwhile)."""
         self._tags += 1
         tag = self._tags
-        self._post((*message, tag))
+        self._post(message(tag))
         wait = device.condition if self.policy is None else self._replies
         with self._replies:
             while tag not in self._reached:
@@ -440,7 +556,7 @@ class ProcessScheduler:
                         self._replies.acquire()
             self._reached.discard(tag)
 
-    def _post(self, message: tuple[Any, ...]) -> None:
+    def _post(self, message: ToDevice) -> None:
         assert self._conn is not None
         try:
             _put(self._conn, message)
@@ -472,12 +588,12 @@ class ProcessScheduler:
                 if command.waits and command.event is not None:
                     record = command.event.record
                     waits = (record.cq, record.index)
-                records.append((cq, command.index, waits, self.costs.get(command.name, 0.0),
-                                self._stalls.pop(command.id, 0.0),
-                                _effect_record(effect, staging, self._objects)))
+                records.append(Queued(cq, command.index, waits, self.costs.get(command.name, 0.0),
+                                      self._stalls.pop(command.id, 0.0),
+                                      _effect(effect, staging, self._objects)))
                 self._sent[cq] = command.index
         if records:
-            self._post(("commands", records, self._objects.taken()))
+            self._post(Commands(tuple(records), tuple(self._objects.taken())))
 
     def _stage(self, command: Command) -> int:
         """A staging range for a read's bytes (aligned, as a DRAM buffer)."""
@@ -524,10 +640,10 @@ class ProcessScheduler:
             except (EOFError, OSError):
                 break
             with self._replies:
-                if message[0] == "failed":  # what stopped it: the host's error names it
-                    self._why = message[1]
+                if type(message) is Failed:  # what stopped it: the host's error names it
+                    self._why = message.why
                 else:
-                    self._reached.add(message[1])
+                    self._reached.add(message.tag)
                 self._replies.notify_all()
             self._wake_host(device)
         with self._replies:

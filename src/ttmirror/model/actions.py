@@ -333,66 +333,17 @@ def schedule(s: State, b: Bounds, order: tuple[int, ...],
     ``subsets`` any non-empty subset), building the previous-row map (the ring) or the
     ``idx_mapping`` (state rows); with ``subsets`` and drafts, ``drafts[i]`` is how many of its
     drafts row i carries (any up to the drafts it has; () = all of them)."""
-    if not s.allocated or len(s.queue) >= b.depth or not order:
-        return None
-    todo = eligible(s, b)
-    if b.subsets:
-        if len(set(order)) != len(order) or not set(order) <= set(todo):
-            return None
-        if not b.condense and list(order) != sorted(order):
-            return None
-    elif sorted(order) != todo or (not b.condense and list(order) != todo):
+    if not _schedulable(s, b, order, drafts):
         return None
     # Drafts per row are the scheduler's to choose with subsets (none given: all each row has).
     chosen = bool(b.subsets and b.spec_tokens and drafts)
-    if drafts and not (b.subsets and b.spec_tokens and len(drafts) == len(order)):
-        return None
     prev = s.queue[-1] if s.queue else None
     rows = []
     for i, r in enumerate(order):
-        req = s.requests[r]
-        # Arrived and resumed requests prefill from host ids, and so does a host-sync request
-        # (its next input is built on the host): none of them reads the device.
-        from_host = req.status == Status.WAITING or is_host_sync(b, r)
-        idx = -1
-        if b.state == "rows":
-            idx = req.state_row
-            if b.variant == "idx-from-previous-order" and prev is not None and i < len(prev.rows):
-                idx = prev.rows[i].idx  # known-bad: the previous step's mapping reused
-        prev_row = None
-        if b.guard and prev is not None and not from_host:
-            # The guard: a request whose newest token is still in flight reads it on the device.
-            # The ring: from the previous step's slot, through the previous-row map (invariant
-            # NewestTokenInNewestStep: at any depth it is there without subsets). State rows:
-            # from its own state row, whichever in-flight step wrote it. A partial-prefill row's
-            # id is discarded, never mirrored.
-            if b.state == "ring":
-                prev_row = next(iter(mirror_rows(prev, r, b)), None)
-            elif b.variant == "skipped-from-previous-step":  # known-bad: the ring's lookup
-                prev_row = idx if mirror_rows(prev, r, b) else None
-            elif newest_on_device(s, b, r):
-                prev_row = idx
-        partial = req.prefill_left > 0
-        if not b.spec_tokens:
-            rows.append(Row(req=r, pos=next_pos(s, r), prev_row=prev_row, consumed=None,
-                            live=True, partial=partial, idx=idx))
-            continue
-        spec = drafts_scheduled(s, b, r, partial)
-        if chosen:
-            if not 0 <= drafts[i] <= spec:
-                return None
-            spec = drafts[i]
-        if prev_row is not None:  # newest token, position and drafts: all on the device
-            rows.append(Row(req=r, pos=-1, prev_row=prev_row, consumed=None, live=True,
-                            partial=partial, spec=spec, idx=idx))
-            continue
-        # A host row: its position is the host's count of computed tokens, its drafts those
-        # read back after its newest token (placeholders, -1, where the host has none).
-        placed = len(req.delivered) + req.placeholders
-        staged = (drafts_after(host_token(s, r, placed), spec) if req.drafts_ready
-                  else (PLACEHOLDER,) * spec)
-        rows.append(Row(req=r, pos=-1, prev_row=None, consumed=None, live=True,
-                        partial=partial, spec=spec, placed=placed, drafts=staged, idx=idx))
+        row = _scheduled_row(s, b, prev, i, r, drafts[i] if chosen else None)
+        if row is None:
+            return None
+        rows.append(row)
     uses_mirror = b.state == "ring" and any(row.prev_row is not None for row in rows)
     step = Step(
         slot=s.next_slot,
@@ -401,31 +352,101 @@ def schedule(s: State, b: Bounds, order: tuple[int, ...],
         rows=tuple(rows),
         host_copy=None,
     )
+    return s._replace(
+        queue=(*s.queue, step),
+        next_slot=(s.next_slot + 1) % b.slots,
+        requests=_scheduled_requests(s, b, order, rows),
+    )
+
+
+def _schedulable(s: State, b: Bounds, order: tuple[int, ...], drafts: tuple[int, ...]) -> bool:
+    """A step may be scheduled now over ``order`` with ``drafts``: a free place in the
+    pipeline, and an order (and draft counts) the bounds allow."""
+    if not s.allocated or len(s.queue) >= b.depth or not order:
+        return False
+    todo = eligible(s, b)
+    if b.subsets:
+        if len(set(order)) != len(order) or not set(order) <= set(todo):
+            return False
+        if not b.condense and list(order) != sorted(order):
+            return False
+    elif sorted(order) != todo or (not b.condense and list(order) != todo):
+        return False
+    return not drafts or bool(b.subsets and b.spec_tokens and len(drafts) == len(order))
+
+
+def _scheduled_row(s: State, b: Bounds, prev: Step | None, i: int, r: int,
+                   chosen: int | None) -> Row | None:
+    """Request ``r``'s row at place ``i`` of the step (``chosen``: the drafts the scheduler gave
+    it, None for all it has); None where ``chosen`` is more than it has."""
+    req = s.requests[r]
+    # Arrived and resumed requests prefill from host ids, and so does a host-sync request
+    # (its next input is built on the host): none of them reads the device.
+    from_host = req.status == Status.WAITING or is_host_sync(b, r)
+    idx = -1
+    if b.state == "rows":
+        idx = req.state_row
+        if b.variant == "idx-from-previous-order" and prev is not None and i < len(prev.rows):
+            idx = prev.rows[i].idx  # known-bad: the previous step's mapping reused
+    prev_row = None
+    if b.guard and prev is not None and not from_host:
+        # The guard: a request whose newest token is still in flight reads it on the device.
+        # The ring: from the previous step's slot, through the previous-row map (invariant
+        # NewestTokenInNewestStep: at any depth it is there without subsets). State rows:
+        # from its own state row, whichever in-flight step wrote it. A partial-prefill row's
+        # id is discarded, never mirrored.
+        if b.state == "ring":
+            prev_row = next(iter(mirror_rows(prev, r, b)), None)
+        elif b.variant == "skipped-from-previous-step":  # known-bad: the ring's lookup
+            prev_row = idx if mirror_rows(prev, r, b) else None
+        elif newest_on_device(s, b, r):
+            prev_row = idx
+    partial = req.prefill_left > 0
+    if not b.spec_tokens:
+        return Row(req=r, pos=next_pos(s, r), prev_row=prev_row, consumed=None, live=True,
+                   partial=partial, idx=idx)
+    spec = drafts_scheduled(s, b, r, partial)
+    if chosen is not None:
+        if not 0 <= chosen <= spec:
+            return None
+        spec = chosen
+    if prev_row is not None:  # newest token, position and drafts: all on the device
+        return Row(req=r, pos=-1, prev_row=prev_row, consumed=None, live=True, partial=partial,
+                   spec=spec, idx=idx)
+    # A host row: its position is the host's count of computed tokens, its drafts those read
+    # back after its newest token (placeholders, -1, where the host has none).
+    placed = len(req.delivered) + req.placeholders
+    staged = (drafts_after(host_token(s, r, placed), spec) if req.drafts_ready
+              else (PLACEHOLDER,) * spec)
+    return Row(req=r, pos=-1, prev_row=None, consumed=None, live=True, partial=partial,
+               spec=spec, placed=placed, drafts=staged, idx=idx)
+
+
+def _scheduled_requests(s: State, b: Bounds, order: tuple[int, ...],
+                        rows: list[Row]) -> tuple[Request, ...]:
+    """The requests once the step over ``order`` is scheduled: running, a prefill chunk
+    further, and with drafts their placeholders and drafts counted."""
     requests = tuple(
         req._replace(status=Status.RUNNING, unchecked=False,
                      prefill_left=max(req.prefill_left - 1, 0)) if i in order else req
         for i, req in enumerate(s.requests)
     )
-    if b.spec_tokens:
-        # Placeholders: 1 + spec per row that will yield. Drafts follow this step's rows. A
-        # request the scheduler left out keeps its own: in its state row (state rows), or with
-        # the ring in the slot of its last step, read back by its next step at depth 2 (deeper,
-        # the ring cannot reach them: `ring-subsets-depth-3`). Without subsets only a request
-        # that could not be scheduled is left out, and it keeps none (the ring's first rule).
-        by_req = {row.req: row for row in rows}
-        keeps = b.state == "rows" or b.subsets
-        requests = tuple(
-            req._replace(
-                placeholders=req.placeholders + (
-                    1 + by_req[i].spec if i in by_req and not by_req[i].partial else 0),
-                drafts_ready=(not by_req[i].partial) if i in by_req
-                else keeps and req.drafts_ready)
-            for i, req in enumerate(requests)
-        )
-    return s._replace(
-        queue=(*s.queue, step),
-        next_slot=(s.next_slot + 1) % b.slots,
-        requests=requests,
+    if not b.spec_tokens:
+        return requests
+    # Placeholders: 1 + spec per row that will yield. Drafts follow this step's rows. A request
+    # the scheduler left out keeps its own: in its state row (state rows), or with the ring in
+    # the slot of its last step, read back by its next step at depth 2 (deeper, the ring cannot
+    # reach them: `ring-subsets-depth-3`). Without subsets only a request that could not be
+    # scheduled is left out, and it keeps none (the ring's first rule).
+    by_req = {row.req: row for row in rows}
+    keeps = b.state == "rows" or b.subsets
+    return tuple(
+        req._replace(
+            placeholders=req.placeholders + (
+                1 + by_req[i].spec if i in by_req and not by_req[i].partial else 0),
+            drafts_ready=(not by_req[i].partial) if i in by_req
+            else keeps and req.drafts_ready)
+        for i, req in enumerate(requests)
     )
 
 

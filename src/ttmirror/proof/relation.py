@@ -435,6 +435,21 @@ def schedule(c: Ctx, s: StateV) -> Result:
     free choice picks) in some order, building the previous-row map: the order is a free
     bijection between rows 0..n-1 and the scheduled requests. With subsets and drafts each row
     carries a free number of drafts, up to those it has."""
+    z = c.smt.z
+    n, order, row_of, el = _scheduled_order(c, s)
+    spec_of = _drafts_of_rows(c, s, n, order)
+    cases = [(qlen, set_step(s, qlen, _scheduled_step(c, s, qlen, n, order, row_of, spec_of)))
+             for qlen in range(c.opts.depth)]
+    pre = z.And(s.allocated, s.qlen < c.opts.depth, c.exists(el))
+    nxt = s.next_slot + 1
+    t = pick(c, s.qlen, cases)
+    return pre, t.with_(qlen=s.qlen + 1, requests=_scheduled_requests(c, s, el, row_of, spec_of),
+                        next_slot=z.If(nxt >= c.params.K, 0, nxt))
+
+
+def _scheduled_order(c: Ctx, s: StateV) -> tuple[Term, Term, Term, Callable[[Term], Term]]:
+    """The step's rows: their number n, the free order (row -> request) and its inverse, and
+    which requests are scheduled (every eligible one; with subsets, those a free choice picks)."""
     z, smt, INT = c.smt.z, c.smt, c.smt.Int
     n = c.fresh("nrows", INT)
     order = c.fresh("order", smt.IntArr)  # row -> request
@@ -457,64 +472,80 @@ def schedule(c: Ctx, s: StateV) -> Result:
     if not c.opts.condense:  # rows in request order
         c.side.append(c.forall2(lambda x, y: z.Implies(z.And(x >= 0, x < y, y < n),
                                                         order[x] < order[y])))
+    return n, order, row_of, el
+
+
+def _drafts_of_rows(c: Ctx, s: StateV, n: Term, order: Term) -> Callable[[Term], Term]:
+    """Row i -> the drafts it carries: with subsets a free number up to those its request has,
+    else all of them."""
+    z, smt = c.smt.z, c.smt
     if c.opts.subsets and c.opts.spec_tokens:
         chosen = c.fresh("drafts", smt.IntArr)  # row -> drafts it carries
         c.side.append(c.forall(lambda x: z.Implies(z.And(x >= 0, x < n), z.And(
             chosen[x] >= 0, chosen[x] <= drafts_scheduled(c, s, order[x])))))
-        spec_of = lambda i: chosen[i]  # noqa: E731
+        return lambda i: chosen[i]
+    return lambda i: drafts_scheduled(c, s, order[i])
+
+
+def _scheduled_step(c: Ctx, s: StateV, qlen: int, n: Term, order: Term, row_of: Term,
+                    spec_of: Callable[[Term], Term]) -> StepV:
+    """The step scheduled behind `qlen` steps in flight."""
+    z, smt, INT = c.smt.z, c.smt, c.smt.Int
+    prev = s.queue[qlen - 1] if qlen else None
+
+    def idx_of(i: Term) -> Term:
+        """Row i's idx_mapping entry (the known-bad variant: the previous step's)."""
+        own = s.requests.state_row[order[i]]
+        if prev is None or c.opts.variant != "idx-from-previous-order":
+            return own
+        return z.If(i < prev.nrows, prev.idx[i], own)
+
+    def prev_row(i: Term) -> Term:
+        r = order[i]
+        if prev is None or not c.opts.guard:
+            return z.IntVal(NONE_INT)
+        from_host = z.Or(s.requests.status[r] == _W, c.params.HS[r])
+        if c.opts.rows:  # its state row, if its newest token is in flight anywhere
+            if c.opts.variant == "skipped-from-previous-step":
+                on_device = mirror_row(c, prev, r) >= 0
+            else:
+                on_device = z.Or(*[mirror_row(c, s.queue[j], r) >= 0 for j in range(qlen)])
+            return z.If(z.Or(from_host, z.Not(on_device)), NONE_INT, idx_of(i))
+        m = mirror_row(c, prev, r)
+        return z.If(z.Or(from_host, m < 0), NONE_INT, m)
+
+    uses = c.exists(lambda i: z.And(i >= 0, i < n, prev_row(i) >= 0)) \
+        if prev is not None and c.opts.guard and not c.opts.rows else False
+    spec_fields = _scheduled_drafts(c, s, order, prev_row, spec_of) if c.opts.spec_tokens \
+        else {
+        "pos": lam(c, INT, lambda i: next_pos(c, s, order[i])),
+        "spec": z.K(INT, z.IntVal(0)), "placed": z.K(INT, z.IntVal(NONE_INT)),
+        "drafts": s.queue[qlen].drafts, "ndrafts": z.K(INT, z.IntVal(0))}
+    if c.opts.rows:
+        idx = lam(c, INT, idx_of)
+        rows_fields = {"idx": idx, "was": order, "row_at": _last_row_at(c, idx, n)}
     else:
-        spec_of = lambda i: drafts_scheduled(c, s, order[i])  # noqa: E731
-    cases = []
-    for qlen in range(c.opts.depth):
-        prev = s.queue[qlen - 1] if qlen else None
+        rows_fields = {"idx": z.K(INT, z.IntVal(NONE_INT)), "was": order,
+                       "row_at": z.K(INT, z.IntVal(-1))}
+    return StepV(
+        slot=s.next_slot,
+        src=z.If(uses, prev.slot, NONE_INT) if prev is not None else z.IntVal(NONE_INT),
+        phase=z.IntVal(_SCHED), nrows=n, req=order, row_of=row_of,
+        prev=lam(c, INT, prev_row), **rows_fields,
+        consumed=z.K(INT, smt.NONE),
+        partial=lam(c, INT, lambda i: s.requests.prefill_left[order[i]] > 0),
+        **spec_fields,
+        host_copy=s.queue[qlen].host_copy, has_host_copy=z.BoolVal(False),
+        accepted=s.queue[qlen].accepted, has_accepted=z.BoolVal(False),
+        host_counts=s.queue[qlen].host_counts, has_host_counts=z.BoolVal(False),
+    )
 
-        def idx_of(i: Term, prev: StepV | None = prev) -> Term:
-            """Row i's idx_mapping entry (the known-bad variant: the previous step's)."""
-            own = s.requests.state_row[order[i]]
-            if prev is None or c.opts.variant != "idx-from-previous-order":
-                return own
-            return z.If(i < prev.nrows, prev.idx[i], own)
 
-        def prev_row(i: Term, prev: StepV | None = prev, qlen: int = qlen) -> Term:
-            r = order[i]
-            if prev is None or not c.opts.guard:
-                return z.IntVal(NONE_INT)
-            from_host = z.Or(s.requests.status[r] == _W, c.params.HS[r])
-            if c.opts.rows:  # its state row, if its newest token is in flight anywhere
-                if c.opts.variant == "skipped-from-previous-step":
-                    on_device = mirror_row(c, prev, r) >= 0
-                else:
-                    on_device = z.Or(*[mirror_row(c, s.queue[j], r) >= 0 for j in range(qlen)])
-                return z.If(z.Or(from_host, z.Not(on_device)), NONE_INT, idx_of(i))
-            m = mirror_row(c, prev, r)
-            return z.If(z.Or(from_host, m < 0), NONE_INT, m)
-
-        uses = c.exists(lambda i: z.And(i >= 0, i < n, prev_row(i) >= 0)) \
-            if prev is not None and c.opts.guard and not c.opts.rows else False
-        spec_fields = _scheduled_drafts(c, s, order, prev_row, spec_of) if c.opts.spec_tokens \
-            else {
-            "pos": lam(c, INT, lambda i: next_pos(c, s, order[i])),
-            "spec": z.K(INT, z.IntVal(0)), "placed": z.K(INT, z.IntVal(NONE_INT)),
-            "drafts": s.queue[qlen].drafts, "ndrafts": z.K(INT, z.IntVal(0))}
-        if c.opts.rows:
-            idx = lam(c, INT, idx_of)
-            rows_fields = {"idx": idx, "was": order, "row_at": _last_row_at(c, idx, n)}
-        else:
-            rows_fields = {"idx": z.K(INT, z.IntVal(NONE_INT)), "was": order,
-                           "row_at": z.K(INT, z.IntVal(-1))}
-        st = StepV(
-            slot=s.next_slot,
-            src=z.If(uses, prev.slot, NONE_INT) if prev is not None else z.IntVal(NONE_INT),
-            phase=z.IntVal(_SCHED), nrows=n, req=order, row_of=row_of,
-            prev=lam(c, INT, prev_row), **rows_fields,
-            consumed=z.K(INT, smt.NONE),
-            partial=lam(c, INT, lambda i: s.requests.prefill_left[order[i]] > 0),
-            **spec_fields,
-            host_copy=s.queue[qlen].host_copy, has_host_copy=z.BoolVal(False),
-            accepted=s.queue[qlen].accepted, has_accepted=z.BoolVal(False),
-            host_counts=s.queue[qlen].host_counts, has_host_counts=z.BoolVal(False),
-        )
-        cases.append((qlen, set_step(s, qlen, st)))
+def _scheduled_requests(c: Ctx, s: StateV, el: Callable[[Term], Term], row_of: Term,
+                        spec_of: Callable[[Term], Term]) -> RequestsV:
+    """The requests once the step is scheduled: running, a prefill chunk further, and with
+    drafts their placeholders and drafts counted."""
+    z, INT = c.smt.z, c.smt.Int
     rq = s.requests
     requests = RequestsV(
         status=lam(c, INT, lambda r: z.If(el(r), _R, rq.status[r])),
@@ -525,22 +556,19 @@ def schedule(c: Ctx, s: StateV) -> Result:
                                               rq.prefill_left[r] - 1, rq.prefill_left[r])),
         placeholders=rq.placeholders, drafts_ready=rq.drafts_ready, state_row=rq.state_row,
     )
-    if c.opts.spec_tokens:
-        # Placeholders: 1 + spec per row that will yield; drafts follow this step's rows (a
-        # request left out by subsets keeps its own).
-        yields = lambda r: z.And(el(r), rq.prefill_left[r] <= 0)  # noqa: E731
-        keeps = c.opts.subsets or c.opts.rows
-        ready = (lambda r: z.If(el(r), yields(r), rq.drafts_ready[r])) if keeps else yields
-        requests = RequestsV(**{
-            **requests.__dict__,
-            "placeholders": lam(c, INT, lambda r: rq.placeholders[r] + z.If(
-                yields(r), 1 + spec_of(row_of[r]), 0)),
-            "drafts_ready": lam(c, INT, ready)})
-    pre = z.And(s.allocated, s.qlen < c.opts.depth, c.exists(el))
-    nxt = s.next_slot + 1
-    t = pick(c, s.qlen, cases)
-    return pre, t.with_(qlen=s.qlen + 1, requests=requests,
-                        next_slot=z.If(nxt >= c.params.K, 0, nxt))
+    if not c.opts.spec_tokens:
+        return requests
+    # Placeholders: 1 + spec per row that will yield; drafts follow this step's rows (a
+    # request left out by subsets keeps its own).
+    yields = lambda r: z.And(el(r), rq.prefill_left[r] <= 0)  # noqa: E731
+    keeps = c.opts.subsets or c.opts.rows
+    ready = (lambda r: z.If(el(r), yields(r), rq.drafts_ready[r])) if keeps else yields
+    return RequestsV(**{
+        **requests.__dict__,
+        "placeholders": lam(c, INT, lambda r: rq.placeholders[r] + z.If(
+            yields(r), 1 + spec_of(row_of[r]), 0)),
+        "drafts_ready": lam(c, INT, ready)})
+
 
 
 def _last_row_at(c: Ctx, idx: Term, n: Term) -> Term:
