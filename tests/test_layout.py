@@ -34,7 +34,7 @@ LINT_IMPORTS = Path(sys.executable).parent / "lint-imports"
 @dataclass(frozen=True)
 class Import:
     module: str
-    """The module imported from (absolute), e.g. ``ttmirror.emulator.routing``."""
+    """The module imported from (absolute), e.g. ``ttmirror.emulator.api``."""
     names: tuple[str, ...]
     """The names taken from it (empty for ``import x.y``)."""
     line: int

@@ -11,8 +11,9 @@ import ttnn
 
 from ttmirror.conformance.rig import open_rig
 from ttmirror.emulator import EmulatedMeshDevice
+from ttmirror.emulator.device import Scheduler
 from ttmirror.emulator.hazards import HazardMode
-from ttmirror.emulator.schedulers import ManualScheduler, Scheduler
+from ttmirror.emulator.schedulers import ManualScheduler
 
 
 def open_emulated(

@@ -16,9 +16,8 @@ from typing import Any, Literal
 
 from ttmirror.emulator import Emulator, ManualScheduler, open_device
 from ttmirror.emulator.decoder import dram_bytes
-from ttmirror.emulator.device import DEFAULT_DRAM_SIZE
+from ttmirror.emulator.device import DEFAULT_DRAM_SIZE, Scheduler
 from ttmirror.emulator.hazards import HazardMode
-from ttmirror.emulator.schedulers import Scheduler
 from ttmirror.impl.tt_backend import TtBackend
 from ttmirror.serving.backend import ServingBackend
 from ttmirror.serving.batching import ServingConfig, ServingEngine

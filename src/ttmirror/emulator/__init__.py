@@ -31,8 +31,9 @@ from .device import EmulatedMeshDevice
 from .entry import Emulator, open_device, open_devices
 from .hazards import Hazard, HazardError, HazardKind, HazardLog
 from .process import ProcessScheduler
-from .schedulers import ManualScheduler, SeededScheduler, ThreadedScheduler, TimedScheduler
+from .schedulers import ManualScheduler, SeededScheduler, TimedScheduler
 from .tensors import DeviceTensor, HostReadback
+from .threads import ThreadedScheduler
 
 __all__ = [
     "Command",

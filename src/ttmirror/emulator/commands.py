@@ -88,6 +88,52 @@ class Kernel:
 type Effect = HostWrite | HostRead | Kernel
 
 
+@dataclass(frozen=True)
+class WriteBytes:
+    """A host write as it crosses to a device process: its values' bytes, dtype and shape."""
+
+    destination: Operand
+    raw: bytes
+    dtype: torch.dtype
+    shape: tuple[int, ...]
+
+    @property
+    def values(self) -> torch.Tensor:
+        raw = torch.frombuffer(bytearray(self.raw), dtype=torch.uint8) if self.raw else (
+            torch.empty(0, dtype=torch.uint8))
+        return raw.view(self.dtype).view(self.shape)
+
+
+@dataclass(frozen=True)
+class ReadToStaging:
+    """A host read as it crosses to a device process: `source`'s bytes go into the staging area
+    at `offset`, from where the host lands them in its tensor."""
+
+    source: Operand
+    offset: int
+
+
+def apply(effect: Effect | WriteBytes | ReadToStaging, view: Callable[[Operand], torch.Tensor],
+          read_into: Callable[[Any], torch.Tensor | None],
+          resolve: Callable[[Any], Any] = lambda value: value) -> None:
+    """Do what a command says, on DRAM as it is now (`view`: an operand's elements): run a
+    kernel (its other arguments and its parameters through `resolve`), copy a write's values
+    in, copy a read's elements into `read_into(effect)` (None: the host dropped its tensor, and
+    the copy lands nowhere). The one place an effect is applied: by the host's process and by a
+    device process alike."""
+    if isinstance(effect, Kernel):
+        KERNELS[effect.name](
+            [view(a) if type(a) is Operand else resolve(a) for a in effect.args],
+            [view(o) for o in effect.outputs],
+            {k: resolve(v) for k, v in effect.params.items()})
+    elif isinstance(effect, HostWrite | WriteBytes):
+        view(effect.destination).copy_(effect.values)
+    else:
+        into = read_into(effect)
+        if into is not None:
+            into.copy_(view(effect.source))
+
+
 @dataclass(eq=False)
 class Command:
     """One entry of a CQ. It completes only when the device is advanced past it."""

@@ -14,30 +14,29 @@ import time
 import weakref
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 import ttnn
 
 from .allocator import Buffer, DramAllocator
 from .commands import (
-    KERNELS,
     Command,
     Effect,
     HostRead,
     HostWrite,
-    Kernel,
     MeshEvent,
     MeshTraceId,
     Operand,
     Program,
+    apply,
 )
 from .hazards import Hazard, HazardKind, HazardLog, HazardMode
 from .injection import FaultInjector
 from .ordering import OrderingTracker
 from .process import ProcessScheduler
 from .readbacks import PendingReadback, PendingReadbacks
-from .schedulers import Executor, ManualScheduler, Scheduler
+from .schedulers import ManualScheduler
 from .signatures import introspect_method
 from .tensors import (
     DeviceTensor,
@@ -62,6 +61,31 @@ GARBAGE_BYTE = 0xCD  # what a non-blocking readback's host tensor holds until th
 READS_IN_CAPTURE = "Reads are not supported during trace capture"
 WRITES_IN_CAPTURE = "Writes are not supported during trace capture"
 EVENTS_IN_CAPTURE = "Event Synchronization is not supported during trace capture"
+
+class Scheduler(Protocol):
+    """Who completes the device's commands, as the device calls it (with its lock held): a
+    completion policy (`schedulers.py`), or the device's own concurrency (`threads.py`,
+    `process.py`)."""
+
+    def attach(self, device: EmulatedMeshDevice) -> None: ...
+
+    def enqueued(self, device: EmulatedMeshDevice) -> None:
+        """After a host call enqueued commands."""
+
+    def block_until(self, device: EmulatedMeshDevice, command: Command) -> None:
+        """Return once `command` completed."""
+
+    def stall(self, device: EmulatedMeshDevice, command: Command, seconds: float) -> None:
+        """An injected late read: `command` completes late."""
+
+    def close(self) -> None: ...
+
+
+class Executor(Protocol):
+    def run(self, device: EmulatedMeshDevice, head: Command) -> None:
+        """Do what `head` (its queue's ready head, still queued) says, elsewhere (a device
+        process): `device.step` then marks it done."""
+
 
 OPEN: weakref.WeakSet[EmulatedMeshDevice] = weakref.WeakSet()
 """The emulated devices open now, copies included: a diagnostic only (the test suite fails a test
@@ -184,21 +208,16 @@ class EmulatedMeshDevice:
 
     def _complete(self, effect: Effect) -> None:
         """Do what a command's effect says, on DRAM (and a host tensor) as they are now."""
-        view = self._view
-        if isinstance(effect, Kernel):
-            args = [view(a) if isinstance(a, Operand) else a for a in effect.args]
-            outputs = [view(o) for o in effect.outputs]
-            KERNELS[effect.name](args, outputs, effect.params)
-        elif isinstance(effect, HostWrite):
-            view(effect.destination).copy_(effect.values)
-        else:
-            host = effect.target()
-            if host is not None:  # else dropped: a hazard already, the copy lands nowhere
-                host_operand(host, effect.source).copy_(view(effect.source))
+        apply(effect, self._view, _host_target)
 
     def _view(self, operand: Operand) -> torch.Tensor:
         """`operand`'s elements in DRAM, a view kept per operand (`kept_view`)."""
         return kept_view(self._views, self.allocator.memory, operand)
+
+    def wait(self, timeout: float) -> None:
+        """Wait up to `timeout` seconds for a completion, the device lock released meanwhile
+        (called with it held)."""
+        self.condition.wait(timeout=timeout)
 
     def ready_commands(self) -> list[Command]:
         """The head command of each queue that can complete now."""
@@ -742,3 +761,9 @@ def _check_same_spec(host: ttnn.Tensor, device: DeviceTensor, op: str) -> None:
             f"{op}: host and device tensors must have the same layout (host {host.layout.name}, "
             f"device {device.layout.name})"
         )
+
+
+def _host_target(read: HostRead) -> torch.Tensor | None:
+    """Where a read's elements land: its host tensor's storage (None: the host dropped it)."""
+    host = read.target()
+    return None if host is None else host_operand(host, read.source)

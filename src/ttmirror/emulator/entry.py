@@ -23,10 +23,10 @@ from typing import Any
 
 from ..impl.devices import CHIP, chip_present
 from .api import EmulatedTtnn
-from .device import DEFAULT_DRAM_SIZE, OPEN, EmulatedMeshDevice
+from .device import DEFAULT_DRAM_SIZE, OPEN, EmulatedMeshDevice, Scheduler
 from .hazards import HazardMode
 from .process import ProcessScheduler
-from .schedulers import ManualScheduler, Scheduler
+from .schedulers import ManualScheduler
 
 
 @dataclass(frozen=True)

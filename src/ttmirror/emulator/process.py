@@ -45,12 +45,12 @@ import numpy as np
 import torch
 
 from .allocator import Buffer, DramAllocator
-from .commands import KERNELS, Command, HostRead, HostWrite, Kernel
-from .schedulers import ManualScheduler, Scheduler
+from .commands import Command, HostRead, HostWrite, Kernel, ReadToStaging, WriteBytes, apply
+from .schedulers import ManualScheduler
 from .tensors import Operand, Region, host_operand, kept_view
 
 if TYPE_CHECKING:
-    from .device import EmulatedMeshDevice
+    from .device import EmulatedMeshDevice, Scheduler
 
 PLAIN_TYPES = frozenset({Operand, Region, int, float, bool, str, bytes, type(None), torch.dtype,
                          tuple, slice, dict, list})
@@ -107,37 +107,9 @@ def _resolve(value: Any, objects: dict[int, Any]) -> Any:
 
 
 # --- the messages ---------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class RunKernel:
-    """A kernel's run: its registered name, its arguments (operands of DRAM, values, objects
-    by reference), its outputs and its parameters."""
-
-    name: str
-    args: tuple[Any, ...]
-    outputs: tuple[Operand, ...]
-    params: dict[str, Any]
-
-
-@dataclass(frozen=True)
-class WriteBytes:
-    """A host write's bytes, into an operand of DRAM."""
-
-    destination: Operand
-    raw: bytes
-    dtype: torch.dtype
-    shape: tuple[int, ...]
-
-
-@dataclass(frozen=True)
-class ReadToStaging:
-    """A read: the operand's bytes into the staging area at `offset`, for the host to land."""
-
-    source: Operand
-    offset: int
-
-
-Effect = RunKernel | WriteBytes | ReadToStaging | None
-"""What a command does in the device process (None: nothing, an event's record)."""
+Effect = Kernel | WriteBytes | ReadToStaging | None
+"""What a command does in the device process (None: nothing, an event's record); its kernel's
+arguments and parameters that are not plain data name objects that crossed once (`_Ref`)."""
 
 
 @dataclass(frozen=True)
@@ -208,8 +180,8 @@ def _effect(effect: Any, staging: int | None, objects: _Objects) -> Effect:
     """An effect as the device process runs it: a kernel, a write's bytes, a read's staging."""
     if isinstance(effect, Kernel):
         params = {k: objects.ref(v) for k, v in effect.params.items()}
-        return RunKernel(effect.name, tuple(objects.ref(a) for a in effect.args),
-                         tuple(effect.outputs), params)
+        return Kernel(effect.name, tuple(objects.ref(a) for a in effect.args),
+                      tuple(effect.outputs), params)
     if isinstance(effect, HostWrite):
         values = effect.values.contiguous()
         raw = values.view(torch.uint8).numpy().tobytes() if values.numel() else b""
@@ -251,22 +223,15 @@ class _DeviceLoop:
         return kept_view(self.views, self.memory, operand)
 
     def apply(self, effect: Effect) -> None:
-        """Do what one command says, on DRAM (or into the staging area)."""
-        if type(effect) is RunKernel:
-            KERNELS[effect.name](
-                [self.view(a) if type(a) is Operand else _resolve(a, self.objects)
-                 for a in effect.args],
-                [self.view(o) for o in effect.outputs],
-                {k: _resolve(v, self.objects) for k, v in effect.params.items()})
-        elif type(effect) is WriteBytes:
-            if effect.raw:
-                values = torch.frombuffer(bytearray(effect.raw), dtype=torch.uint8)
-                self.view(effect.destination).copy_(values.view(effect.dtype).view(effect.shape))
-        elif type(effect) is ReadToStaging:
-            data = self.view(effect.source)
-            nbytes = data.numel() * data.element_size()
-            at = effect.offset
-            self.stage[at:at + nbytes].view(data.dtype).view(data.shape).copy_(data)
+        """Do what one command says, on DRAM (a read: into the staging area)."""
+        if effect is not None:
+            apply(effect, self.view, self.staged, lambda value: _resolve(value, self.objects))
+
+    def staged(self, read: ReadToStaging) -> torch.Tensor:
+        """Where a read's elements go: its range of the staging area, shaped as its source."""
+        data = self.view(read.source)
+        nbytes = data.numel() * data.element_size()
+        return self.stage[read.offset:read.offset + nbytes].view(data.dtype).view(data.shape)
 
     def answer_waiters(self) -> None:
         for w in [w for w in self.waiters if self.counters[w.cq, 0] >= w.index]:

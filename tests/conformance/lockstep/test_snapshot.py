@@ -16,7 +16,6 @@ from typing import Any
 import pytest
 
 from ttmirror.conformance.lockstep.harness import DROPS, Lockstep, Move
-from ttmirror.emulator import readbacks
 from ttmirror.model.actions import Action
 from ttmirror.model.state import RING
 
@@ -34,7 +33,7 @@ def device_data(ls: Lockstep) -> tuple[Any, ...]:
         tuple(d.completion_log),
         tuple(sorted(d.hazards.counts.items())),
         tuple(sorted(b.label for b in d.allocator.live)),
-        len(readbacks.pending_for(d)),
+        len(d.readbacks.pending()),
     )
 
 
@@ -137,21 +136,22 @@ def test_copies_are_independent() -> None:
         ls.close()
 
 
-def test_a_discarded_copy_leaves_routing_to_the_open_devices() -> None:
-    from ttmirror.emulator import routing
+def test_a_copy_is_an_open_device_with_its_own_api_until_discarded() -> None:
+    from ttmirror.emulator import open_devices
 
     ls = Lockstep(BOUNDS, "tt", refused=set())
     try:
         random_moves(ls, random.Random(7), 6)
         copy = Lockstep.restore(ls.snapshot())
         device = copy.device
-        assert device in routing.open_devices()
+        assert device in open_devices() and ls.device in open_devices()
+        # The copy's ttnn API is its own (its calls reach the copy, not the original).
+        assert device.api is not ls.device.api and device.api.device is device
         copy.discard()
-        assert device not in routing.open_devices() and ls.device in routing.open_devices()
-        assert routing.active()
+        assert device not in open_devices() and ls.device in open_devices()
     finally:
         ls.close()
-    assert not routing.active()
+    assert ls.device not in open_devices()
 
 
 class Referent:
