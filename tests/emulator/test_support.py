@@ -19,7 +19,7 @@ import ttnn
 from ttmirror.emulator import DeviceTensor, EmulatedMeshDevice, HazardError, ops, support
 from ttmirror.emulator.audit import audit
 from ttmirror.emulator.checker import OpNotSupported
-from ttmirror.emulator.docstrings import Row, doc_tables, row
+from ttmirror.emulator.docstrings import Supported, allow, doc_tables
 from ttmirror.impl.devices import bind_sampling_identity
 
 TILE, RM = ttnn.TILE_LAYOUT, ttnn.ROW_MAJOR_LAYOUT
@@ -67,15 +67,16 @@ def _with_rule(op: str, index: int, **changes: Any) -> dict[str, support.OpSuppo
     ("op", "index", "changes", "said"),
     [
         # a table row widened: ROW_MAJOR index for gather
-        ("gather", 1, {"rows": (row("UINT16, UINT32", "TILE, ROW_MAJOR"),)}, "!= documented"),
+        ("gather", 1, {"supported": (allow("UINT16, UINT32", "TILE, ROW_MAJOR"),)},
+         "!= documented"),
         # a table row narrowed: where without BFLOAT4_B
-        ("where", 0, {"rows": (row("BFLOAT16, BFLOAT8_B, FLOAT32, INT32, UINT32", "TILE"),)},
+        ("where", 0, {"supported": (allow("BFLOAT16, BFLOAT8_B, FLOAT32, INT32, UINT32", "TILE"),)},
          "!= documented"),
         # a prose row that names a dtype its sentence does not: argmax's output as INT32
-        ("argmax", 4, {"rows": (row("UINT32, INT32", "ROW_MAJOR"),)}, "row dtypes"),
+        ("argmax", 4, {"supported": (allow("UINT32, INT32", "ROW_MAJOR"),)}, "row dtypes"),
         # a prose row that drops a layout its sentence names
-        ("argmax", 1, {"rows": (row("BFLOAT16/FLOAT32/INT32/UINT32/UINT16", "ROW_MAJOR"),
-                                row("BFLOAT16/FLOAT32", "ROW_MAJOR"))}, "row layouts"),
+        ("argmax", 1, {"supported": (allow("BFLOAT16/FLOAT32/INT32/UINT32/UINT16", "ROW_MAJOR"),
+                                allow("BFLOAT16/FLOAT32", "ROW_MAJOR"))}, "row layouts"),
         # a caption the docstring does not have
         ("sampling", 0, {"source": support.Source(table="values")}, "no docstring table"),
         # a quote the docstring does not say
@@ -88,8 +89,8 @@ def test_a_changed_row_is_caught(op: str, index: int, changes: dict[str, Any], s
 
 
 def test_the_docstring_parser_reads_captions_and_strips_notes() -> None:
-    tables = {t.caption: t.rows for t in doc_tables(ttnn.sampling.__doc__ or "")}
-    assert tables["input_indices_tensor, k"] == (Row(frozenset({"UINT32", "INT32"}),
+    tables = {t.caption: t.supported for t in doc_tables(ttnn.sampling.__doc__ or "")}
+    assert tables["input_indices_tensor, k"] == (Supported(frozenset({"UINT32", "INT32"}),
                                                      frozenset({"ROW_MAJOR"})),)
     gather = {t.caption for t in doc_tables(ttnn.gather.__doc__ or "")}
     assert gather == {"Supported dtypes and layout for input tensor values:",

@@ -319,10 +319,10 @@ def cmd_replay(ns: argparse.Namespace) -> int:
     print(f"replay of {ns.trace} on {backend} ({config}, {loaded.sampling} sampler)"
           + (f" with bug {bug}" if bug else ""))
     print(f"{'step':>4}  {'move':<28} result")
-    for row in outcome.rows:
-        print(f"{row.index:>4}  {row.label:<28} {row.outcome}")
+    for move in outcome.replayed:
+        print(f"{move.index:>4}  {move.label:<28} {move.outcome}")
     if outcome.status == CONFORMS:
-        print(f"conforms: {len(outcome.rows)} moves, no divergence")
+        print(f"conforms: {len(outcome.replayed)} moves, no divergence")
         return 0
     d = outcome.divergence
     print(f"first divergence at step {d.step + 1 if d else '?'}: reproduces the failure")

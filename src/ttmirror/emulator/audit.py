@@ -10,7 +10,7 @@ from collections.abc import Mapping
 
 import ttnn
 
-from .docstrings import Row, doc_tables, squash, tokens
+from .docstrings import Supported, doc_tables, squash, tokens
 from .support import TABLE, ArgRule, OpSupport
 
 
@@ -28,7 +28,7 @@ def audit(table: Mapping[str, OpSupport] | None = None) -> list[str]:
             found.append(f"{op}: ttnn.{op} has no docstring")
             continue
         text = squash(doc)
-        tables = {t.caption: t.rows for t in doc_tables(doc)}
+        tables = {t.caption: t.supported for t in doc_tables(doc)}
         for rule in support.rules:
             where = f"{op} {rule.args}" + (f" ({rule.case})" if rule.case else "")
             found += [f"{where}: {p}" for p in _rule_disagrees(rule, text, tables)]
@@ -38,13 +38,14 @@ def audit(table: Mapping[str, OpSupport] | None = None) -> list[str]:
     return found
 
 
-def _rule_disagrees(rule: ArgRule, text: str, tables: Mapping[str, tuple[Row, ...]]) -> list[str]:
+def _rule_disagrees(rule: ArgRule, text: str,
+                    tables: Mapping[str, tuple[Supported, ...]]) -> list[str]:
     source = rule.source
     if source.table is not None:
         if source.table not in tables:
             return [f"no docstring table captioned {source.table!r}"]
-        if tables[source.table] != rule.rows:
-            return [f"rows {[r.render() for r in rule.rows]} != documented "
+        if tables[source.table] != rule.supported:
+            return [f"rows {[r.render() for r in rule.supported]} != documented "
                     f"{[r.render() for r in tables[source.table]]}"]
         return []
     problems = [f"quote not in the docstring: {q!r}" for q in source.quotes
@@ -54,11 +55,11 @@ def _rule_disagrees(rule: ArgRule, text: str, tables: Mapping[str, tuple[Row, ..
         if squash(quoted) not in text:
             problems.append(f"implied note quotes what the docstring does not say: {quoted!r}")
     pairs = (
-        list(zip(source.quotes, rule.rows, strict=True))
-        if len(source.quotes) == len(rule.rows)
-        else [(" ".join(source.quotes), Row(
-            frozenset().union(*(r.dtypes for r in rule.rows)),
-            frozenset().union(*(r.layouts for r in rule.rows)),
+        list(zip(source.quotes, rule.supported, strict=True))
+        if len(source.quotes) == len(rule.supported)
+        else [(" ".join(source.quotes), Supported(
+            frozenset().union(*(r.dtypes for r in rule.supported)),
+            frozenset().union(*(r.layouts for r in rule.supported)),
         ))]
     )
     for quote, r in pairs:

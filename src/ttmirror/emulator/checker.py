@@ -62,9 +62,9 @@ def check(op: str, bound: Bound) -> None:
         for name in rule.args:
             arg = bound.get(name)
             if isinstance(arg, DeviceTensor) and not any(
-                r.admits(*arg.spec_names) for r in rule.rows
+                r.admits(*arg.spec_names) for r in rule.supported
             ):
-                supported = "; ".join(r.render() for r in rule.rows)
+                supported = "; ".join(r.render() for r in rule.supported)
                 where = f" when {rule.case}" if rule.case else ""
                 _fail(op, name, arg, supported + where, rule.source.cite())
     for shape in support.shapes:
@@ -90,7 +90,7 @@ def satisfied(op: str, bound: Bound) -> Satisfied:
             value = bound.get(name)
             if not isinstance(value, DeviceTensor):
                 continue
-            matched = next(r for r in rule.rows if r.admits(*value.spec_names))
+            matched = next(r for r in rule.supported if r.admits(*value.spec_names))
             met.args[name] = {
                 "dtype": value.spec_names[0],
                 "layout": value.spec_names[1],

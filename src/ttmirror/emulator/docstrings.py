@@ -16,8 +16,9 @@ LAYOUTS = frozenset({"TILE", "ROW_MAJOR"})
 
 
 @dataclass(frozen=True)
-class Row:
-    """One row of a support table: any of these dtypes, in any of these layouts."""
+class Supported:
+    """One entry of a support table (a row of its docstring's list-table, or a sentence of its
+    prose): any of these dtypes, in any of these layouts."""
 
     dtypes: frozenset[str]
     layouts: frozenset[str]
@@ -29,16 +30,16 @@ class Row:
         return f"{', '.join(sorted(self.dtypes))} in {' or '.join(sorted(self.layouts))}"
 
 
-def row(dtypes: str, layouts: str) -> Row:
-    """A row from the docstring's own spelling, e.g. row("UINT16, UINT32", "TILE")."""
-    return Row(names(dtypes, DTYPES), names(layouts, LAYOUTS))
+def allow(dtypes: str, layouts: str) -> Supported:
+    """An entry from the docstring's own spelling, e.g. allow("UINT16, UINT32", "TILE")."""
+    return Supported(names(dtypes, DTYPES), names(layouts, LAYOUTS))
 
 
 @dataclass(frozen=True)
 class DocTable:
     caption: str
     """The table's title (`.. list-table:: k, p`), else the sentence just before it."""
-    rows: tuple[Row, ...]
+    supported: tuple[Supported, ...]
 
 
 def doc_tables(doc: str) -> list[DocTable]:
@@ -64,8 +65,8 @@ def doc_tables(doc: str) -> list[DocTable]:
                 cells[-1].append(text[1:].strip())
             else:
                 break
-        rows = tuple(row(c[0], c[1]) for c in cells[1:] if len(c) >= 2)
-        tables.append(DocTable(caption, rows))
+        entries = tuple(allow(c[0], c[1]) for c in cells[1:] if len(c) >= 2)
+        tables.append(DocTable(caption, entries))
     return tables
 
 

@@ -19,7 +19,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from .docstrings import FLOATS, Row, row, squash
+from .docstrings import FLOATS, Supported, allow, squash
 from .tensors import DeviceTensor
 
 Bound = Mapping[str, Any]
@@ -45,10 +45,10 @@ class Source:
 
 @dataclass(frozen=True)
 class ArgRule:
-    """Arguments that must match one of `rows` (when `when` holds for the call)."""
+    """Arguments that must match one of `supported` (when `when` holds for the call)."""
 
     args: tuple[str, ...]
-    rows: tuple[Row, ...]
+    supported: tuple[Supported, ...]
     source: Source
     case: str = ""
     """When the rule applies, in words (e.g. "dim = rank-1"); empty: always."""
@@ -181,12 +181,12 @@ def _argmax_case(case: str) -> Callable[[Bound], bool]:
 
 _INT_AND_FLOAT = "BFLOAT16/FLOAT32/INT32/UINT32/UINT16"
 _GATHER_INPUT = (
-    row("BFLOAT16, FLOAT32", "TILE"), row("UINT16, UINT32", "TILE"), row("INT32", "TILE")
+    allow("BFLOAT16, FLOAT32", "TILE"), allow("UINT16, UINT32", "TILE"), allow("INT32", "TILE")
 )
 """gather's input table; its output holds the input's values, so it takes the same rows."""
 _TYPECAST = (
-    row("BFLOAT16, BFLOAT8_B, BFLOAT4_B, FLOAT32, UINT32, INT32, UINT16, UINT8, INT8", "TILE"),
-    row("BFLOAT16, FLOAT32, UINT32, INT32, UINT16, UINT8, INT8", "ROW_MAJOR"),
+    allow("BFLOAT16, BFLOAT8_B, BFLOAT4_B, FLOAT32, UINT32, INT32, UINT16, UINT8, INT8", "TILE"),
+    allow("BFLOAT16, FLOAT32, UINT32, INT32, UINT16, UINT8, INT8", "ROW_MAJOR"),
 )
 """typecast's input table; its output has the input's layout and one of these dtypes."""
 
@@ -201,7 +201,7 @@ TABLE: dict[str, OpSupport] = {
             ),
             ArgRule(
                 ("index",),
-                (row("UINT16, UINT32", "TILE"),),
+                (allow("UINT16, UINT32", "TILE"),),
                 Source(table="Supported dtypes and layout for index tensor values:"),
             ),
             ArgRule(
@@ -235,7 +235,7 @@ TABLE: dict[str, OpSupport] = {
         rules=(
             ArgRule(
                 ("predicate", "true_value", "false_value", "output_tensor"),
-                (row("BFLOAT16, BFLOAT8_B, BFLOAT4_B, FLOAT32, INT32, UINT32", "TILE"),),
+                (allow("BFLOAT16, BFLOAT8_B, BFLOAT4_B, FLOAT32, INT32, UINT32", "TILE"),),
                 Source(table="Supported dtypes and layouts:"),
             ),
         ),
@@ -272,12 +272,12 @@ TABLE: dict[str, OpSupport] = {
     "sampling": OpSupport(
         "sampling",
         rules=(
-            ArgRule(("input_values_tensor",), (row("BFLOAT16", "TILE"),),
+            ArgRule(("input_values_tensor",), (allow("BFLOAT16", "TILE"),),
                     Source(table="input_values_tensor")),
-            ArgRule(("input_indices_tensor", "k"), (row("UINT32, INT32", "ROW_MAJOR"),),
+            ArgRule(("input_indices_tensor", "k"), (allow("UINT32, INT32", "ROW_MAJOR"),),
                     Source(table="input_indices_tensor, k")),
-            ArgRule(("p", "temp"), (row("BFLOAT16", "ROW_MAJOR"),), Source(table="p, temp")),
-            ArgRule(("output_tensor",), (row("UINT32, INT32", "ROW_MAJOR"),),
+            ArgRule(("p", "temp"), (allow("BFLOAT16", "ROW_MAJOR"),), Source(table="p, temp")),
+            ArgRule(("output_tensor",), (allow("UINT32, INT32", "ROW_MAJOR"),),
                     Source(table="output_tensor (optional)")),
         ),
         shapes=(
@@ -293,7 +293,7 @@ TABLE: dict[str, OpSupport] = {
         rules=(
             ArgRule(
                 ("input_tensor", "output_tensor"),
-                (row("BFLOAT16, BFLOAT8_B, FLOAT32, INT32, UINT32, UINT16", "TILE, ROW_MAJOR"),),
+                (allow("BFLOAT16, BFLOAT8_B, FLOAT32, INT32, UINT32, UINT16", "TILE, ROW_MAJOR"),),
                 Source(table="Supported dtypes and layouts:"),
             ),
         ),
@@ -303,7 +303,7 @@ TABLE: dict[str, OpSupport] = {
         rules=(
             ArgRule(
                 ("input_tensor_a", "input_tensor_b", "output_tensor"),
-                (row("BFLOAT16, BFLOAT8_B, BFLOAT4_B, FLOAT32, INT32, UINT32, UINT16",
+                (allow("BFLOAT16, BFLOAT8_B, BFLOAT4_B, FLOAT32, INT32, UINT32, UINT16",
                      "TILE, ROW_MAJOR"),),
                 Source(table="Supported dtypes and layouts:"),
             ),
@@ -321,7 +321,7 @@ TABLE: dict[str, OpSupport] = {
         rules=(
             ArgRule(
                 ("input_tensor_a", "input_tensor_b", "output_tensor"),
-                (row("BFLOAT16, BFLOAT8_B, BFLOAT4_B, FLOAT32, INT32, UINT32, UINT16, UINT8",
+                (allow("BFLOAT16, BFLOAT8_B, BFLOAT4_B, FLOAT32, INT32, UINT32, UINT16, UINT8",
                      "TILE, ROW_MAJOR"),),
                 Source(table="Supported dtypes and layouts:"),
             ),
@@ -337,13 +337,15 @@ TABLE: dict[str, OpSupport] = {
     "matmul": OpSupport(
         "matmul",
         rules=(
-            ArgRule(("input_tensor_a",), (row("BFLOAT8_B, BFLOAT4_B, BFLOAT16, FLOAT32", "TILE"),),
+            ArgRule(("input_tensor_a",),
+                    (allow("BFLOAT8_B, BFLOAT4_B, BFLOAT16, FLOAT32", "TILE"),),
                     Source(table="input_tensor_a")),
-            ArgRule(("input_tensor_b",), (row("BFLOAT8_B, BFLOAT4_B, BFLOAT16, FLOAT32", "TILE"),),
+            ArgRule(("input_tensor_b",),
+                    (allow("BFLOAT8_B, BFLOAT4_B, BFLOAT16, FLOAT32", "TILE"),),
                     Source(table="input_tensor_b")),
             ArgRule(
                 ("optional_output_tensor",),
-                (row("BFLOAT8_B, BFLOAT4_B, BFLOAT16, FLOAT32", "TILE"),),
+                (allow("BFLOAT8_B, BFLOAT4_B, BFLOAT16, FLOAT32", "TILE"),),
                 Source(
                     quotes=("optional_output_tensor (ttnn.Tensor, optional): User provided "
                             "on-device output tensor where the result of matmul is to be "
@@ -360,7 +362,7 @@ TABLE: dict[str, OpSupport] = {
         rules=(
             ArgRule(
                 ("input_tensor",),
-                (row(_INT_AND_FLOAT, "ROW_MAJOR"),),
+                (allow(_INT_AND_FLOAT, "ROW_MAJOR"),),
                 Source(quotes=("- **dim=None** (reduce all elements): - input layout: "
                                "ROW_MAJOR - dtypes: BFLOAT16/FLOAT32/INT32/UINT32/UINT16",)),
                 case="dim=None",
@@ -368,7 +370,7 @@ TABLE: dict[str, OpSupport] = {
             ),
             ArgRule(
                 ("input_tensor",),
-                (row(_INT_AND_FLOAT, "ROW_MAJOR"), row("BFLOAT16/FLOAT32", "TILE")),
+                (allow(_INT_AND_FLOAT, "ROW_MAJOR"), allow("BFLOAT16/FLOAT32", "TILE")),
                 Source(quotes=(
                     "- ROW_MAJOR input: BFLOAT16/FLOAT32/INT32/UINT32/UINT16 (multi-core by "
                     "default)",
@@ -379,7 +381,7 @@ TABLE: dict[str, OpSupport] = {
             ),
             ArgRule(
                 ("input_tensor",),
-                (row("BFLOAT16/FLOAT32", "ROW_MAJOR, TILE"),),
+                (allow("BFLOAT16/FLOAT32", "ROW_MAJOR, TILE"),),
                 Source(
                     quotes=("- **dim = rank-2** (height): - BFLOAT16/FLOAT32 only - ROW_MAJOR "
                             "inputs are internally tilized; this path runs single-core",),
@@ -391,7 +393,7 @@ TABLE: dict[str, OpSupport] = {
             ),
             ArgRule(
                 ("input_tensor",),
-                (row("BFLOAT16/FLOAT32", "ROW_MAJOR, TILE"),),
+                (allow("BFLOAT16/FLOAT32", "ROW_MAJOR, TILE"),),
                 Source(quotes=("- BFLOAT16/FLOAT32 only (integer dtypes not supported) - input "
                                "may be ROW_MAJOR or TILE",)),
                 case="0 <= dim < rank-2",
@@ -399,7 +401,7 @@ TABLE: dict[str, OpSupport] = {
             ),
             ArgRule(
                 ("output_tensor",),
-                (row("UINT32", "ROW_MAJOR"),),
+                (allow("UINT32", "ROW_MAJOR"),),
                 Source(quotes=("Preallocated output (must be UINT32, ROW_MAJOR, INTERLEAVED, "
                                "same device).",)),
             ),
@@ -410,7 +412,7 @@ TABLE: dict[str, OpSupport] = {
         rules=(
             ArgRule(
                 ("input_tensor",),
-                (row("INT32, UINT32", "ROW_MAJOR"),),
+                (allow("INT32, UINT32", "ROW_MAJOR"),),
                 Source(quotes=("Input tensor must have INT32 or UINT32 data type, ROW_MAJOR "
                                "layout, and 1 to 4 dimensions.",)),
             ),
@@ -428,7 +430,7 @@ TABLE: dict[str, OpSupport] = {
         rules=(
             ArgRule(
                 ("input_tensor",),
-                (row("BFLOAT16", "ROW_MAJOR"),),
+                (allow("BFLOAT16", "ROW_MAJOR"),),
                 Source(quotes=("Input tensor must be on TT accelerator device, in ROW_MAJOR "
                                "layout, and have BFLOAT16 data type.",)),
             ),
@@ -439,7 +441,7 @@ TABLE: dict[str, OpSupport] = {
         rules=(
             ArgRule(
                 ("input_tensor",),
-                (row("BFLOAT16", "TILE"),),
+                (allow("BFLOAT16", "TILE"),),
                 Source(quotes=("Input tensor must be on TT accelerator device, in TILE layout, "
                                "and have BFLOAT16 data type.",)),
             ),

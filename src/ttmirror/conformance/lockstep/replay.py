@@ -23,7 +23,9 @@ CONFORMS, FAILS, INVALID = "conforms", "fails", "invalid"
 
 
 @dataclass
-class Row:
+class ReplayedMove:
+    """One move of a replay: its number, its label, and how it went."""
+
     index: int
     label: str
     outcome: str
@@ -33,7 +35,7 @@ class Row:
 @dataclass
 class Outcome:
     status: str
-    rows: list[Row]
+    replayed: list[ReplayedMove]
     divergence: Divergence | None = None
     reason: str | None = None
     """Why the moves are invalid for this model."""
@@ -58,24 +60,25 @@ def replay(
     ls = Lockstep(bounds, backend, prompts, config=config, sampling=sampling,
                   sampling_seed=sampling_seed, bug=bug, drafter=drafter,
                   device_process=device_process)
-    rows: list[Row] = []
+    replayed: list[ReplayedMove] = []
     try:
         for i, move in enumerate(moves):
             reason = _invalid(ls, move)
             if reason is not None:
-                return Outcome(INVALID, rows, reason=f"move {i + 1} ({move.label()}): {reason}")
+                return Outcome(INVALID, replayed, reason=f"move {i + 1} ({move.label()}): {reason}")
             try:
                 ls.perform(move)
             except Divergence as d:
-                rows.append(Row(i + 1, move.label(), f"DIVERGES: {d.kind}: {d.message}"))
-                return Outcome(FAILS, rows, divergence=d)
+                diverged = f"DIVERGES: {d.kind}: {d.message}"
+                replayed.append(ReplayedMove(i + 1, move.label(), diverged))
+                return Outcome(FAILS, replayed, divergence=d)
             if claimed is not None:
                 mine = {k: v for k, v in encode_state(ls.state).items()}
                 theirs = {k: claimed[i].get(k) for k in mine}
                 if mine != theirs:
-                    return Outcome(INVALID, rows, reason=f"move {i + 1} ({move.label()}): the "
+                    return Outcome(INVALID, replayed, reason=f"move {i + 1} ({move.label()}): the "
                                    "trace's model state is not this model's")
-            rows.append(Row(i + 1, move.label(), "ok"))
+            replayed.append(ReplayedMove(i + 1, move.label(), "ok"))
     finally:
         try:
             ls.close()
@@ -85,7 +88,7 @@ def replay(
             # only then, not reported as dropped before the host synchronised with it.
             if ls.failure is not None:
                 detached(ls.failure)
-    return Outcome(CONFORMS, rows)
+    return Outcome(CONFORMS, replayed)
 
 
 def _invalid(ls: Lockstep, move: Move) -> str | None:
