@@ -15,11 +15,12 @@ STAMP_VLLM := $(VENV_VLLM)/.installed
 PYTHON312 ?= $(shell for c in python3.12 "$$HOME/.pyenv/versions/3.12.1/bin/python3.12" /usr/local/bin/python3.12 /usr/bin/python3.12; do \
 	if "$$c" -c 'import sys; assert sys.version_info[:2] == (3, 12)' >/dev/null 2>&1; then echo "$$c"; break; fi; done)
 
-.PHONY: help demo test lint bench-check prove bench-device spec setup setup-vllm serve-vllm system-deps clean bench-engine bench-validate soak bench-serve
+.PHONY: help demo test docs lint bench-check prove bench-device spec setup setup-vllm serve-vllm system-deps clean bench-engine bench-validate soak bench-serve
 
 help:
 	@echo "make demo         check the model, write graphs and the review report to out/, serve a tiny Qwen3 at depth 2"
 	@echo "make test         the whole test suite (what CI runs)"
+	@echo "make docs         the documentation site (MkDocs, strict) into out/site"
 	@echo "make bench-check  TLC against the manifest; the explorer beside TLC"
 	@echo "make prove        the proof for every size (z3) at every option set the manifest lists as passing"
 	@echo "make bench-device emulated device commands per second"
@@ -29,7 +30,7 @@ help:
 	@echo "make spec         regenerate the generated parts of the spec (src/ttmirror/specs/)"
 	@echo "make serve-vllm   vLLM's own engine and scheduler serving through the TT mirror"
 	@echo "make bench-serve  vllm serve on the TT mirror under vLLM's own client (vllm bench serve): async vs sync"
-	@echo "make lint         ruff + mypy"
+	@echo "make lint         ruff, mypy and import-linter"
 
 setup: $(STAMP) system-deps
 
@@ -74,6 +75,8 @@ demo: setup
 	@echo "== the review report (open it in a browser)"
 	$(VENV)/bin/ttmirror report -o out/report --mutants out/kills.json \
 		--bench-engine out/bench-engine.json
+	@echo "== the documentation site (open out/site/index.html)"
+	$(MAKE) --no-print-directory docs
 	$(VENV)/bin/ttmirror serve-demo --model tiny-qwen3 --backend tt
 
 # One pytest worker per core (pytest-xdist); worksteal hands a finished worker part of a busy
@@ -83,6 +86,8 @@ TEST_WORKERS ?= auto
 test: setup setup-vllm
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/mypy src/ttmirror
+	$(VENV)/bin/lint-imports --no-cache
+	$(MAKE) --no-print-directory docs
 	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist worksteal --durations=40
 
 serve-vllm: setup setup-vllm
@@ -97,6 +102,12 @@ bench-serve: setup setup-vllm
 lint: setup
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/mypy src/ttmirror
+	$(VENV)/bin/lint-imports --no-cache
+
+# The documentation site: docs/ and the pages docs/hooks.py generates (the spec, the CLI
+# reference, the drawing), strict (a broken link fails), into out/site; it opens offline.
+docs: setup system-deps
+	$(VENV)/bin/mkdocs build --strict --quiet
 
 prove: setup
 	$(VENV)/bin/ttmirror prove --manifest

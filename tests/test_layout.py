@@ -255,14 +255,14 @@ def test_the_mirror_calls_ttnn_only_through_the_api_its_provider_hands_it() -> N
 
 
 def _layout_rows() -> dict[str, tuple[str, str]]:
-    """README's layout table: folder -> (import name, what it holds)."""
-    text = (ROOT / "README.md").read_text()
+    """The architecture page's layout table: folder -> (import name, what it holds)."""
+    text = (ROOT / "docs" / "architecture.md").read_text()
     section = text[text.index("## Layout") :]
     rows = re.findall(r"^\| `([\w/]+)/` \|\s*([^|]*?)\s*\|\s*(.*?)\s*\|$", section, re.M)
     return {folder: (name.strip(" `"), what) for folder, name, what in rows}
 
 
-def test_readme_layout_table_matches_the_tree() -> None:
+def test_the_layout_table_matches_the_tree() -> None:
     rows = _layout_rows()
     top = {p.name for p in ROOT.iterdir()
            if p.is_dir() and not p.name.startswith((".", "_")) and not p.name.endswith(".egg-info")}
@@ -276,7 +276,7 @@ def test_readme_layout_table_matches_the_tree() -> None:
 
 
 @pytest.mark.parametrize("folder", ["impl", "emulator", "serving", "cli", "report"])
-def test_readme_names_every_module_of_the_core_packages(folder: str) -> None:
+def test_the_layout_table_names_every_module_of_the_core_packages(folder: str) -> None:
     what = _layout_rows()[f"src/ttmirror/{folder}"][1]
     modules = sorted(p.name for p in (PACKAGE / folder).glob("*.py")
                if p.name not in ("__init__.py", "__main__.py"))

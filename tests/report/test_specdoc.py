@@ -1,4 +1,4 @@
-"""The spec's and README's generated blocks match the model and the manifest."""
+"""The spec's and the command line guide's generated blocks match the model and the manifest."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ def test_spec_slot_lifecycle_is_up_to_date(default_run: Exploration) -> None:
 def test_every_generated_table_is_up_to_date(default_run: Exploration) -> None:
     entries = manifest.load()
     for path, blocks in ((specdoc.SPEC, specdoc.spec_blocks(default_run, entries)),
-                         (specdoc.README, specdoc.readme_blocks(entries))):
+                         (specdoc.COMMANDS, specdoc.guide_blocks(entries))):
         text = path.read_text()
         for name, fresh in blocks.items():
             assert specdoc.current(text, name) == fresh, f"{path.name}: {name}: run `make spec`"

@@ -1,5 +1,6 @@
-"""Keep the generated parts of specs/ and README up to date: the slot lifecycle, the tables of
-results (from `specs/manifest.json`) and the TLC configs.
+"""Keep the generated parts of specs/ and of the command line guide (docs/guide/commands.md)
+up to date: the slot lifecycle, the tables of results (from `specs/manifest.json`), the list of
+known-bad variants and the TLC configs.
 
 `python -m ttmirror.report.specdoc` (`make spec`) rewrites each block between its markers; a
 test fails when a committed copy differs from what the model and the manifest generate.
@@ -19,7 +20,8 @@ from ttmirror.tlc import write_configs
 
 ROOT = Path(__file__).resolve().parents[3]  # src/ttmirror/report/specdoc.py: the source tree
 SPEC = ROOT / "src" / "ttmirror" / "specs" / "mirrored-sampled-ids.md"
-README = ROOT / "README.md"
+COMMANDS = ROOT / "docs" / "guide" / "commands.md"
+"""The command line's guide: its list of known-bad variants is generated."""
 
 
 def markers(name: str) -> tuple[str, str]:
@@ -76,8 +78,8 @@ def small_table(entries: list[manifest.Entry]) -> str:
     return _wrap("small", "\n".join(lines) + "\n")
 
 
-def readme_variants(entries: list[manifest.Entry]) -> str:
-    """README's list of `ttmirror check` commands that fail, each with what and how soon."""
+def variants(entries: list[manifest.Entry]) -> str:
+    """The command line guide's `ttmirror check` commands that fail, each with what and how soon."""
     bad = [e for e in entries if e.size == "default" and e.violated is not None]
     width = max(len(f"ttmirror check {e.flags}") for e in bad)
     lines = ["```"]
@@ -93,9 +95,9 @@ def spec_blocks(ex: Exploration, entries: list[manifest.Entry]) -> dict[str, str
             "known-bad": known_bad_table(entries), "small": small_table(entries)}
 
 
-def readme_blocks(entries: list[manifest.Entry]) -> dict[str, str]:
-    """Every generated block of README, by name."""
-    return {"variants": readme_variants(entries)}
+def guide_blocks(entries: list[manifest.Entry]) -> dict[str, str]:
+    """Every generated block of the command line guide, by name."""
+    return {"variants": variants(entries)}
 
 
 def rewrite(path: Path, blocks: dict[str, str]) -> None:
@@ -109,8 +111,8 @@ def main() -> int:
     entries = manifest.load()
     rewrite(SPEC, spec_blocks(explore(RING), entries))
     print(f"updated {SPEC}")
-    rewrite(README, readme_blocks(entries))
-    print(f"updated {README}")
+    rewrite(COMMANDS, guide_blocks(entries))
+    print(f"updated {COMMANDS}")
     for path in write_configs():
         print(f"updated {path}")
     return 0
