@@ -8,7 +8,6 @@ invariant; every link and asset resolves inside the report's folder; a report of
 from __future__ import annotations
 
 import json
-import shutil
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -24,16 +23,12 @@ from ttmirror.model.explore import explore
 from ttmirror.model.state import RING, Bounds
 from ttmirror.report import check as report
 
+from .chromium import CHROMIUM, DRIVER, MISSING, headless
+
 BOUNDS = Bounds(requests=1)
 """The site's bounds: one request, state rows and vLLM's freedoms (the defaults)."""
 RING_FLAGS = manifest.flags(RING).split()
-CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
-DRIVER = shutil.which("chromedriver")
-
-pytestmark = pytest.mark.skipif(
-    CHROMIUM is None or DRIVER is None,
-    reason="no chromium and chromedriver here (`make setup` installs Debian's chromium and "
-           "chromium-driver where apt can)")
+pytestmark = pytest.mark.skipif(CHROMIUM is None or DRIVER is None, reason=MISSING)
 
 
 @pytest.fixture(scope="module")
@@ -61,16 +56,7 @@ def site(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def browser(site: Path) -> Iterator[Any]:
-    from selenium import webdriver
-    from selenium.webdriver.chrome.service import Service
-
-    options = webdriver.ChromeOptions()
-    options.binary_location = str(CHROMIUM)
-    for flag in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
-                 "--window-size=1400,1000"):
-        options.add_argument(flag)
-    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
-    driver = webdriver.Chrome(options=options, service=Service(executable_path=str(DRIVER)))
+    driver = headless()
     driver.get((site / "index.html").as_uri())
     yield driver
     driver.quit()

@@ -15,10 +15,10 @@ from urllib.parse import unquote, urlparse
 
 import pytest
 
+from .chromium import CHROMIUM, DRIVER, MISSING, headless
+
 ROOT = Path(__file__).resolve().parents[2]
 MKDOCS = Path(sys.executable).parent / "mkdocs"
-CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
-DRIVER = shutil.which("chromedriver")
 PAGES = {"index.html", "architecture.html", "spec.html", "tutorials/review.html",
          "tutorials/regression.html", "tutorials/vllm.html", "guide/setup.html",
          "guide/commands.html", "guide/vllm.html", "reference/cli.html"}
@@ -68,18 +68,8 @@ def test_a_broken_link_fails_the_build(tmp_path: Path) -> None:
 @pytest.fixture(scope="module")
 def browser(site: Path) -> Iterator[Any]:
     if CHROMIUM is None or DRIVER is None:
-        pytest.skip("no chromium and chromedriver here (`make setup` installs Debian's chromium "
-                    "and chromium-driver where apt can)")
-    from selenium import webdriver
-    from selenium.webdriver.chrome.service import Service
-
-    options = webdriver.ChromeOptions()
-    options.binary_location = str(CHROMIUM)
-    for flag in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
-                 "--window-size=1400,1000"):
-        options.add_argument(flag)
-    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
-    driver = webdriver.Chrome(options=options, service=Service(executable_path=str(DRIVER)))
+        pytest.skip(MISSING)
+    driver = headless()
     yield driver
     driver.quit()
 
