@@ -21,8 +21,9 @@ from functools import cache
 
 import pytest
 
-from ttmirror.conformance import bugs, planted
+from ttmirror.conformance import bugs
 from ttmirror.conformance.kills.serving_half import logprob_errors
+from ttmirror.conformance.lockstep import planted
 from ttmirror.conformance.traces.validate import bounds_of, validate
 from ttmirror.emulator import Emulator, HazardError, SeededScheduler, open_device
 from ttmirror.emulator.decoder import dram_bytes

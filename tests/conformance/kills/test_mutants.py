@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from ttmirror.conformance import bugs, planted
+from ttmirror.conformance import bugs
 from ttmirror.conformance.campaigns import profiles
 from ttmirror.conformance.kills import matrix as mutants
-from ttmirror.conformance.lockstep import abstraction
+from ttmirror.conformance.lockstep import abstraction, planted
 from ttmirror.conformance.lockstep.harness import Divergence, Lockstep
 from ttmirror.conformance.lockstep.replay import CONFORMS, FAILS, replay
 from ttmirror.conformance.traces import itf
