@@ -56,7 +56,7 @@ def test_an_observer_sees_the_device_processs_data_as_each_command_retires() -> 
 
         def look(command: Command) -> None:  # reads shared DRAM, issues no command
             if command.name == "plus_one":
-                seen.append([int(v) for v in dev._view(a.operand).reshape(-1).tolist()])
+                seen.append([int(v) for v in dev.view(a.operand).reshape(-1).tolist()])
 
         dev.observers.append(look)
         tt.plus_one(a)
@@ -202,8 +202,8 @@ def test_a_gated_device_process_completes_commands_in_the_callers_order() -> Non
         tt.synchronize_device(dev)  # the uploads (CQ0) before CQ1 writes b
 
         def look(command: Command) -> None:
-            seen.append((command.name, [int(v) for v in dev._view(a.operand).reshape(-1)],
-                         [int(v) for v in dev._view(b.operand).reshape(-1)]))
+            seen.append((command.name, [int(v) for v in dev.view(a.operand).reshape(-1)],
+                         [int(v) for v in dev.view(b.operand).reshape(-1)]))
 
         dev.observers.append(look)
         tt.plus_one(a)  # CQ0
@@ -222,7 +222,7 @@ def test_a_gated_device_process_completes_commands_in_the_callers_order() -> Non
 
 def values_of_view(dev: object, tensor: object) -> list[int]:
     """A device tensor's elements as the observers see them (shared DRAM, no command)."""
-    return [int(v) for v in dev._view(tensor.operand).reshape(-1)]  # type: ignore[attr-defined]
+    return [int(v) for v in dev.view(tensor.operand).reshape(-1)]  # type: ignore[attr-defined]
 
 
 def test_a_seeded_order_is_the_same_in_the_device_process() -> None:

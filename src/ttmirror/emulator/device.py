@@ -82,9 +82,33 @@ class Scheduler(Protocol):
 
 
 class Executor(Protocol):
-    def run(self, device: EmulatedMeshDevice, head: Command) -> None:
-        """Do what `head` (its queue's ready head, still queued) says, elsewhere (a device
-        process): `device.step` then marks it done."""
+    """Where a device's commands run: it owns the lock over the device's state, and applies
+    each command the device completes (`InHost` here; a device process, `process.py`)."""
+
+    lock: threading.Condition
+    """The device's lock: every host call, completion and wait holds it or waits on it."""
+
+    def apply(self, device: EmulatedMeshDevice, head: Command) -> None:
+        """Do what `head` (its queue's ready head, still queued) says; `device.step` then takes
+        it off its queue and marks it done."""
+
+
+class InHost:
+    """The executor of a device whose commands run in the host's process: its lock, and each
+    command's effect applied on DRAM here (`commands.apply`)."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Condition(threading.RLock())
+
+    def apply(self, device: EmulatedMeshDevice, head: Command) -> None:
+        if head.effect is not None:
+            apply(head.effect, device.view, _host_target)
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {}  # a lock is not state: a copy has its own
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.lock = threading.Condition(threading.RLock())
 
 
 OPEN: weakref.WeakSet[EmulatedMeshDevice] = weakref.WeakSet()
@@ -125,7 +149,8 @@ class EmulatedMeshDevice:
         self.queues: list[deque[Command]] = [deque() for _ in range(num_command_queues)]
         self.completion_log: list[str] = []  # command labels in completion order
         self.program_cache: set[object] = set()
-        self.condition = threading.Condition(threading.RLock())
+        self.executor: Executor = InHost()
+        """Where the commands run, and the lock over this device's state (`condition`)."""
         self.closed = False
         self.on_close: list[Callable[[EmulatedMeshDevice], None]] = []
         """Called once the device has closed."""
@@ -149,7 +174,6 @@ class EmulatedMeshDevice:
         self.faults = FaultInjector()
         """Faults armed at run time (`injection.py`): calls that raise, reads that stall."""
         OPEN.add(self)
-        self.executor: Executor | None = None
         """Where a completed command's effect runs when not here: the device process, set by
         a gated `ProcessScheduler` (emulated only)."""
         self.scheduler: Scheduler = scheduler or ManualScheduler()
@@ -181,13 +205,8 @@ class EmulatedMeshDevice:
             head = queue[0]
             if not head.ready():
                 raise RuntimeError(f"CQ{cq_id}: {head.label} waits for {head.event} to complete")
-            if self.executor is not None:  # its effect runs in the device process
-                self.executor.run(self, head)
-                queue.popleft()
-            else:
-                queue.popleft()
-                if head.effect is not None:
-                    self._complete(head.effect)
+            self.executor.apply(self, head)
+            queue.popleft()
             return self._done(head)
 
     def retire(self, cq_id: int) -> Command:
@@ -206,11 +225,12 @@ class EmulatedMeshDevice:
         self.condition.notify_all()
         return head
 
-    def _complete(self, effect: Effect) -> None:
-        """Do what a command's effect says, on DRAM (and a host tensor) as they are now."""
-        apply(effect, self._view, _host_target)
+    @property
+    def condition(self) -> threading.Condition:
+        """The lock over this device's state: its executor's."""
+        return self.executor.lock
 
-    def _view(self, operand: Operand) -> torch.Tensor:
+    def view(self, operand: Operand) -> torch.Tensor:
         """`operand`'s elements in DRAM, a view kept per operand (`kept_view`)."""
         return kept_view(self._views, self.allocator.memory, operand)
 
@@ -679,10 +699,9 @@ class EmulatedMeshDevice:
                 "(ManualScheduler and its seeded subclasses, in the host's process or gating a "
                 "device process) has a state to copy")
         state = self.__dict__.copy()
-        del state["condition"]
         # A gated device process is not state: the copy starts its own, gated by a copy of the
-        # policy, on a copy of DRAM (`__setstate__`).
-        state["scheduler"], state["executor"] = policy, None
+        # policy, on a copy of DRAM (`__setstate__`); until then it runs in the host.
+        state["scheduler"], state["executor"] = policy, InHost()
         state["_device_process"] = policy is not self.scheduler
         state["_views"] = {}  # views of this device's DRAM: a copy makes its own
         state["on_close"] = []
@@ -693,7 +712,6 @@ class EmulatedMeshDevice:
         pending = state.pop("readbacks")
         gated = state.pop("_device_process", False)
         self.__dict__.update(state)
-        self.condition = threading.Condition(threading.RLock())
         self.readbacks = PendingReadbacks(self)
         if gated:  # the copy's own device process, from its DRAM and its queues as they are
             policy = self.scheduler

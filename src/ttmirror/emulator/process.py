@@ -432,6 +432,7 @@ class ProcessScheduler:
                                           daemon=True)
         self._receiver.start()
         if self.policy is not None:
+            self.lock = device.condition  # the device's lock, now this executor's
             device.executor = self
             self.policy.attach(device)
 
@@ -491,7 +492,10 @@ class ProcessScheduler:
         self._stalls[command.id] = seconds
 
     # --- the executor of a gated device (`device.step`) ---------------------------------------
-    def run(self, device: EmulatedMeshDevice, head: Command) -> None:
+    lock: threading.Condition
+    """Gated: the device's lock (`device.condition`), which this executor holds from attach."""
+
+    def apply(self, device: EmulatedMeshDevice, head: Command) -> None:
         """Run `head`, its queue's ready head, in the device process and land its readback; the
         device then marks it done (with a policy: the policy chose it)."""
         self._send(device)

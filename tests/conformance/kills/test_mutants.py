@@ -60,7 +60,7 @@ def test_regression_trace_fails_with_its_bug_and_passes_without(bug: str) -> Non
                  config=trace.config, sampling=trace.sampling, sampling_seed=trace.sampling_seed,
                  drafter=trace.drafter)
     assert on.status == FAILS, on.reason
-    assert off.status == CONFORMS, off.rows[-1:]
+    assert off.status == CONFORMS, off.replayed[-1:]
 
 
 def _effects(trace: itf.Loaded, moves: list,  # type: ignore[type-arg]
@@ -198,9 +198,9 @@ def test_regression_trace_gives_its_verdict_with_the_device_in_a_process(bug: st
     here, there, clean = runs
     assert there.status == FAILS and here.status == FAILS
     assert there.divergence is not None and here.divergence is not None
-    assert (there.divergence.kind, there.divergence.message, len(there.rows)) == (
-        here.divergence.kind, here.divergence.message, len(here.rows))
-    assert clean.status == CONFORMS, clean.rows[-1:]
+    assert (there.divergence.kind, there.divergence.message, len(there.replayed)) == (
+        here.divergence.kind, here.divergence.message, len(here.replayed))
+    assert clean.status == CONFORMS, clean.replayed[-1:]
 
 
 def test_the_traces_replayed_in_a_device_process_move_it_and_it_is_one() -> None:
