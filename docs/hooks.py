@@ -29,20 +29,14 @@ def on_files(files: Files, config: Any) -> Files:
     return files
 
 
-def _subcommands(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
-    for action in parser._actions:  # argparse keeps its subparsers here, and only here
-        if isinstance(action, argparse._SubParsersAction):
-            return dict(action.choices)
-    return {}
-
-
-def _help(parser: argparse.ArgumentParser, name: str) -> str:
+def _subcommands(parser: argparse.ArgumentParser
+                 ) -> list[tuple[str, str, argparse.ArgumentParser]]:
+    """(name, help, parser) of each subcommand: argparse keeps them in its subparsers action."""
     for action in parser._actions:
         if isinstance(action, argparse._SubParsersAction):
-            for choice in action._choices_actions:
-                if choice.dest == name:
-                    return choice.help or ""
-    return ""
+            helps = {choice.dest: choice.help or "" for choice in action._choices_actions}
+            return [(name, helps.get(name, ""), sub) for name, sub in action.choices.items()]
+    return []
 
 
 def cli_reference(parser: argparse.ArgumentParser) -> str:
@@ -52,9 +46,9 @@ def cli_reference(parser: argparse.ArgumentParser) -> str:
            "Generated from the parser when the site is built (`ttmirror SUBCOMMAND --help` prints "
            "the same). What each command checks and prints: "
            "[the command line guide](../guide/commands.md).", ""]
-    for name, sub in sorted(_subcommands(parser).items()):
+    for name, summary, sub in sorted(_subcommands(parser), key=lambda entry: entry[0]):
         sub.prog = f"ttmirror {name}"
-        out += [f"## `{name}`", "", _help(parser, name).strip() or (sub.description or ""), "",
+        out += [f"## `{name}`", "", summary.strip() or (sub.description or ""), "",
                 "```", sub.format_usage().strip(), "```", ""]
         rows = []
         for action in sub._actions:

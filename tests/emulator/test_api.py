@@ -77,19 +77,17 @@ after_build = changed(before)
 runner = Runner(TtBackend(), RunnerConfig(depth=2, slots=2, rows=2))
 runner.allocate()
 runner.arrive(0, 3, max_tokens=4)
-delivered = 0
 while runner.queue or runner.eligible():
     if runner.can_schedule():
         q = runner.schedule(); runner.combine(q); runner.launch(q); runner.readback_issue(q)
-        while_open = changed(before) if not delivered else while_open
     if runner.queue and (len(runner.queue) == runner.depth or not runner.can_schedule()):
         runner.readback_complete(0)
         slot = runner.queue[0].slot
         runner.apply()
-        delivered += 1
         if runner.releasable(slot):
             runner.release(slot)
 device = runner.backend.device
+while_open = changed(before)  # the device still open, its steps run
 runner.close()
 print(json.dumps({"imported": imported, "chip_side": chip_side_loaded,
                   "after_import": after_import, "after_build": after_build,

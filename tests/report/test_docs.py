@@ -94,7 +94,7 @@ def test_every_page_renders_and_every_link_resolves(site: Path, browser: Any, pa
     for href in links:
         url = urlparse(href)
         if url.scheme != "file":
-            continue  # the site links nowhere else; an http link would be a reader's to follow
+            continue  # the theme's credits (mkdocs.org, readthedocs.org): a reader's to follow
         target = Path(unquote(url.path))
         if target.is_dir():
             target = target / "index.html"

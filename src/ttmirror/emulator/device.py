@@ -62,6 +62,7 @@ READS_IN_CAPTURE = "Reads are not supported during trace capture"
 WRITES_IN_CAPTURE = "Writes are not supported during trace capture"
 EVENTS_IN_CAPTURE = "Event Synchronization is not supported during trace capture"
 
+
 class Scheduler(Protocol):
     """Who completes the device's commands, as the device calls it (with its lock held): a
     completion policy (`schedulers.py`), or the device's own concurrency (`threads.py`,
@@ -174,8 +175,6 @@ class EmulatedMeshDevice:
         self.faults = FaultInjector()
         """Faults armed at run time (`injection.py`): calls that raise, reads that stall."""
         OPEN.add(self)
-        """Where a completed command's effect runs when not here: the device process, set by
-        a gated `ProcessScheduler` (emulated only)."""
         self.scheduler: Scheduler = scheduler or ManualScheduler()
         self.scheduler.attach(self)
 

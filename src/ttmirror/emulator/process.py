@@ -45,7 +45,16 @@ import numpy as np
 import torch
 
 from .allocator import Buffer, DramAllocator
-from .commands import Command, HostRead, HostWrite, Kernel, ReadToStaging, WriteBytes, apply
+from .commands import (
+    Command,
+    Effect,
+    HostRead,
+    HostWrite,
+    Kernel,
+    ReadToStaging,
+    WriteBytes,
+    apply,
+)
 from .schedulers import ManualScheduler
 from .tensors import Operand, Region, host_operand, kept_view
 
@@ -107,7 +116,7 @@ def _resolve(value: Any, objects: dict[int, Any]) -> Any:
 
 
 # --- the messages ---------------------------------------------------------------------------------
-Effect = Kernel | WriteBytes | ReadToStaging | None
+Shipped = Kernel | WriteBytes | ReadToStaging | None
 """What a command does in the device process (None: nothing, an event's record); its kernel's
 arguments and parameters that are not plain data name objects that crossed once (`_Ref`)."""
 
@@ -122,7 +131,7 @@ class Queued:
     waits: tuple[int, int] | None
     cost: float
     stall: float
-    effect: Effect
+    effect: Shipped
 
 
 @dataclass(frozen=True)
@@ -176,7 +185,7 @@ ToDevice = Commands | Wait | Allow | Close
 ToHost = Reached | Failed
 
 
-def _effect(effect: Any, staging: int | None, objects: _Objects) -> Effect:
+def _shipped(effect: Effect | None, staging: int | None, objects: _Objects) -> Shipped:
     """An effect as the device process runs it: a kernel, a write's bytes, a read's staging."""
     if isinstance(effect, Kernel):
         params = {k: objects.ref(v) for k, v in effect.params.items()}
@@ -222,7 +231,7 @@ class _DeviceLoop:
     def view(self, operand: Operand) -> torch.Tensor:
         return kept_view(self.views, self.memory, operand)
 
-    def apply(self, effect: Effect) -> None:
+    def apply(self, effect: Shipped) -> None:
         """Do what one command says, on DRAM (a read: into the staging area)."""
         if effect is not None:
             apply(effect, self.view, self.staged, lambda value: _resolve(value, self.objects))
@@ -559,7 +568,7 @@ class ProcessScheduler:
                     waits = (record.cq, record.index)
                 records.append(Queued(cq, command.index, waits, self.costs.get(command.name, 0.0),
                                       self._stalls.pop(command.id, 0.0),
-                                      _effect(effect, staging, self._objects)))
+                                      _shipped(effect, staging, self._objects)))
                 self._sent[cq] = command.index
         if records:
             self._post(Commands(tuple(records), tuple(self._objects.taken())))
